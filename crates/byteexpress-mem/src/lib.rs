@@ -1,0 +1,1 @@
+//! Registered-memory buffer pool for ByteExpress: zero copy between application and NIC

@@ -1,0 +1,1 @@
+//! Length-prefixed message frames over tokio TCP: the ByteExpress fallback transport

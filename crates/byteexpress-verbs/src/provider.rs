@@ -1,0 +1,89 @@
+//! The interface each provider implements. Upper layers never see it: they hold the wrappers of
+//! `objects.rs`, so nothing above this crate can tell which provider runs.
+
+use std::sync::Arc;
+
+use crate::{
+    Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, QpCap, QpState, RecvWr, Result, SendWr,
+    Wc,
+};
+
+/// Provider tag in [`DeviceInfo`] / [`Endpoint`].
+pub(crate) const PROVIDER_IBVERBS: u8 = 1;
+/// Provider tag in [`DeviceInfo`] / [`Endpoint`].
+pub(crate) const PROVIDER_SOFT: u8 = 2;
+
+/// An opened device (`ibv_context`).
+pub(crate) trait ContextImpl: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &str;
+    fn query(&self) -> DeviceAttr;
+    fn device_info(&self) -> DeviceInfo;
+    /// Client side of "can I reach this peer device?" (`nonce` was sent to the peer over the
+    /// upper layer's control channel).
+    fn probe(&self, peer: &DeviceInfo, nonce: u64) -> Result<bool>;
+    /// Server side: accept probes carrying `nonce` (received over the control channel).
+    fn expect_probe(&self, nonce: u64);
+    fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>>;
+    fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqImpl>>;
+}
+
+/// A protection domain (`ibv_pd`).
+pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
+    fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>>;
+    fn reg_shared(
+        &self,
+        mem: &Arc<dyn SharedMemImpl>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Arc<dyn MrImpl>>;
+    fn create_qp(
+        &self,
+        send_cq: &Arc<dyn CqImpl>,
+        recv_cq: &Arc<dyn CqImpl>,
+        cap: QpCap,
+    ) -> Result<Arc<dyn QpImpl>>;
+}
+
+/// Memory that a peer may access (a memfd mapping on the soft provider).
+pub(crate) trait SharedMemImpl: Send + Sync + std::fmt::Debug {
+    fn as_ptr(&self) -> *mut u8;
+    fn len(&self) -> usize;
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A memory region (`ibv_mr`).
+pub(crate) trait MrImpl: Send + Sync + std::fmt::Debug {
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+    fn addr(&self) -> u64;
+    fn len(&self) -> usize;
+}
+
+/// A completion queue (`ibv_cq` with its completion channel).
+pub(crate) trait CqImpl: Send + Sync + std::fmt::Debug {
+    fn poll(&self, out: &mut [Wc]) -> Result<usize>;
+    /// Cheap check for the hybrid-polling spin: may [`CqImpl::poll`] return something now?
+    fn pending(&self) -> bool;
+    /// A file descriptor that becomes readable after [`CqImpl::arm`] once a completion is queued
+    /// (the completion channel's fd, or an eventfd).
+    fn event_fd(&self) -> std::os::fd::RawFd;
+    /// `ibv_req_notify_cq(cq, 0)`. Returns true when completions may already be queued, in which
+    /// case the caller polls again instead of waiting.
+    fn arm(&self) -> Result<bool>;
+    /// Consume the event that made [`CqImpl::event_fd`] readable (`ibv_get_cq_event` + ack).
+    fn ack_event(&self) -> Result<()>;
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// An RC queue pair (`ibv_qp`).
+pub(crate) trait QpImpl: Send + Sync + std::fmt::Debug {
+    fn qp_num(&self) -> u32;
+    fn state(&self) -> QpState;
+    fn cap(&self) -> QpCap;
+    fn endpoint(&self) -> Endpoint;
+    fn connect(&self, remote: &Endpoint, attr: &ConnectAttr) -> Result<()>;
+    fn to_err(&self) -> Result<()>;
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+}

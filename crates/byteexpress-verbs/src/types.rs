@@ -1,0 +1,242 @@
+//! Plain data of the verbs API: access flags, SGEs, work requests, completions, QP attributes.
+
+use crate::WcStatus;
+
+/// Access flags of an MR or a QP (`enum ibv_access_flags`, same bit values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(pub u32);
+
+impl Access {
+    /// `IBV_ACCESS_LOCAL_WRITE`: the device may write (receive, READ response) into it.
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// `IBV_ACCESS_REMOTE_READ`
+    pub const REMOTE_READ: Access = Access(4);
+    /// Everything an RPC transport needs on its pool memory.
+    pub const ALL: Access = Access(1 | 2 | 4);
+
+    /// True when every flag of `other` is set in `self`.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// One scatter/gather element (`struct ibv_sge`): `len` bytes at virtual address `addr` of this
+/// process, inside the MR whose lkey is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address in this process.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key of the MR that contains `[addr, addr + len)`.
+    pub lkey: u32,
+}
+
+/// The operation of a send-queue WR (`enum ibv_wr_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrOp {
+    /// `IBV_WR_SEND`: consumes the peer's next posted receive.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`: as `Send`, the 32-bit immediate reaches the peer's receive CQE.
+    SendWithImm(u32),
+    /// `IBV_WR_RDMA_WRITE` to `remote_addr` in the peer's MR `rkey`.
+    Write {
+        /// Peer virtual address.
+        remote_addr: u64,
+        /// Peer MR key with REMOTE_WRITE.
+        rkey: u32,
+    },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`: also consumes a peer receive and gives it `imm`.
+    WriteWithImm {
+        /// Peer virtual address.
+        remote_addr: u64,
+        /// Peer MR key with REMOTE_WRITE.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// `IBV_WR_RDMA_READ` from `remote_addr` in the peer's MR `rkey` into the local SGEs.
+    Read {
+        /// Peer virtual address.
+        remote_addr: u64,
+        /// Peer MR key with REMOTE_READ.
+        rkey: u32,
+    },
+}
+
+/// A send-queue work request (`struct ibv_send_wr`, one per post).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: WrOp,
+    /// Local memory; total length ≤ 2^31 bytes; count ≤ the QP's max_send_sge.
+    pub sg_list: &'a [Sge],
+    /// `IBV_SEND_SIGNALED`: produce a CQE on success (errors always produce one).
+    pub signaled: bool,
+    /// `IBV_SEND_INLINE`: the payload is copied at post time (≤ max_inline_data bytes) and the
+    /// SGEs' lkeys are not checked.
+    pub inline: bool,
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Buffers filled in order by the incoming message; count ≤ max_recv_sge.
+    pub sg_list: &'a [Sge],
+}
+
+/// Opcode of a completion (`enum ibv_wc_opcode`, same values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// `IBV_WC_SEND`
+    Send = 0,
+    /// `IBV_WC_RDMA_WRITE`
+    RdmaWrite = 1,
+    /// `IBV_WC_RDMA_READ`
+    RdmaRead = 2,
+    /// `IBV_WC_RECV`
+    Recv = 128,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`
+    RecvRdmaWithImm = 129,
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wc {
+    /// The WR's `wr_id`.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed. For error completions it is the WR's kind as far as known.
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred (READ).
+    pub byte_len: u32,
+    /// Immediate data of SEND_WITH_IMM / WRITE_WITH_IMM.
+    pub imm: Option<u32>,
+    /// QP number the WR was posted on.
+    pub qp_num: u32,
+}
+
+impl Default for Wc {
+    fn default() -> Self {
+        Wc {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+        }
+    }
+}
+
+/// Queue sizes of a QP (`struct ibv_qp_cap`). The device may round them up; the QP reports the
+/// granted values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Outstanding send WRs.
+    pub max_send_wr: u32,
+    /// Outstanding receive WRs.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Bytes a WR may carry inline.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        QpCap {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// QP states (`enum ibv_qp_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpState {
+    /// `IBV_QPS_RESET`
+    Reset,
+    /// `IBV_QPS_INIT`
+    Init,
+    /// `IBV_QPS_RTR`: may receive.
+    Rtr,
+    /// `IBV_QPS_RTS`: may send.
+    Rts,
+    /// `IBV_QPS_SQD`
+    Sqd,
+    /// `IBV_QPS_ERR`: every outstanding WR completes with WR_FLUSH_ERR.
+    Err,
+}
+
+/// Attributes for RESET→INIT→RTR→RTS that are not part of the peer's [`crate::Endpoint`]
+/// (`ibv_modify_qp(3)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectAttr {
+    /// Access flags granted to the peer on this QP (`qp_access_flags`).
+    pub access: crate::Access,
+    /// Minimum RNR NAK timer code (`min_rnr_timer`, 0..=31; 12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout code: 4.096 µs · 2^timeout (`timeout`, 0..=31; 14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Transport retries (`retry_cnt`, 0..=7).
+    pub retry_cnt: u8,
+    /// RNR retries (`rnr_retry`, 0..=7; 7 = forever).
+    pub rnr_retry: u8,
+    /// Path MTU in bytes (256..=4096); the smaller of both sides' active MTU is used.
+    pub mtu: u32,
+}
+
+impl Default for ConnectAttr {
+    fn default() -> Self {
+        ConnectAttr {
+            access: Access::ALL,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            mtu: 4096,
+        }
+    }
+}
+
+/// Limits of a device (`struct ibv_device_attr` and port attributes), as enforced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Max WRs per queue.
+    pub max_qp_wr: u32,
+    /// Max SGEs per WR.
+    pub max_sge: u32,
+    /// Max inline bytes per WR.
+    pub max_inline_data: u32,
+    /// Max CQEs per CQ.
+    pub max_cqe: u32,
+    /// Largest MR in bytes.
+    pub max_mr_size: u64,
+    /// Active MTU of port 1 in bytes.
+    pub active_mtu: u32,
+    /// True when remote access (and use as a receive buffer by a peer process) is possible only
+    /// on memory from [`crate::Pd::alloc_shared`] (the soft provider); false on NICs, where any
+    /// registered memory will do.
+    pub remote_access_needs_shared: bool,
+}
