@@ -1,0 +1,45 @@
+//! Configuration of a credit link.
+
+use super::CreditError;
+
+/// Configuration of one [`Credits`](super::Credits) link.
+///
+/// `grant` is the number of receive **data buffers** each side reserves for the peer (unit:
+/// buffers, one message each). Each side additionally posts one update-slot buffer, so the
+/// receive queue needs `grant + 1` posted receives per peer. Both sides must use the same value
+/// (negotiated at link set-up by `byteexpress-rpc`). The wire field that carries returned
+/// credits must be able to hold `grant`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreditConfig {
+    grant: u32,
+}
+
+impl CreditConfig {
+    /// A configuration granting `grant` data buffers (unit: buffers).
+    ///
+    /// # Errors
+    /// [`CreditError::ZeroGrant`] when `grant` is 0: no data could ever be sent.
+    pub fn new(grant: u32) -> Result<Self, CreditError> {
+        if grant == 0 {
+            return Err(CreditError::ZeroGrant);
+        }
+        Ok(Self { grant })
+    }
+
+    /// Data buffers granted to the peer (unit: buffers); at least 1.
+    pub fn grant(&self) -> u32 {
+        self.grant
+    }
+
+    /// Pending returns that trigger an explicit `CREDIT_UPDATE` when idle:
+    /// `max(1, grant / 2)` (unit: credits); always in `1..=grant`.
+    pub fn update_threshold(&self) -> u32 {
+        (self.grant / 2).max(1)
+    }
+
+    /// Receives to post for this peer: `grant + 1` (data buffers plus the update slot),
+    /// saturating at `u32::MAX`.
+    pub fn posted_receives(&self) -> u32 {
+        self.grant.saturating_add(1)
+    }
+}

@@ -1,0 +1,221 @@
+//! The per-link credit state machine.
+
+use super::{CreditConfig, CreditError, CreditStats, MsgKind, Piggyback};
+
+/// State of our receive-side update slot (the one buffer reserved for the peer's updates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxSlot {
+    /// Posted: the peer may send one `CREDIT_UPDATE`.
+    Posted,
+    /// Holds a received `CREDIT_UPDATE`, not yet re-posted.
+    Consumed,
+    /// Re-posted; the peer has not been told yet (we owe a `slot_return`).
+    ReturnOwed,
+}
+
+/// Credit state of one RC link, as seen from one side. Both sides run the same machine.
+///
+/// Sender half: `send_credits` (data buffers we may fill at the peer) and whether our update slot
+/// at the peer is free. Receiver half: `pending` returns, the receive-side update slot, and a
+/// bound on what the peer may still send. Protocol rules: see the [module docs](super).
+///
+/// Invariants (checked by the proptests):
+/// - `send_credits + escrow <= grant`;
+/// - `peer_credits + unreposted_data + pending == grant` (what the peer may hold, what we hold,
+///   what we owe back);
+/// - a `slot_return` is owed only while `send_credits >= 1` (the liveness invariant).
+#[derive(Debug, Clone)]
+pub struct Credits {
+    cfg: CreditConfig,
+    /// Data messages we may still send (unit: credits).
+    send_credits: u32,
+    /// Credits from a received `CREDIT_UPDATE`, usable once its slot is re-posted (rule 6).
+    escrow: u32,
+    /// Our `CREDIT_UPDATE` is outstanding at the peer (its slot not yet returned).
+    tx_slot_busy: bool,
+    /// Re-posted data buffers not yet announced to the peer (unit: credits).
+    pending: u32,
+    /// Received data buffers not yet re-posted (unit: buffers).
+    unreposted_data: u32,
+    /// Upper bound on the credits the peer holds: grant minus what we received and did not
+    /// return yet (unit: credits).
+    peer_credits: u32,
+    rx_slot: RxSlot,
+    stats: CreditStats,
+}
+
+impl Credits {
+    /// A fresh link: `grant` send credits, both update slots posted, nothing pending.
+    pub fn new(cfg: CreditConfig) -> Self {
+        Self {
+            cfg,
+            send_credits: cfg.grant(),
+            escrow: 0,
+            tx_slot_busy: false,
+            pending: 0,
+            unreposted_data: 0,
+            peer_credits: cfg.grant(),
+            rx_slot: RxSlot::Posted,
+            stats: CreditStats::default(),
+        }
+    }
+
+    /// The configuration this link was created with.
+    pub fn config(&self) -> CreditConfig {
+        self.cfg
+    }
+
+    /// Whether a data message may be sent now (at least one send credit).
+    pub fn can_send(&self) -> bool {
+        self.send_credits > 0
+    }
+
+    /// Send credits available now (unit: credits); never above `grant`.
+    pub fn send_credits(&self) -> u32 {
+        self.send_credits
+    }
+
+    /// Credits received in a `CREDIT_UPDATE` whose slot is not re-posted yet (unit: credits).
+    pub fn escrowed_credits(&self) -> u32 {
+        self.escrow
+    }
+
+    /// Re-posted data buffers not yet returned to the peer (unit: credits).
+    pub fn pending_returns(&self) -> u32 {
+        self.pending
+    }
+
+    /// Whether our own `CREDIT_UPDATE` is outstanding (no further update may be sent).
+    pub fn update_outstanding(&self) -> bool {
+        self.tx_slot_busy
+    }
+
+    /// Whether we owe the peer a `slot_return` flag (its update slot is re-posted, not announced).
+    pub fn slot_return_owed(&self) -> bool {
+        self.rx_slot == RxSlot::ReturnOwed
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> CreditStats {
+        self.stats
+    }
+
+    /// Sends a data message if a credit is available: consumes one credit and returns the
+    /// piggyback to put in its header (all pending returns and an owed `slot_return`, rule 2).
+    /// Returns `None` (and counts a block) when no credit is left: queue the message and retry
+    /// after the next [`Credits::on_receive`].
+    pub fn try_send_data(&mut self) -> Option<Piggyback> {
+        if self.send_credits == 0 {
+            self.stats.blocked += 1;
+            return None;
+        }
+        self.send_credits -= 1;
+        self.stats.data_sent += 1;
+        Some(self.take_piggyback())
+    }
+
+    /// Asks whether an explicit `CREDIT_UPDATE` must be sent now (rule 4): when at least
+    /// `threshold` returns are pending and our update slot at the peer is free. Call it after
+    /// each re-post or receive once nothing more can be sent as data (queue empty or no
+    /// credit); liveness relies on it being asked then. On `Some`, send a
+    /// `CREDIT_UPDATE` with that piggyback; the slot is then busy until the peer returns it.
+    pub fn poll_update(&mut self) -> Option<Piggyback> {
+        if self.tx_slot_busy || self.pending < self.cfg.update_threshold() {
+            return None;
+        }
+        self.tx_slot_busy = true;
+        self.stats.updates_sent += 1;
+        Some(self.take_piggyback())
+    }
+
+    /// Applies a received message header. `kind` is the message's kind (which of our buffers it
+    /// consumed), `pb` its piggyback.
+    ///
+    /// # Errors
+    /// A [`CreditError`] when the peer broke a rule (module docs, rule 3); the state is then
+    /// unchanged and the link should be failed.
+    pub fn on_receive(&mut self, kind: MsgKind, pb: Piggyback) -> Result<(), CreditError> {
+        match kind {
+            MsgKind::Data if self.peer_credits == 0 => return Err(CreditError::DataOverrun),
+            MsgKind::CreditUpdate if self.rx_slot != RxSlot::Posted => {
+                return Err(CreditError::UpdateSlotBusy);
+            }
+            MsgKind::CreditUpdate if pb.credits == 0 => return Err(CreditError::EmptyUpdate),
+            _ => {}
+        }
+        if pb.slot_return && !self.tx_slot_busy {
+            return Err(CreditError::UnexpectedSlotReturn);
+        }
+        // Cannot overflow: both are at most grant and their sum is at most grant.
+        let held = self.send_credits + self.escrow;
+        let outstanding = self.cfg.grant() - held;
+        if pb.credits > outstanding {
+            return Err(CreditError::TooManyCredits {
+                returned: pb.credits,
+                outstanding,
+            });
+        }
+
+        if pb.slot_return {
+            self.tx_slot_busy = false;
+        }
+        self.stats.credits_received += u64::from(pb.credits);
+        match kind {
+            MsgKind::Data => {
+                self.send_credits += pb.credits;
+                self.peer_credits -= 1;
+                self.unreposted_data += 1;
+                self.stats.data_received += 1;
+            }
+            MsgKind::CreditUpdate => {
+                self.escrow = pb.credits;
+                self.rx_slot = RxSlot::Consumed;
+                self.stats.updates_received += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that a received buffer of `kind` was consumed by the application and re-posted.
+    /// A data buffer becomes a pending return; the update slot makes a `slot_return` owed and
+    /// releases the escrowed credits of the update it held (rule 6).
+    ///
+    /// # Errors
+    /// [`CreditError::NothingToRepost`] when no buffer of that kind is awaiting re-post (caller
+    /// bug); the state is then unchanged.
+    pub fn on_reposted(&mut self, kind: MsgKind) -> Result<(), CreditError> {
+        match kind {
+            MsgKind::Data => {
+                if self.unreposted_data == 0 {
+                    return Err(CreditError::NothingToRepost(kind));
+                }
+                self.unreposted_data -= 1;
+                self.pending += 1;
+            }
+            MsgKind::CreditUpdate => {
+                if self.rx_slot != RxSlot::Consumed {
+                    return Err(CreditError::NothingToRepost(kind));
+                }
+                self.rx_slot = RxSlot::ReturnOwed;
+                self.send_credits += self.escrow;
+                self.escrow = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes everything owed to the peer for an outgoing header (rule 2).
+    fn take_piggyback(&mut self) -> Piggyback {
+        let credits = std::mem::take(&mut self.pending);
+        self.peer_credits += credits;
+        self.stats.credits_returned += u64::from(credits);
+        let slot_return = self.rx_slot == RxSlot::ReturnOwed;
+        if slot_return {
+            self.rx_slot = RxSlot::Posted;
+        }
+        Piggyback {
+            credits,
+            slot_return,
+        }
+    }
+}
