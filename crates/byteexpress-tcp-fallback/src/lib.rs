@@ -1,1 +1,31 @@
-//! Length-prefixed message frames over tokio TCP: the ByteExpress fallback transport
+//! Length-prefixed message frames over tokio TCP: the ByteExpress fallback transport.
+//!
+//! # Wire format
+//! A frame is a 4-byte big-endian unsigned length `N` followed by `N` bytes of opaque payload.
+//! `N = 0` is a valid, empty frame. The payload (the `byteexpress-rpc` header, multiplexing and
+//! body) is not interpreted here.
+//!
+//! # Limits
+//! Each side has a maximum payload size ([`FrameConfig::max_frame`], default
+//! [`DEFAULT_MAX_FRAME`] = 16 MiB + 64 KiB). A received length above it is refused with
+//! [`FrameError::TooLarge`] as soon as the 4 header bytes are read, before any memory is
+//! reserved for the payload. The stream is then out of step: the connection owner sends its own
+//! error frame (defined by the RPC layer) with [`FrameWriter::close_with_frame`] and drops the
+//! connection.
+//!
+//! # Halves
+//! [`FrameReader`] and [`FrameWriter`] wrap any `AsyncRead` / `AsyncWrite`, so a TCP stream's
+//! owned halves ([`connect`], [`split`]) can be driven from different tasks.
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+mod reader;
+mod tcp;
+mod writer;
+
+pub use config::{DEFAULT_MAX_FRAME, FrameConfig, HEADER_LEN};
+pub use error::FrameError;
+pub use reader::FrameReader;
+pub use tcp::{connect, split};
+pub use writer::FrameWriter;

@@ -1,0 +1,27 @@
+//! Errors of the frame layer.
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// A frame length above the configured maximum: announced by the peer (read side, nothing
+    /// was allocated for it) or requested by the caller (write side, nothing was written).
+    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    TooLarge {
+        /// Payload length announced or requested (unit: bytes).
+        len: u64,
+        /// Configured maximum (unit: bytes).
+        max: usize,
+    },
+    /// The peer closed the stream in the middle of a frame.
+    #[error("stream ended mid-frame: {received} of {expected} bytes (header included)")]
+    Truncated {
+        /// Bytes the frame needs, header included; 4 while the header itself is incomplete
+        /// (unit: bytes).
+        expected: u64,
+        /// Bytes of that frame received before the end of the stream (unit: bytes).
+        received: usize,
+    },
+    /// An I/O error of the underlying stream.
+    #[error("frame i/o: {0}")]
+    Io(#[from] std::io::Error),
+}

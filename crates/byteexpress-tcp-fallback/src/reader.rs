@@ -1,0 +1,107 @@
+//! Reading frames from a byte stream.
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::{FrameConfig, FrameError, HEADER_LEN};
+
+/// Smallest free space offered to each read, so many small frames arrive per syscall
+/// (unit: bytes).
+const MIN_READ: usize = 8 * 1024;
+
+/// Reads length-prefixed frames from `R`.
+///
+/// Reads land in one `BytesMut`; each frame is split off it without copying and returned as
+/// [`Bytes`] (which keeps its share of the read buffer alive until dropped). Every read asks for
+/// at least 8 KiB, so back-to-back small frames cost one syscall together. Memory held is at
+/// most one maximum frame plus 8 KiB beyond the frames the caller still holds.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    max_frame: usize,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Wraps `inner` with the limits of `cfg`.
+    pub fn new(inner: R, cfg: FrameConfig) -> Self {
+        Self {
+            inner,
+            buf: BytesMut::with_capacity(MIN_READ),
+            max_frame: cfg.max_frame,
+        }
+    }
+
+    /// Reads the next frame's payload.
+    ///
+    /// Returns `Ok(None)` at a clean end of stream (between frames).
+    ///
+    /// # Errors
+    /// [`FrameError::TooLarge`] when the header announces more than the maximum (checked before
+    /// reserving anything; the stream is then unusable and further calls fail the same way),
+    /// [`FrameError::Truncated`] when the stream ends mid-frame, [`FrameError::Io`] otherwise.
+    ///
+    /// # Cancellation
+    /// Cancel-safe: bytes read before a cancelled call stay buffered for the next call.
+    pub async fn read_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
+        loop {
+            let needed = match self.announced_len()? {
+                Some(len) if self.buf.len() >= HEADER_LEN + len => {
+                    self.buf.advance(HEADER_LEN);
+                    return Ok(Some(self.buf.split_to(len).freeze()));
+                }
+                Some(len) => HEADER_LEN + len,
+                None => HEADER_LEN,
+            };
+            let missing = needed - self.buf.len();
+            let want = missing.max(MIN_READ);
+            if self.buf.capacity() - self.buf.len() < want {
+                self.buf.reserve(want);
+            }
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err(FrameError::Truncated {
+                    expected: needed as u64,
+                    received: self.buf.len(),
+                });
+            }
+        }
+    }
+
+    /// The payload length of the buffered header, if complete, checked against the maximum.
+    fn announced_len(&self) -> Result<Option<usize>, FrameError> {
+        let Some(header) = self.buf.first_chunk::<HEADER_LEN>() else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes(*header);
+        match usize::try_from(len) {
+            Ok(len) if len <= self.max_frame => Ok(Some(len)),
+            _ => Err(FrameError::TooLarge {
+                len: u64::from(len),
+                max: self.max_frame,
+            }),
+        }
+    }
+
+    /// Bytes received but not yet returned as frames (unit: bytes).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Capacity of the read buffer (unit: bytes), for memory accounting and tests.
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// The wrapped reader.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// Unwraps the reader; bytes still buffered are returned with it.
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.inner, self.buf)
+    }
+}
