@@ -26,6 +26,11 @@ pub use types::{
     Access, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, Wc, WcOpcode, WrOp,
 };
 
+/// Fault injection for this crate's own tests (feature `test-hooks`); not a stable API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use soft::test_hooks;
+
 /// A device that can be opened.
 #[derive(Debug, Clone)]
 pub struct Device {

@@ -1,0 +1,492 @@
+//! The soft device: one per process, listening on an abstract Unix socket, with a progress
+//! thread for the listener, the control channels, RNR/retry timers and peer-death detection.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use rand::Rng;
+
+use super::cq::SoftCq;
+use super::limits;
+use super::pd::{SoftMr, SoftPd};
+use super::peer::Peer;
+use super::qp::SoftQp;
+use super::ring::{Layout, Ring};
+use super::shm::{EventFd, Mapping};
+use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
+use super::wire::{ConnectMsg, Msg};
+use crate::provider::{ContextImpl, CqImpl, PROVIDER_SOFT, PdImpl};
+use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
+
+/// How long an accepted connection may take to send its first message.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a nonce from `expect_probe` stays valid.
+const PROBE_TTL: Duration = Duration::from_secs(30);
+/// Timeout of probe and connect round trips.
+pub(crate) const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+static DEVICE: Mutex<Option<Arc<SoftDevice>>> = Mutex::new(None);
+
+/// The process's soft device, created on first use.
+pub(crate) fn device() -> Result<Arc<SoftDevice>> {
+    let mut g = DEVICE.lock();
+    if let Some(d) = g.as_ref() {
+        return Ok(d.clone());
+    }
+    let d = SoftDevice::start()?;
+    *g = Some(d.clone());
+    Ok(d)
+}
+
+/// The device, if it was opened (for test hooks).
+#[cfg(feature = "test-hooks")]
+pub(crate) fn opened() -> Option<Arc<SoftDevice>> {
+    DEVICE.lock().clone()
+}
+
+/// A socket the progress thread watches for one QP.
+#[derive(Debug, Clone)]
+pub(crate) enum Watch {
+    /// The peer's connection to us: its announcements arrive here; EOF = peer gone.
+    Inbound { qp: Weak<SoftQp>, sock: Arc<Sock> },
+    /// Our connection to the peer: only EOF/HUP matters.
+    Outbound { qp: Weak<SoftQp>, sock: Arc<Sock> },
+}
+
+impl Watch {
+    fn qp(&self) -> &Weak<SoftQp> {
+        match self {
+            Watch::Inbound { qp, .. } | Watch::Outbound { qp, .. } => qp,
+        }
+    }
+    fn sock(&self) -> &Arc<Sock> {
+        match self {
+            Watch::Inbound { sock, .. } | Watch::Outbound { sock, .. } => sock,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Timer {
+    at: Instant,
+    seq: u64,
+    qp: Weak<SoftQp>,
+}
+
+impl PartialEq for Timer {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Timer {}
+impl PartialOrd for Timer {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timer {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// The soft device (`soft0`).
+#[derive(Debug)]
+pub(crate) struct SoftDevice {
+    pub(crate) dev_id: u64,
+    pub(crate) sock_name: Vec<u8>,
+    listener: Sock,
+    wake: EventFd,
+    next_qpn: AtomicU32,
+    next_key: AtomicU32,
+    next_id: AtomicU64,
+    timer_seq: AtomicU64,
+    pub(crate) qps: Mutex<HashMap<u32, Weak<SoftQp>>>,
+    pub(crate) mrs: RwLock<HashMap<u32, Weak<SoftMr>>>,
+    probes: Mutex<HashMap<u64, Instant>>,
+    watches: Mutex<Vec<Watch>>,
+    timers: Mutex<BinaryHeap<Reverse<Timer>>>,
+}
+
+impl SoftDevice {
+    fn start() -> Result<Arc<SoftDevice>> {
+        let mut rng = rand::rng();
+        let dev_id: u64 = rng.random();
+        let name = format!(
+            "bx-soft-{}-{:016x}",
+            std::process::id(),
+            rng.random::<u64>()
+        );
+        let listener = Sock::listen(name.as_bytes()).map_err(|source| Error::Os {
+            what: "bind soft device socket",
+            source,
+        })?;
+        let dev = Arc::new(SoftDevice {
+            dev_id,
+            sock_name: name.into_bytes(),
+            listener,
+            wake: EventFd::new()?,
+            next_qpn: AtomicU32::new(rng.random_range(0x100..0x1000)),
+            next_key: AtomicU32::new(rng.random_range(1..0x1000_0000)),
+            next_id: AtomicU64::new(1),
+            timer_seq: AtomicU64::new(0),
+            qps: Mutex::new(HashMap::new()),
+            mrs: RwLock::new(HashMap::new()),
+            probes: Mutex::new(HashMap::new()),
+            watches: Mutex::new(Vec::new()),
+            timers: Mutex::new(BinaryHeap::new()),
+        });
+        let d = dev.clone();
+        std::thread::Builder::new()
+            .name("bx-soft0".into())
+            .spawn(move || d.run())
+            .map_err(|source| Error::Os {
+                what: "spawn soft progress thread",
+                source,
+            })?;
+        Ok(dev)
+    }
+
+    /// A fresh 24-bit QP number, unused on this device.
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        let qps = self.qps.lock();
+        loop {
+            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+            if n != 0 && !qps.contains_key(&n) {
+                return n;
+            }
+        }
+    }
+
+    /// A fresh key, unused on this device (lkey = rkey).
+    pub(crate) fn alloc_key(&self) -> u32 {
+        let mrs = self.mrs.read();
+        loop {
+            let k = self.next_key.fetch_add(1, Ordering::Relaxed);
+            if k != 0 && !mrs.contains_key(&k) {
+                return k;
+            }
+        }
+    }
+
+    /// A fresh id for a PD or a shared region.
+    pub(crate) fn alloc_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn lookup_mr(&self, key: u32) -> Option<Arc<SoftMr>> {
+        self.mrs.read().get(&key).and_then(Weak::upgrade)
+    }
+
+    /// Runs `qp.on_timer()` on the progress thread at `at` (or soon after).
+    pub(crate) fn schedule(&self, at: Instant, qp: Weak<SoftQp>) {
+        let seq = self.timer_seq.fetch_add(1, Ordering::Relaxed);
+        self.timers.lock().push(Reverse(Timer { at, seq, qp }));
+        self.wake.signal();
+    }
+
+    pub(crate) fn watch(&self, w: Watch) {
+        self.watches.lock().push(w);
+        self.wake.signal();
+    }
+
+    pub(crate) fn wake(&self) {
+        self.wake.signal();
+    }
+
+    fn take_nonce(&self, nonce: u64) -> bool {
+        let mut p = self.probes.lock();
+        let now = Instant::now();
+        p.retain(|_, exp| *exp > now);
+        p.remove(&nonce).is_some()
+    }
+
+    // ---- progress thread ----
+
+    fn run(self: Arc<Self>) {
+        let mut handshakes: Vec<(Sock, Instant)> = Vec::new();
+        let mut buf = vec![0u8; MAX_MSG];
+        loop {
+            let watches = self.watches.lock().clone();
+            let mut pfds: Vec<libc::pollfd> =
+                Vec::with_capacity(2 + handshakes.len() + watches.len());
+            let pfd = |fd: RawFd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            pfds.push(pfd(self.listener.raw()));
+            pfds.push(pfd(self.wake.raw()));
+            pfds.extend(handshakes.iter().map(|(s, _)| pfd(s.raw())));
+            pfds.extend(watches.iter().map(|w| pfd(w.sock().raw())));
+
+            let now = Instant::now();
+            let mut wait = Duration::from_secs(1);
+            if let Some(Reverse(t)) = self.timers.lock().peek() {
+                wait = wait.min(t.at.saturating_duration_since(now));
+            }
+            let ts = libc::timespec {
+                tv_sec: wait.as_secs() as libc::time_t,
+                tv_nsec: wait.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds; `ts` is a valid timespec;
+            // a NULL sigmask leaves the mask unchanged.
+            let r = unsafe {
+                libc::ppoll(
+                    pfds.as_mut_ptr(),
+                    pfds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::warn!("soft device poll: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                continue;
+            }
+            if pfds[1].revents != 0 {
+                self.wake.drain();
+            }
+            // Handshakes first (indices refer to the current vector), then new connections.
+            let hs_base = 2;
+            let mut keep = Vec::with_capacity(handshakes.len());
+            for (i, (sock, since)) in handshakes.drain(..).enumerate() {
+                if pfds[hs_base + i].revents == 0 {
+                    if since.elapsed() < HANDSHAKE_TIMEOUT {
+                        keep.push((sock, since));
+                    }
+                    continue;
+                }
+                match sock.recv(&mut buf, false) {
+                    Ok(Recv::Msg(n, fds)) => self.first_message(sock, &buf[..n], fds),
+                    Ok(Recv::Empty) => keep.push((sock, since)),
+                    Ok(Recv::Eof) | Err(_) => {}
+                }
+            }
+            handshakes = keep;
+            if pfds[0].revents != 0 {
+                loop {
+                    match self.listener.accept() {
+                        Ok(Some(s)) => handshakes.push((s, Instant::now())),
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!("soft device accept: {e}");
+                            break;
+                        }
+                    }
+                }
+            }
+            let w_base = pfds.len() - watches.len();
+            let mut gone: Vec<Arc<Sock>> = Vec::new();
+            for (i, w) in watches.iter().enumerate() {
+                let Some(qp) = w.qp().upgrade() else {
+                    gone.push(w.sock().clone());
+                    continue;
+                };
+                if pfds[w_base + i].revents == 0 {
+                    continue;
+                }
+                let alive = match w {
+                    Watch::Inbound { .. } => qp.pump_inbound(),
+                    Watch::Outbound { sock, .. } => loop {
+                        match sock.recv(&mut buf, false) {
+                            Ok(Recv::Msg(..)) => continue,
+                            Ok(Recv::Empty) => break true,
+                            Ok(Recv::Eof) | Err(_) => break false,
+                        }
+                    },
+                };
+                if !alive {
+                    gone.push(w.sock().clone());
+                    qp.on_peer_gone();
+                }
+            }
+            if !gone.is_empty() {
+                self.watches
+                    .lock()
+                    .retain(|w| !gone.iter().any(|g| Arc::ptr_eq(g, w.sock())));
+            }
+            self.fire_timers();
+        }
+    }
+
+    fn fire_timers(&self) {
+        let now = Instant::now();
+        loop {
+            let t = {
+                let mut timers = self.timers.lock();
+                match timers.peek() {
+                    Some(Reverse(t)) if t.at <= now => timers.pop().map(|Reverse(t)| t),
+                    _ => None,
+                }
+            };
+            let Some(t) = t else { break };
+            if let Some(qp) = t.qp.upgrade() {
+                qp.on_timer();
+            }
+        }
+    }
+
+    /// The first message on an accepted connection: a probe or a QP connect.
+    fn first_message(&self, sock: Sock, b: &[u8], fds: Vec<OwnedFd>) {
+        match Msg::decode(b) {
+            Some(Msg::Probe { nonce }) if fds.is_empty() => {
+                let ok = self.take_nonce(nonce);
+                let reply = Msg::ProbeReply {
+                    ok,
+                    dev_id: self.dev_id,
+                };
+                let _ = sock.send(&reply.encode(), &[]);
+            }
+            Some(Msg::Connect(c)) => {
+                let sock = Arc::new(sock);
+                match self.attach(c, fds, &sock) {
+                    Ok(qp) => {
+                        let reply = Msg::ConnectReply {
+                            ok: true,
+                            reason: String::new(),
+                        };
+                        if sock.send(&reply.encode(), &[]).is_ok() {
+                            self.watches.lock().push(Watch::Inbound {
+                                qp: Arc::downgrade(&qp),
+                                sock,
+                            });
+                        } else {
+                            qp.on_peer_gone();
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::debug!("soft device refused a connect: {reason}");
+                        let reply = Msg::ConnectReply { ok: false, reason };
+                        let _ = sock.send(&reply.encode(), &[]);
+                    }
+                }
+            }
+            _ => tracing::debug!("soft device: malformed first message dropped"),
+        }
+    }
+
+    /// Attaches a connecting peer's ring, doorbell and channel to our QP `c.dst_qpn`.
+    fn attach(
+        &self,
+        c: ConnectMsg,
+        fds: Vec<OwnedFd>,
+        sock: &Arc<Sock>,
+    ) -> std::result::Result<Arc<SoftQp>, String> {
+        let [ring_fd, bell_fd]: [OwnedFd; 2] = fds
+            .try_into()
+            .map_err(|_| "connect needs 2 fds".to_string())?;
+        let qp = self
+            .qps
+            .lock()
+            .get(&c.dst_qpn)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| format!("no QP {:#x} on this device", c.dst_qpn))?;
+        if !(1..=limits::MAX_QP_WR).contains(&c.ring_cap)
+            || !(1..=limits::MAX_SGE).contains(&c.ring_sge)
+            || c.name.is_empty()
+            || c.name.len() > MAX_NAME
+        {
+            return Err("connect parameters out of range".into());
+        }
+        let layout = Layout {
+            cap: c.ring_cap,
+            max_sge: c.ring_sge,
+        };
+        let map = Mapping::open(ring_fd, layout.bytes()).map_err(|e| e.to_string())?;
+        let ring = Ring::new(Arc::new(map), layout).ok_or("ring region too small")?;
+        tracing::debug!(
+            "soft: QP {:#x} attached to peer device {:#x}",
+            c.dst_qpn,
+            c.src_dev
+        );
+        let peer = Peer::new(
+            c.name,
+            c.src_qpn,
+            ring,
+            EventFd::from_peer(bell_fd),
+            Access(c.access),
+            sock.clone(),
+        );
+        qp.attach_peer(peer)?;
+        Ok(qp)
+    }
+}
+
+impl ContextImpl for SoftDevice {
+    fn name(&self) -> &str {
+        super::DEVICE_NAME
+    }
+
+    fn query(&self) -> DeviceAttr {
+        DeviceAttr {
+            max_qp_wr: limits::MAX_QP_WR,
+            max_sge: limits::MAX_SGE,
+            max_inline_data: limits::MAX_INLINE,
+            max_cqe: limits::MAX_CQE,
+            max_mr_size: limits::MAX_MR_SIZE,
+            active_mtu: limits::MTU,
+            remote_access_needs_shared: true,
+        }
+    }
+
+    fn device_info(&self) -> DeviceInfo {
+        let mut bytes = self.dev_id.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&self.sock_name);
+        DeviceInfo {
+            provider: PROVIDER_SOFT,
+            bytes,
+        }
+    }
+
+    fn probe(&self, peer: &DeviceInfo, nonce: u64) -> Result<bool> {
+        if peer.provider != PROVIDER_SOFT || peer.bytes.len() <= 8 {
+            return Ok(false);
+        }
+        let want_id = u64::from_le_bytes(peer.bytes[..8].try_into().expect("8 bytes"));
+        let Ok(sock) = Sock::connect(&peer.bytes[8..], CONTROL_TIMEOUT) else {
+            return Ok(false);
+        };
+        if sock.send(&Msg::Probe { nonce }.encode(), &[]).is_err() {
+            return Ok(false);
+        }
+        let mut buf = [0u8; 64];
+        Ok(match sock.recv(&mut buf, true) {
+            Ok(Recv::Msg(n, _)) => matches!(
+                Msg::decode(&buf[..n]),
+                Some(Msg::ProbeReply { ok: true, dev_id }) if dev_id == want_id
+            ),
+            _ => false,
+        })
+    }
+
+    fn expect_probe(&self, nonce: u64) {
+        let now = Instant::now();
+        let mut p = self.probes.lock();
+        p.retain(|_, exp| *exp > now);
+        p.insert(nonce, now + PROBE_TTL);
+    }
+
+    fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>> {
+        let dev = device()?;
+        Ok(SoftPd::new(dev))
+    }
+
+    fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqImpl>> {
+        if cqe > limits::MAX_CQE {
+            return Err(Error::InvalidArgument(format!(
+                "cqe {cqe} exceeds the device limit {}",
+                limits::MAX_CQE
+            )));
+        }
+        Ok(SoftCq::new(cqe.max(1))?)
+    }
+}

@@ -1,0 +1,243 @@
+//! Protection domains, shared memory and memory regions of the soft device.
+//!
+//! An MR's region (memfd) and the MR itself are announced to every peer connected to a QP of the
+//! MR's PD: at connect time for MRs that exist then, at registration time (before `reg_shared`
+//! returns) for later ones, and deregistration is announced on drop.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::device::SoftDevice;
+use super::limits;
+use super::qp::SoftQp;
+use super::shm::Mapping;
+use super::sock::Sock;
+use super::wire::Msg;
+use crate::provider::{CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl};
+use crate::{Access, Error, QpCap, Result};
+
+/// A QP's connection to its peer device, used to announce this PD's MRs.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(crate) sock: Arc<Sock>,
+    /// Regions whose memfd this peer already has.
+    sent: Mutex<HashSet<u64>>,
+}
+
+impl Conn {
+    pub(crate) fn new(sock: Arc<Sock>) -> Conn {
+        Conn {
+            sock,
+            sent: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Sends `mr` (and its region's memfd, the first time).
+    pub(crate) fn announce(&self, mr: &SoftMr) -> std::io::Result<()> {
+        let mut sent = self.sent.lock();
+        if !sent.contains(&mr.region) {
+            let m = Msg::Region {
+                id: mr.region,
+                len: mr.map.len() as u64,
+            };
+            self.sock.send(&m.encode(), &[mr.map.fd()])?;
+            sent.insert(mr.region);
+        }
+        let m = Msg::MrAdd {
+            key: mr.key,
+            region: mr.region,
+            offset: mr.offset as u64,
+            len: mr.len as u64,
+            addr: mr.addr,
+            access: mr.access.0,
+        };
+        self.sock.send(&m.encode(), &[])
+    }
+}
+
+/// MRs and peer connections of a PD.
+#[derive(Debug, Default)]
+pub(crate) struct PdState {
+    pub(crate) mrs: Vec<Weak<SoftMr>>,
+    pub(crate) conns: Vec<Weak<Conn>>,
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub(crate) struct SoftPd {
+    me: Weak<SoftPd>,
+    pub(crate) id: u64,
+    pub(crate) dev: Arc<SoftDevice>,
+    pub(crate) state: Mutex<PdState>,
+}
+
+impl SoftPd {
+    pub(crate) fn new(dev: Arc<SoftDevice>) -> Arc<SoftPd> {
+        Arc::new_cyclic(|me| SoftPd {
+            me: me.clone(),
+            id: dev.alloc_id(),
+            dev,
+            state: Mutex::new(PdState::default()),
+        })
+    }
+}
+
+/// Memory from `alloc_shared`: a sealed memfd mapping.
+#[derive(Debug)]
+pub(crate) struct SoftShm {
+    pub(crate) id: u64,
+    pub(crate) map: Arc<Mapping>,
+}
+
+impl SharedMemImpl for SoftShm {
+    fn as_ptr(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A registered memory region (lkey = rkey).
+#[derive(Debug)]
+pub(crate) struct SoftMr {
+    pub(crate) key: u32,
+    pub(crate) pd: Arc<SoftPd>,
+    /// Id of the region (memfd) it lies in, and that region's mapping (kept alive).
+    pub(crate) region: u64,
+    pub(crate) map: Arc<Mapping>,
+    /// Offset in the region.
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    /// Virtual address in this process (= mapping start + offset).
+    pub(crate) addr: u64,
+    pub(crate) access: Access,
+}
+
+impl SoftMr {
+    /// Pointer to `[addr, addr + len)` when that range lies inside this MR.
+    pub(crate) fn range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        let end = addr.checked_add(len)?;
+        if addr < self.addr || end > self.addr + self.len as u64 {
+            return None;
+        }
+        let off = self.offset + (addr - self.addr) as usize;
+        // SAFETY: `off + len <= offset + self.len <= map.len()` (checked at registration and
+        // above), so the pointer stays inside the mapping, which this MR keeps alive.
+        Some(unsafe { self.map.ptr().add(off) })
+    }
+}
+
+impl MrImpl for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.key
+    }
+    fn rkey(&self) -> u32 {
+        self.key
+    }
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        self.pd.dev.mrs.write().remove(&self.key);
+        let mut st = self.pd.state.lock();
+        st.mrs.retain(|w| w.strong_count() > 0);
+        st.conns.retain(|w| w.strong_count() > 0);
+        let m = Msg::MrDel { key: self.key }.encode();
+        for c in st.conns.iter().filter_map(Weak::upgrade) {
+            let _ = c.sock.send(&m, &[]);
+        }
+    }
+}
+
+impl PdImpl for SoftPd {
+    fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>> {
+        if len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes exceed max_mr_size {}",
+                limits::MAX_MR_SIZE
+            )));
+        }
+        let map = Mapping::create(len, c"bx-soft-shared")?;
+        Ok(Arc::new(SoftShm {
+            id: self.dev.alloc_id(),
+            map: Arc::new(map),
+        }))
+    }
+
+    fn reg_shared(
+        &self,
+        mem: &Arc<dyn SharedMemImpl>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Arc<dyn MrImpl>> {
+        let shm = mem.as_any().downcast_ref::<SoftShm>().ok_or_else(|| {
+            Error::InvalidArgument("memory was not allocated by the soft device".into())
+        })?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::InvalidArgument("range overflows".into()))?;
+        if end > shm.map.len() || len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} outside the {} bytes of shared memory",
+                shm.map.len()
+            )));
+        }
+        if access.0 & !Access::ALL.0 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "unknown access flags {:#x}",
+                access.0
+            )));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE needs LOCAL_WRITE (ibv_reg_mr(3))".into(),
+            ));
+        }
+        let pd = self.me.upgrade().expect("a PD in use is alive");
+        let mut st = self.state.lock();
+        let mr = Arc::new(SoftMr {
+            key: self.dev.alloc_key(),
+            pd,
+            region: shm.id,
+            map: shm.map.clone(),
+            offset,
+            len,
+            addr: shm.map.ptr() as u64 + offset as u64,
+            access,
+        });
+        self.dev.mrs.write().insert(mr.key, Arc::downgrade(&mr));
+        st.mrs.retain(|w| w.strong_count() > 0);
+        st.conns.retain(|w| w.strong_count() > 0);
+        st.mrs.push(Arc::downgrade(&mr));
+        for c in st.conns.iter().filter_map(Weak::upgrade) {
+            if let Err(e) = c.announce(&mr) {
+                // The peer is gone or stuck; its QP fails through the control channel.
+                tracing::debug!("soft: announcing MR {:#x} failed: {e}", mr.key);
+            }
+        }
+        Ok(mr)
+    }
+
+    fn create_qp(
+        &self,
+        send_cq: &Arc<dyn CqImpl>,
+        recv_cq: &Arc<dyn CqImpl>,
+        cap: QpCap,
+    ) -> Result<Arc<dyn QpImpl>> {
+        let pd = self.me.upgrade().expect("a PD in use is alive");
+        Ok(SoftQp::create(pd, send_cq, recv_cq, cap)?)
+    }
+}

@@ -1,0 +1,562 @@
+//! RC QPs of the soft device: state machine, connection set-up, receive side and flushes.
+//! The send side (copy engine, RNR and retry) is in `send.rs`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rand::Rng;
+
+use super::cq::{CqState, SoftCq};
+use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
+use super::limits;
+use super::pd::{Conn, SoftPd};
+use super::peer::Peer;
+use super::ring::{ERR_BIT, Layout, RawSge, Ring};
+use super::send::SendSide;
+use super::shm::Mapping;
+use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
+use super::wire::{ConnectMsg, Msg};
+use crate::provider::{CqImpl, PROVIDER_IBVERBS, PROVIDER_SOFT, QpImpl};
+use crate::{
+    ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode, WcStatus,
+};
+
+/// How long a failing QP waits for a peer that already claimed one of its receive WQEs to
+/// finish writing it.
+const CLAIM_GRACE: Duration = Duration::from_millis(100);
+
+fn state_code(s: QpState) -> u8 {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Err => 5,
+    }
+}
+
+fn code_state(c: u8) -> QpState {
+    match c {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        _ => QpState::Err,
+    }
+}
+
+/// A posted receive, as only this process knows it (never read back from shared memory).
+#[derive(Debug)]
+struct Posted {
+    wr_id: u64,
+    total: u64,
+}
+
+#[derive(Debug, Default)]
+struct RecvSide {
+    /// Posted receives not yet completed, in order.
+    shadow: VecDeque<Posted>,
+    /// WQEs produced into the ring.
+    prod: u64,
+    /// Inbound completions consumed.
+    comp_cons: u64,
+    /// The peer wrote something impossible: its ring is no longer read.
+    poisoned: bool,
+}
+
+/// An RC QP.
+#[derive(Debug)]
+pub(crate) struct SoftQp {
+    pub(crate) me: Weak<SoftQp>,
+    pub(crate) dev: Arc<SoftDevice>,
+    pub(crate) pd: Arc<SoftPd>,
+    pub(crate) qpn: u32,
+    psn: u32,
+    pub(crate) cap: QpCap,
+    pub(crate) send_cq: Arc<SoftCq>,
+    recv_cq: Arc<SoftCq>,
+    state: AtomicU8,
+    /// Own ring region (receive WQEs out, completions in).
+    pub(crate) ring: Ring,
+    recv: Mutex<RecvSide>,
+    pub(crate) send: Mutex<SendSide>,
+    pub(crate) peer: Mutex<Option<Peer>>,
+    pub(crate) peer_dead: AtomicBool,
+    out: Mutex<Option<Arc<Conn>>>,
+    connecting: Mutex<()>,
+}
+
+fn check_cap(what: &str, v: u32, max: u32) -> Result<()> {
+    if v > max {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {v} exceeds the device limit {max}"
+        )));
+    }
+    Ok(())
+}
+
+impl SoftQp {
+    pub(crate) fn create(
+        pd: Arc<SoftPd>,
+        send_cq: &Arc<dyn CqImpl>,
+        recv_cq: &Arc<dyn CqImpl>,
+        cap: QpCap,
+    ) -> Result<Arc<SoftQp>> {
+        let (Some(send_cq), Some(recv_cq)) = (SoftCq::from_dyn(send_cq), SoftCq::from_dyn(recv_cq))
+        else {
+            return Err(Error::InvalidArgument("CQ of another device".into()));
+        };
+        check_cap("max_send_wr", cap.max_send_wr, limits::MAX_QP_WR)?;
+        check_cap("max_recv_wr", cap.max_recv_wr, limits::MAX_QP_WR)?;
+        check_cap("max_send_sge", cap.max_send_sge, limits::MAX_SGE)?;
+        check_cap("max_recv_sge", cap.max_recv_sge, limits::MAX_SGE)?;
+        check_cap("max_inline_data", cap.max_inline_data, limits::MAX_INLINE)?;
+        let cap = QpCap {
+            max_send_wr: cap.max_send_wr.max(1),
+            max_recv_wr: cap.max_recv_wr.max(1),
+            max_send_sge: cap.max_send_sge.max(1),
+            max_recv_sge: cap.max_recv_sge.max(1),
+            max_inline_data: cap.max_inline_data,
+        };
+        let layout = Layout {
+            cap: cap.max_recv_wr,
+            max_sge: cap.max_recv_sge,
+        };
+        let map = Mapping::create(layout.bytes(), c"bx-soft-ring")?;
+        let ring = Ring::new(Arc::new(map), layout)
+            .ok_or_else(|| Error::InvalidArgument("ring layout".into()))?;
+        let dev = pd.dev.clone();
+        let qpn = dev.alloc_qpn();
+        let psn = rand::rng().random::<u32>() & 0xff_ffff;
+        let qp = Arc::new_cyclic(|me| SoftQp {
+            me: me.clone(),
+            dev: dev.clone(),
+            pd,
+            qpn,
+            psn,
+            cap,
+            send_cq,
+            recv_cq: recv_cq.clone(),
+            state: AtomicU8::new(state_code(QpState::Reset)),
+            ring,
+            recv: Mutex::new(RecvSide::default()),
+            send: Mutex::new(SendSide::new()),
+            peer: Mutex::new(None),
+            peer_dead: AtomicBool::new(false),
+            out: Mutex::new(None),
+            connecting: Mutex::new(()),
+        });
+        dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
+        recv_cq.add_qp(Arc::downgrade(&qp));
+        Ok(qp)
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(state_code(s), Ordering::SeqCst);
+    }
+
+    pub(crate) fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Wc {
+        Wc {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+        }
+    }
+
+    // ---- called by the device ----
+
+    /// Listener: the peer's `connect` arrived with its ring and doorbell.
+    pub(crate) fn attach_peer(&self, peer: Peer) -> std::result::Result<(), String> {
+        if self.state() == QpState::Err {
+            return Err("QP is in ERR".into());
+        }
+        if let Some((qpn, name)) = &self.send.lock().remote {
+            if *qpn != peer.qpn || *name != peer.name {
+                return Err("QP is connected to another peer".into());
+            }
+        }
+        let mut slot = self.peer.lock();
+        if slot.is_some() {
+            return Err("QP already has a peer".into());
+        }
+        *slot = Some(peer);
+        drop(slot);
+        // Sends waiting for the peer may go now.
+        self.dev.schedule(Instant::now(), self.me.clone());
+        Ok(())
+    }
+
+    /// Progress thread: the inbound control channel is readable. False when it hit EOF.
+    pub(crate) fn pump_inbound(&self) -> bool {
+        match self.peer.lock().as_mut() {
+            Some(p) => p.pump(),
+            None => false,
+        }
+    }
+
+    // ---- receive side ----
+
+    /// Whether the inbound completion ring has entries (cheap; for `Cq::pending`).
+    pub(crate) fn inbound_pending(&self) -> bool {
+        self.ring.comp_prod().load(Ordering::Acquire)
+            != self.ring.comp_cons().load(Ordering::Relaxed)
+    }
+
+    /// Sets the `armed` flag the peer checks before ringing our doorbell.
+    pub(crate) fn arm_inbound(&self) {
+        self.ring.armed().store(1, Ordering::SeqCst);
+    }
+
+    /// Moves inbound completions into `cq` (the recv CQ's locked state), validating every index
+    /// and length the peer wrote. False when the QP must fail: the peer wrote something
+    /// impossible (the ring is then no longer trusted) or an error completion.
+    pub(crate) fn drain_into(&self, cq: &mut CqState) -> bool {
+        let mut recv = self.recv.lock();
+        self.drain_locked(&mut recv, cq)
+    }
+
+    fn drain_locked(&self, recv: &mut RecvSide, cq: &mut CqState) -> bool {
+        if recv.poisoned {
+            return true;
+        }
+        let prod = self.ring.comp_prod().load(Ordering::Acquire);
+        if prod == recv.comp_cons {
+            return true;
+        }
+        let claimed = self.ring.recv_cons().load(Ordering::Acquire) & !ERR_BIT;
+        let outstanding = recv.shadow.len() as u64;
+        if prod < recv.comp_cons
+            || prod - recv.comp_cons > outstanding
+            || prod > claimed
+            || claimed > recv.prod
+        {
+            tracing::warn!(
+                "soft QP {:#x}: peer wrote impossible ring indices",
+                self.qpn
+            );
+            recv.poisoned = true;
+            return false;
+        }
+        let mut ok = true;
+        while recv.comp_cons < prod {
+            let Some(c) = self.ring.read_comp(recv.comp_cons) else {
+                recv.poisoned = true;
+                return false;
+            };
+            let total = recv.shadow.front().map_or(0, |p| p.total);
+            let opcode = match c.opcode {
+                x if x == WcOpcode::Recv as u32 && c.byte_len as u64 <= total => WcOpcode::Recv,
+                x if x == WcOpcode::RecvRdmaWithImm as u32 && c.imm.is_some() => {
+                    WcOpcode::RecvRdmaWithImm
+                }
+                _ => {
+                    recv.poisoned = true;
+                    return false;
+                }
+            };
+            let status = match c.status {
+                0 => WcStatus::Success,
+                1 => WcStatus::LocLenErr,
+                4 => WcStatus::LocProtErr,
+                _ => {
+                    recv.poisoned = true;
+                    return false;
+                }
+            };
+            let posted = recv
+                .shadow
+                .pop_front()
+                .expect("checked against outstanding");
+            let success = status == WcStatus::Success;
+            cq.push(Wc {
+                wr_id: posted.wr_id,
+                status,
+                opcode,
+                byte_len: if success { c.byte_len } else { 0 },
+                imm: if success { c.imm } else { None },
+                qp_num: self.qpn,
+            });
+            recv.comp_cons += 1;
+            if !success {
+                ok = false;
+                break;
+            }
+        }
+        self.ring
+            .comp_cons()
+            .store(recv.comp_cons, Ordering::Release);
+        ok
+    }
+
+    /// Stops the peer from claiming more receive WQEs, waits briefly for those it claimed,
+    /// drains their completions and flushes every other posted receive, in order.
+    fn flush_recv(&self) {
+        let old = self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+        let claimed = old & !ERR_BIT;
+        let t0 = Instant::now();
+        while !self.recv.lock().poisoned
+            && !self.peer_dead.load(Ordering::Relaxed)
+            && self.ring.comp_prod().load(Ordering::Acquire) < claimed
+            && t0.elapsed() < CLAIM_GRACE
+        {
+            std::thread::yield_now();
+        }
+        self.recv_cq.with(|cq| {
+            let mut recv = self.recv.lock();
+            self.drain_locked(&mut recv, cq);
+            for p in recv.shadow.drain(..) {
+                cq.push(self.wc(p.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+            }
+            recv.comp_cons = self.ring.comp_prod().load(Ordering::Acquire);
+        });
+    }
+
+    /// Moves the QP to ERR: `first` (if any) completes the oldest send WR with that status,
+    /// every other outstanding WR is flushed, sends first, then receives.
+    pub(crate) fn fail_locked(&self, send: &mut SendSide, first: Option<WcStatus>) {
+        self.set_state(QpState::Err);
+        let jobs = std::mem::take(&mut send.pending);
+        let mut first = first;
+        self.send_cq.with(|cq| {
+            for j in jobs {
+                let st = first.take().unwrap_or(WcStatus::WrFlushErr);
+                cq.push(self.wc(j.wr_id, st, j.opcode()));
+            }
+        });
+        self.flush_recv();
+    }
+
+    /// The recv CQ found an error completion or garbage from the peer.
+    pub(crate) fn fail_from_cq(&self) {
+        let mut send = self.send.lock();
+        self.fail_locked(&mut send, None);
+    }
+
+    /// The peer's process or QP is gone (EOF on a control channel): sends fail with
+    /// RETRY_EXC_ERR after timeout × (retry_cnt + 1), then the QP goes to ERR.
+    pub(crate) fn on_peer_gone(&self) {
+        if self.peer_dead.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut send = self.send.lock();
+        let now = Instant::now();
+        if let Some(t) = super::timing::give_up_after(send.attr.timeout, send.attr.retry_cnt) {
+            send.dead_deadline = Some(now + t);
+            self.dev.schedule(now + t, self.me.clone());
+        }
+        self.dev.schedule(now, self.me.clone());
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        // The peer may claim no more receive WQEs; its sends time out once our channels close.
+        self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+        let mut qps = self.dev.qps.lock();
+        if qps.get(&self.qpn).is_some_and(|w| w.strong_count() == 0) {
+            qps.remove(&self.qpn);
+        }
+        drop(qps);
+        self.dev.wake();
+    }
+}
+
+impl QpImpl for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn state(&self) -> QpState {
+        code_state(self.state.load(Ordering::SeqCst))
+    }
+
+    fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            provider: PROVIDER_SOFT,
+            qpn: self.qpn,
+            psn: self.psn,
+            lid: 0,
+            gid: [0; 16],
+            mtu: limits::MTU,
+            addr: self.dev.sock_name.clone(),
+        }
+    }
+
+    fn connect(&self, remote: &Endpoint, attr: &ConnectAttr) -> Result<()> {
+        if remote.provider == PROVIDER_IBVERBS {
+            return Err(Error::InvalidArgument(
+                "endpoint of an rdma-core device".into(),
+            ));
+        }
+        if remote.provider != PROVIDER_SOFT {
+            return Err(Error::InvalidArgument(
+                "endpoint of an unknown provider".into(),
+            ));
+        }
+        if remote.addr.is_empty() || remote.addr.len() > MAX_NAME {
+            return Err(Error::InvalidArgument("endpoint address length".into()));
+        }
+        if attr.min_rnr_timer > 31
+            || attr.timeout > 31
+            || attr.retry_cnt > 7
+            || attr.rnr_retry > 7
+            || !(256..=4096).contains(&attr.mtu)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "connect attributes out of range: {attr:?}"
+            )));
+        }
+        let _one = self.connecting.lock();
+        if self.state() != QpState::Reset {
+            return Err(Error::InvalidState(format!(
+                "connect in {:?}, needs RESET",
+                self.state()
+            )));
+        }
+        let peer_err = |what: &str, e: &dyn std::fmt::Display| {
+            Error::Peer(format!(
+                "{what} {} (QP {:#x}): {e}",
+                String::from_utf8_lossy(&remote.addr),
+                remote.qpn
+            ))
+        };
+        let sock = Sock::connect(&remote.addr, CONTROL_TIMEOUT)
+            .map_err(|e| peer_err("cannot reach soft device", &e))?;
+        let sock = Arc::new(sock);
+        let hello = Msg::Connect(ConnectMsg {
+            src_dev: self.dev.dev_id,
+            src_qpn: self.qpn,
+            dst_qpn: remote.qpn,
+            ring_cap: self.ring.layout.cap,
+            ring_sge: self.ring.layout.max_sge,
+            access: attr.access.0,
+            name: self.dev.sock_name.clone(),
+        });
+        sock.send(
+            &hello.encode(),
+            &[self.ring.mapping().fd(), self.recv_cq.doorbell_fd()],
+        )
+        .map_err(|e| peer_err("connect to", &e))?;
+        let mut buf = [0u8; MAX_MSG];
+        match sock.recv(&mut buf, true) {
+            Ok(Recv::Msg(n, _)) => match Msg::decode(&buf[..n]) {
+                Some(Msg::ConnectReply { ok: true, .. }) => {}
+                Some(Msg::ConnectReply { ok: false, reason }) => {
+                    return Err(peer_err("refused by", &reason));
+                }
+                _ => return Err(peer_err("malformed reply from", &"?")),
+            },
+            Ok(_) => return Err(peer_err("no reply from", &"connection closed")),
+            Err(e) => return Err(peer_err("no reply from", &e)),
+        }
+        let conn = Arc::new(Conn::new(sock.clone()));
+        let mut keep = Vec::new();
+        {
+            let mut st = self.pd.state.lock();
+            keep.extend(st.mrs.iter().filter_map(Weak::upgrade));
+            for mr in &keep {
+                conn.announce(mr)
+                    .map_err(|e| peer_err("announcing memory to", &e))?;
+            }
+            st.conns.retain(|w| w.strong_count() > 0);
+            st.conns.push(Arc::downgrade(&conn));
+        }
+        drop(keep); // outside the PD lock: dropping the last handle of an MR takes it
+        {
+            let mut send = self.send.lock();
+            send.attr = *attr;
+            send.remote = Some((remote.qpn, remote.addr.clone()));
+        }
+        {
+            let mut slot = self.peer.lock();
+            if slot
+                .as_ref()
+                .is_some_and(|p| p.qpn != remote.qpn || p.name != remote.addr)
+            {
+                *slot = None;
+                return Err(peer_err("another peer attached before", &"mismatch"));
+            }
+        }
+        *self.out.lock() = Some(conn);
+        self.dev.watch(Watch::Outbound {
+            qp: self.me.clone(),
+            sock,
+        });
+        // RESET→INIT→RTR→RTS, unless to_err() won the race.
+        self.state
+            .compare_exchange(
+                state_code(QpState::Reset),
+                state_code(QpState::Rts),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .map_err(|s| {
+                Error::InvalidState(format!("QP moved to {:?} during connect", code_state(s)))
+            })?;
+        Ok(())
+    }
+
+    fn to_err(&self) -> Result<()> {
+        let mut send = self.send.lock();
+        self.fail_locked(&mut send, None);
+        Ok(())
+    }
+
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_impl(wr)
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        if wr.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed max_recv_sge {}",
+                wr.sg_list.len(),
+                self.cap.max_recv_sge
+            )));
+        }
+        if self.state() == QpState::Reset {
+            return Err(Error::InvalidState("post_recv in RESET".into()));
+        }
+        let mut recv = self.recv.lock();
+        if self.state() == QpState::Err {
+            drop(recv);
+            self.recv_cq
+                .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+            return Ok(());
+        }
+        if recv.shadow.len() >= self.cap.max_recv_wr as usize {
+            return Err(Error::QueueFull("receive queue (max_recv_wr) full"));
+        }
+        let sges: Vec<RawSge> = wr
+            .sg_list
+            .iter()
+            .map(|s| RawSge {
+                addr: s.addr,
+                len: s.len,
+                key: s.lkey,
+            })
+            .collect();
+        let total = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
+        let seq = recv.prod;
+        self.ring.write_wqe(seq, &sges);
+        recv.prod += 1;
+        self.ring.recv_prod().store(recv.prod, Ordering::Release);
+        recv.shadow.push_back(Posted {
+            wr_id: wr.wr_id,
+            total,
+        });
+        Ok(())
+    }
+}

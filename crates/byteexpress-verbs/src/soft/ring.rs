@@ -1,0 +1,235 @@
+//! The per-QP ring region in shared memory: the owner's receive ring (WQEs produced by the owner
+//! in `post_recv`, consumed by the peer's sender) and the inbound completion ring (entries
+//! produced by the peer's sender, consumed by the owner's CQ).
+//!
+//! Layout (bytes; every index is a free-running u64 counter, slot = counter % cap):
+//!
+//! | offset | field | written by |
+//! |---|---|---|
+//! | 0 | `recv_prod` | owner (Release) |
+//! | 64 | `recv_cons` (bit 63 = owner QP in ERR: claim refused) | peer (CAS), owner sets bit 63 |
+//! | 128 | `comp_prod` | peer (Release) |
+//! | 192 | `comp_cons` | owner (Release) |
+//! | 256 | `armed` u32: owner's CQ sleeps, ring the doorbell | owner sets, peer clears |
+//! | 512 | `cap` receive WQEs of `16 + 16·max_sge` bytes: `num_sge u32, pad`, then `addr u64, len u32, lkey u32` per SGE | owner |
+//! | … | `cap` completions of 32 bytes: `opcode u32, status u32, byte_len u32, has_imm u32, imm u32` | peer |
+//!
+//! Both sides validate every value the other side wrote before using it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::shm::Mapping;
+
+const OFF_RECV_PROD: usize = 0;
+const OFF_RECV_CONS: usize = 64;
+const OFF_COMP_PROD: usize = 128;
+const OFF_COMP_CONS: usize = 192;
+const OFF_ARMED: usize = 256;
+const HDR: usize = 512;
+const WQE_HDR: usize = 16;
+const SGE: usize = 16;
+const COMP: usize = 32;
+
+/// Bit 63 of `recv_cons`: the owner's QP is in ERR; the peer may claim no more WQEs.
+pub(crate) const ERR_BIT: u64 = 1 << 63;
+
+/// A receive SGE as stored in the ring (owner's virtual address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawSge {
+    pub addr: u64,
+    pub len: u32,
+    pub key: u32,
+}
+
+/// An inbound completion entry as stored in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawComp {
+    pub opcode: u32,
+    pub status: u32,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+}
+
+/// Ring geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub cap: u32,
+    pub max_sge: u32,
+}
+
+impl Layout {
+    fn wqe_size(&self) -> usize {
+        WQE_HDR + SGE * self.max_sge as usize
+    }
+    fn comp_base(&self) -> usize {
+        HDR + self.wqe_size() * self.cap as usize
+    }
+    /// Bytes the ring region needs.
+    pub(crate) fn bytes(&self) -> usize {
+        self.comp_base() + COMP * self.cap as usize
+    }
+    fn wqe_off(&self, seq: u64) -> usize {
+        HDR + self.wqe_size() * (seq % self.cap as u64) as usize
+    }
+    fn comp_off(&self, seq: u64) -> usize {
+        self.comp_base() + COMP * (seq % self.cap as u64) as usize
+    }
+}
+
+/// A view of one ring region (own or a peer's mapping).
+#[derive(Debug, Clone)]
+pub(crate) struct Ring {
+    map: Arc<Mapping>,
+    pub layout: Layout,
+}
+
+impl Ring {
+    /// `None` when the mapping is too small for `layout` or the layout is degenerate.
+    pub(crate) fn new(map: Arc<Mapping>, layout: Layout) -> Option<Ring> {
+        (layout.cap > 0 && layout.max_sge > 0 && map.len() >= layout.bytes())
+            .then_some(Ring { map, layout })
+    }
+
+    pub(crate) fn mapping(&self) -> &Arc<Mapping> {
+        &self.map
+    }
+
+    pub(crate) fn recv_prod(&self) -> &AtomicU64 {
+        self.map.u64_at(OFF_RECV_PROD)
+    }
+    pub(crate) fn recv_cons(&self) -> &AtomicU64 {
+        self.map.u64_at(OFF_RECV_CONS)
+    }
+    pub(crate) fn comp_prod(&self) -> &AtomicU64 {
+        self.map.u64_at(OFF_COMP_PROD)
+    }
+    pub(crate) fn comp_cons(&self) -> &AtomicU64 {
+        self.map.u64_at(OFF_COMP_CONS)
+    }
+    pub(crate) fn armed(&self) -> &AtomicU32 {
+        self.map.u32_at(OFF_ARMED)
+    }
+
+    /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).
+    pub(crate) fn write_wqe(&self, seq: u64, sges: &[RawSge]) {
+        let off = self.layout.wqe_off(seq);
+        let n = sges.len().min(self.layout.max_sge as usize);
+        self.map.u32_at(off).store(n as u32, Ordering::Relaxed);
+        for (i, s) in sges.iter().take(n).enumerate() {
+            let o = off + WQE_HDR + i * SGE;
+            self.map.u64_at(o).store(s.addr, Ordering::Relaxed);
+            self.map.u32_at(o + 8).store(s.len, Ordering::Relaxed);
+            self.map.u32_at(o + 12).store(s.key, Ordering::Relaxed);
+        }
+    }
+
+    /// Peer: reads WQE `seq` into `out`; `None` when its SGE count exceeds the layout.
+    pub(crate) fn read_wqe(&self, seq: u64, out: &mut Vec<RawSge>) -> Option<()> {
+        let off = self.layout.wqe_off(seq);
+        let n = self.map.u32_at(off).load(Ordering::Relaxed);
+        if n > self.layout.max_sge {
+            return None;
+        }
+        out.clear();
+        for i in 0..n as usize {
+            let o = off + WQE_HDR + i * SGE;
+            out.push(RawSge {
+                addr: self.map.u64_at(o).load(Ordering::Relaxed),
+                len: self.map.u32_at(o + 8).load(Ordering::Relaxed),
+                key: self.map.u32_at(o + 12).load(Ordering::Relaxed),
+            });
+        }
+        Some(())
+    }
+
+    /// Peer: stores completion `seq` (published by a later Release store of `comp_prod`).
+    pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
+        let off = self.layout.comp_off(seq);
+        self.map.u32_at(off).store(c.opcode, Ordering::Relaxed);
+        self.map.u32_at(off + 4).store(c.status, Ordering::Relaxed);
+        self.map
+            .u32_at(off + 8)
+            .store(c.byte_len, Ordering::Relaxed);
+        self.map
+            .u32_at(off + 12)
+            .store(c.imm.is_some() as u32, Ordering::Relaxed);
+        self.map
+            .u32_at(off + 16)
+            .store(c.imm.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1.
+    pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
+        let off = self.layout.comp_off(seq);
+        let has_imm = self.map.u32_at(off + 12).load(Ordering::Relaxed);
+        let imm = self.map.u32_at(off + 16).load(Ordering::Relaxed);
+        Some(RawComp {
+            opcode: self.map.u32_at(off).load(Ordering::Relaxed),
+            status: self.map.u32_at(off + 4).load(Ordering::Relaxed),
+            byte_len: self.map.u32_at(off + 8).load(Ordering::Relaxed),
+            imm: match has_imm {
+                0 => None,
+                1 => Some(imm),
+                _ => return None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wqes_and_completions_round_trip_and_wrap() {
+        let layout = Layout { cap: 3, max_sge: 2 };
+        let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
+        let ring = Ring::new(map, layout).unwrap();
+        let mut out = Vec::new();
+        for seq in 0..7u64 {
+            let s = [
+                RawSge {
+                    addr: seq,
+                    len: 2,
+                    key: 3,
+                },
+                RawSge {
+                    addr: 9,
+                    len: 8,
+                    key: 7,
+                },
+            ];
+            ring.write_wqe(seq, &s[..(seq as usize % 2) + 1]);
+            ring.read_wqe(seq, &mut out).unwrap();
+            assert_eq!(out, &s[..(seq as usize % 2) + 1]);
+            let c = RawComp {
+                opcode: 128,
+                status: 0,
+                byte_len: seq as u32,
+                imm: Some(5),
+            };
+            ring.write_comp(seq, c);
+            assert_eq!(ring.read_comp(seq), Some(c));
+        }
+    }
+
+    #[test]
+    fn a_wqe_claiming_too_many_sges_is_rejected() {
+        let layout = Layout { cap: 2, max_sge: 1 };
+        let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
+        let ring = Ring::new(map.clone(), layout).unwrap();
+        map.u32_at(HDR).store(1000, Ordering::Relaxed);
+        assert!(ring.read_wqe(0, &mut Vec::new()).is_none());
+        assert!(
+            Ring::new(
+                map,
+                Layout {
+                    cap: 1_000_000,
+                    max_sge: 1
+                }
+            )
+            .is_none()
+        );
+    }
+}

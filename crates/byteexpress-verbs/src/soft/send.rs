@@ -1,0 +1,526 @@
+//! The initiator's side of a soft QP: post_send, the copy engine (exactly one copy, from local
+//! registered memory straight into the peer's mapped memory or back for READ), in-order
+//! execution, RNR and transport-retry timers.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+use super::pd::SoftMr;
+use super::peer::Peer;
+use super::qp::SoftQp;
+use super::ring::{ERR_BIT, RawComp};
+use super::timing::{ack_timeout, give_up_after, rnr_delay};
+use crate::provider::QpImpl;
+use crate::{
+    Access, ConnectAttr, Error, QpState, Result, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOp,
+};
+
+/// Largest message (`ibv_post_send(3)`: 2^31 bytes).
+const MAX_MSG_LEN: u64 = 1 << 31;
+/// Retry period when the ACK timeout is infinite (code 0).
+const IDLE_RETRY: Duration = Duration::from_millis(10);
+
+/// A posted send WR waiting to execute (RNR, peer not ready) or about to.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) wr_id: u64,
+    op: WrOp,
+    sges: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+    signaled: bool,
+    /// RNR retries left (`None` = forever).
+    rnr_left: Option<u8>,
+    next_try: Instant,
+    /// When the peer first did not answer.
+    retry_since: Option<Instant>,
+}
+
+impl Job {
+    pub(crate) fn opcode(&self) -> WcOpcode {
+        match self.op {
+            WrOp::Send | WrOp::SendWithImm(_) => WcOpcode::Send,
+            WrOp::Write { .. } | WrOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            WrOp::Read { .. } => WcOpcode::RdmaRead,
+        }
+    }
+}
+
+/// Send queue of a QP.
+#[derive(Debug)]
+pub(crate) struct SendSide {
+    /// Outstanding WRs in order; the first is the one executing or waiting.
+    pub(crate) pending: VecDeque<Job>,
+    pub(crate) attr: ConnectAttr,
+    /// The peer `connect` named: (QPN, device socket name).
+    pub(crate) remote: Option<(u32, Vec<u8>)>,
+    /// The peer died; at this instant outstanding sends fail and the QP goes to ERR.
+    pub(crate) dead_deadline: Option<Instant>,
+}
+
+impl SendSide {
+    pub(crate) fn new() -> SendSide {
+        SendSide {
+            pending: VecDeque::new(),
+            attr: ConnectAttr::default(),
+            remote: None,
+            dead_deadline: None,
+        }
+    }
+}
+
+/// Result of one attempt at the head WR.
+enum Outcome {
+    /// Done; bytes moved.
+    Done(u64),
+    /// The peer has no receive posted.
+    Rnr,
+    /// The peer does not answer (not attached, in ERR, or dead): transport retry.
+    NoAnswer,
+    /// The WR fails with this status and the QP goes to ERR.
+    Fail(WcStatus),
+}
+
+type Seg = (*mut u8, usize);
+
+/// Copies from the gather list `src` into the scatter list `dst` until either ends.
+///
+/// # Safety
+/// Every `(ptr, len)` of `src` must be valid for reads and every one of `dst` for writes of
+/// `len` bytes for the whole call. They may overlap (memmove semantics).
+unsafe fn scatter_gather(src: &[Seg], dst: &[Seg]) {
+    let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
+    while si < src.len() && di < dst.len() {
+        let n = (src[si].1 - so).min(dst[di].1 - doff);
+        if n > 0 {
+            // SAFETY: `so + n <= src[si].1` and `doff + n <= dst[di].1`, inside ranges the
+            // caller guarantees valid; `copy` allows overlap.
+            unsafe { std::ptr::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
+        }
+        so += n;
+        doff += n;
+        if so == src[si].1 {
+            si += 1;
+            so = 0;
+        }
+        if doff == dst[di].1 {
+            di += 1;
+            doff = 0;
+        }
+    }
+}
+
+impl SoftQp {
+    pub(crate) fn post_send_impl(&self, wr: &SendWr<'_>) -> Result<()> {
+        if wr.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed max_send_sge {}",
+                wr.sg_list.len(),
+                self.cap.max_send_sge
+            )));
+        }
+        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
+        if total > MAX_MSG_LEN {
+            return Err(Error::InvalidArgument(format!("{total} bytes exceed 2^31")));
+        }
+        match self.state() {
+            QpState::Rts | QpState::Err => {}
+            s => {
+                return Err(Error::InvalidState(format!(
+                    "post_send in {s:?}, needs RTS"
+                )));
+            }
+        }
+        let inline = if wr.inline {
+            if total > u64::from(self.cap.max_inline_data) {
+                return Err(Error::InvalidArgument(format!(
+                    "{total} inline bytes exceed max_inline_data {}",
+                    self.cap.max_inline_data
+                )));
+            }
+            if matches!(wr.op, WrOp::Read { .. }) {
+                return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
+            }
+            Some(self.copy_inline(wr.sg_list)?)
+        } else {
+            None
+        };
+        let mut keep = Vec::new();
+        {
+            let mut send = self.send.lock();
+            if self.state() == QpState::Err {
+                drop(send);
+                self.send_cq
+                    .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(wr.op)));
+                return Ok(());
+            }
+            if send.pending.len() >= self.cap.max_send_wr as usize {
+                return Err(Error::QueueFull("send queue (max_send_wr) full"));
+            }
+            let rnr_retry = send.attr.rnr_retry;
+            send.pending.push_back(Job {
+                wr_id: wr.wr_id,
+                op: wr.op,
+                sges: if inline.is_some() {
+                    Vec::new()
+                } else {
+                    wr.sg_list.to_vec()
+                },
+                inline,
+                signaled: wr.signaled,
+                rnr_left: (rnr_retry != 7).then_some(rnr_retry),
+                next_try: Instant::now(),
+                retry_since: None,
+            });
+            if send.pending.len() == 1 {
+                self.run_pending(&mut send, &mut keep);
+            }
+        }
+        drop(keep); // MR handles, dropped outside the locks
+        Ok(())
+    }
+
+    /// Copies inline data at post time. The bytes must lie in memory registered on this
+    /// device (any key): the soft provider reads nothing it cannot vouch for.
+    fn copy_inline(&self, sges: &[Sge]) -> Result<Vec<u8>> {
+        let mut data = Vec::new();
+        for s in sges.iter().filter(|s| s.len > 0) {
+            let len = u64::from(s.len);
+            let mr = self
+                .dev
+                .lookup_mr(s.lkey)
+                .filter(|mr| mr.range(s.addr, len).is_some())
+                .or_else(|| {
+                    let mrs = self.dev.mrs.read();
+                    mrs.values()
+                        .filter_map(std::sync::Weak::upgrade)
+                        .find(|mr| mr.range(s.addr, len).is_some())
+                });
+            let Some(p) = mr.as_ref().and_then(|mr| mr.range(s.addr, len)) else {
+                return Err(Error::InvalidArgument(format!(
+                    "inline SGE {:#x}+{} is not in memory registered on this device",
+                    s.addr, s.len
+                )));
+            };
+            let at = data.len();
+            data.resize(at + s.len as usize, 0);
+            // SAFETY: `p` points to `len` bytes inside a live MR (held by `mr`); `data` has
+            // room for them at `at`.
+            unsafe { std::ptr::copy(p, data.as_mut_ptr().add(at), s.len as usize) };
+        }
+        Ok(data)
+    }
+
+    /// Progress thread: an RNR or retry timer expired, a peer attached or died.
+    pub(crate) fn on_timer(&self) {
+        let mut keep = Vec::new();
+        {
+            let mut send = self.send.lock();
+            if self.state() != QpState::Rts {
+                return;
+            }
+            if send.dead_deadline.is_some_and(|d| Instant::now() >= d) {
+                let first = (!send.pending.is_empty()).then_some(WcStatus::RetryExcErr);
+                self.fail_locked(&mut send, first);
+                return;
+            }
+            self.run_pending(&mut send, &mut keep);
+        }
+        drop(keep);
+    }
+
+    /// Executes outstanding WRs in order until one has to wait.
+    fn run_pending(&self, send: &mut SendSide, keep: &mut Vec<Arc<SoftMr>>) {
+        let attr = send.attr;
+        loop {
+            if self.state() != QpState::Rts {
+                return;
+            }
+            let Some(job) = send.pending.front_mut() else {
+                return;
+            };
+            let now = Instant::now();
+            if job.next_try > now {
+                self.dev.schedule(job.next_try, self.me.clone());
+                return;
+            }
+            let outcome = {
+                let mut slot = self.peer.lock();
+                self.execute(job, &mut slot, keep)
+            };
+            let fail = match outcome {
+                Outcome::Done(len) => {
+                    let job = send.pending.pop_front().expect("front exists");
+                    if job.signaled {
+                        self.send_cq.push(Wc {
+                            byte_len: len as u32,
+                            ..self.wc(job.wr_id, WcStatus::Success, job.opcode())
+                        });
+                    }
+                    continue;
+                }
+                Outcome::Rnr => match job.rnr_left {
+                    Some(0) => WcStatus::RnrRetryExcErr,
+                    left => {
+                        job.rnr_left = left.map(|n| n - 1);
+                        job.next_try = now + rnr_delay(attr.min_rnr_timer);
+                        self.dev.schedule(job.next_try, self.me.clone());
+                        return;
+                    }
+                },
+                Outcome::NoAnswer => {
+                    let since = *job.retry_since.get_or_insert(now);
+                    match give_up_after(attr.timeout, attr.retry_cnt) {
+                        Some(limit) if now >= since + limit => WcStatus::RetryExcErr,
+                        Some(limit) => {
+                            let step = ack_timeout(attr.timeout).unwrap_or(IDLE_RETRY);
+                            job.next_try = (now + step).min(since + limit);
+                            self.dev.schedule(job.next_try, self.me.clone());
+                            return;
+                        }
+                        None => {
+                            job.next_try = now + IDLE_RETRY;
+                            self.dev.schedule(job.next_try, self.me.clone());
+                            return;
+                        }
+                    }
+                }
+                Outcome::Fail(st) => st,
+            };
+            self.fail_locked(send, Some(fail));
+            return;
+        }
+    }
+
+    /// Local SGEs as pointers, each checked against its lkey's MR (same PD, `need` access).
+    fn local_segments(
+        &self,
+        sges: &[Sge],
+        need: Access,
+        keep: &mut Vec<Arc<SoftMr>>,
+    ) -> Option<Vec<Seg>> {
+        let mut out = Vec::with_capacity(sges.len());
+        for s in sges.iter().filter(|s| s.len > 0) {
+            let mr = self.dev.lookup_mr(s.lkey)?;
+            if mr.pd.id != self.pd.id || !mr.access.contains(need) {
+                return None;
+            }
+            out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize));
+            keep.push(mr);
+        }
+        Some(out)
+    }
+
+    /// One attempt at `job`.
+    fn execute(&self, job: &Job, slot: &mut Option<Peer>, keep: &mut Vec<Arc<SoftMr>>) -> Outcome {
+        if self.peer_dead.load(Ordering::SeqCst) {
+            return Outcome::NoAnswer;
+        }
+        let consumes_recv = matches!(
+            job.op,
+            WrOp::Send | WrOp::SendWithImm(_) | WrOp::WriteWithImm { .. }
+        );
+        let Some(peer) = slot.as_mut() else {
+            // The peer's connect has not arrived: as if no receive were posted.
+            return if consumes_recv {
+                Outcome::Rnr
+            } else {
+                Outcome::NoAnswer
+            };
+        };
+        if peer.ring.recv_cons().load(Ordering::Acquire) & ERR_BIT != 0 {
+            return Outcome::NoAnswer; // peer QP in ERR or destroyed: it drops our packets
+        }
+        let local_need = if matches!(job.op, WrOp::Read { .. }) {
+            Access::LOCAL_WRITE
+        } else {
+            Access(0)
+        };
+        let mut inline_seg = [(std::ptr::null_mut(), 0)];
+        let local: Vec<Seg> = match &job.inline {
+            Some(d) => {
+                inline_seg[0] = (d.as_ptr().cast_mut(), d.len());
+                inline_seg.to_vec()
+            }
+            None => match self.local_segments(&job.sges, local_need, keep) {
+                Some(v) => v,
+                None => return Outcome::Fail(WcStatus::LocProtErr),
+            },
+        };
+        let total: u64 = local.iter().map(|s| s.1 as u64).sum();
+        match job.op {
+            WrOp::Send => self.deliver(peer, &local, total, None, None),
+            WrOp::SendWithImm(imm) => self.deliver(peer, &local, total, Some(imm), None),
+            WrOp::Write { remote_addr, rkey }
+            | WrOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => {
+                let dst = match remote(peer, rkey, remote_addr, total, Access::REMOTE_WRITE) {
+                    Ok(p) => p,
+                    Err(st) => return Outcome::Fail(st),
+                };
+                if let WrOp::WriteWithImm { imm, .. } = job.op {
+                    return self.deliver(peer, &local, total, Some(imm), Some(dst));
+                }
+                // SAFETY: `local` lies in live local MRs (held in `keep`) or the inline copy;
+                // `dst` is `total` bytes inside our mapping of the peer's region (held by
+                // `peer`, which stays locked).
+                unsafe { scatter_gather(&local, &[(dst, total as usize)]) };
+                Outcome::Done(total)
+            }
+            WrOp::Read { remote_addr, rkey } => {
+                let src = match remote(peer, rkey, remote_addr, total, Access::REMOTE_READ) {
+                    Ok(p) => p,
+                    Err(st) => return Outcome::Fail(st),
+                };
+                // SAFETY: as for WRITE, in the other direction.
+                unsafe { scatter_gather(&[(src, total as usize)], &local) };
+                Outcome::Done(total)
+            }
+        }
+    }
+
+    /// SEND / SEND_WITH_IMM (`write_to = None`: into the peer's next receive buffer) and the
+    /// receive half of WRITE_WITH_IMM (`write_to` = checked target): claims the peer's next
+    /// receive WQE, copies, and pushes an inbound completion into the peer's ring.
+    fn deliver(
+        &self,
+        peer: &mut Peer,
+        src: &[Seg],
+        total: u64,
+        imm: Option<u32>,
+        write_to: Option<*mut u8>,
+    ) -> Outcome {
+        let ring = peer.ring.clone();
+        let cap = u64::from(ring.layout.cap);
+        let cons = ring.recv_cons().load(Ordering::Acquire);
+        if cons & ERR_BIT != 0 {
+            return Outcome::NoAnswer;
+        }
+        let prod = ring.recv_prod().load(Ordering::Acquire);
+        if cons != peer.recv_cons || prod < cons || prod - cons > cap {
+            tracing::warn!(
+                "soft QP {:#x}: peer's receive ring indices are impossible",
+                self.qpn
+            );
+            return Outcome::Fail(WcStatus::RemOpErr);
+        }
+        if prod == cons {
+            return Outcome::Rnr;
+        }
+        let comp_cons = ring.comp_cons().load(Ordering::Acquire);
+        if comp_cons > peer.comp_prod || peer.comp_prod - comp_cons >= cap {
+            tracing::warn!(
+                "soft QP {:#x}: peer's completion ring indices are impossible",
+                self.qpn
+            );
+            return Outcome::Fail(WcStatus::RemOpErr);
+        }
+        let mut wqe = Vec::new();
+        if ring.read_wqe(cons, &mut wqe).is_none() {
+            return Outcome::Fail(WcStatus::RemOpErr);
+        }
+        // Where the payload goes, or why the receiver and we fail.
+        let mut dst: Vec<Seg> = Vec::new();
+        let mut verdict: Option<(WcStatus, WcStatus)> = None; // (receiver, sender)
+        match write_to {
+            Some(p) => dst.push((p, total as usize)),
+            None => {
+                let room: u64 = wqe.iter().map(|s| u64::from(s.len)).sum();
+                if total > room {
+                    verdict = Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr));
+                } else {
+                    let mut left = total;
+                    for s in &wqe {
+                        if left == 0 {
+                            break;
+                        }
+                        let take = left.min(u64::from(s.len));
+                        match peer.resolve(s.key, s.addr, take, Access::LOCAL_WRITE) {
+                            Ok(p) => dst.push((p, take as usize)),
+                            Err(_) => {
+                                verdict = Some((WcStatus::LocProtErr, WcStatus::RemOpErr));
+                                break;
+                            }
+                        }
+                        left -= take;
+                    }
+                }
+            }
+        }
+        // Claim the WQE; only the owner's ERR bit may have changed the index meanwhile.
+        if let Err(now) =
+            ring.recv_cons()
+                .compare_exchange(cons, cons + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            return if now & ERR_BIT != 0 {
+                Outcome::NoAnswer
+            } else {
+                Outcome::Fail(WcStatus::RemOpErr)
+            };
+        }
+        peer.recv_cons = cons + 1;
+        if verdict.is_none() {
+            // SAFETY: `src` lies in live local MRs or the inline copy; every `dst` segment was
+            // checked against an MR the peer announced and lies inside our mapping of its
+            // region (held by `peer`, which stays locked).
+            unsafe { scatter_gather(src, &dst) };
+        }
+        let (rx_status, tx) = match verdict {
+            Some((rx, tx)) => (rx, Some(tx)),
+            None => (WcStatus::Success, None),
+        };
+        let opcode = if write_to.is_some() {
+            WcOpcode::RecvRdmaWithImm
+        } else {
+            WcOpcode::Recv
+        };
+        ring.write_comp(
+            peer.comp_prod,
+            RawComp {
+                opcode: opcode as u32,
+                status: rx_status.code(),
+                byte_len: if tx.is_none() { total as u32 } else { 0 },
+                imm,
+            },
+        );
+        peer.comp_prod += 1;
+        ring.comp_prod().store(peer.comp_prod, Ordering::Release);
+        // Dekker with the consumer's arm(): it sets `armed`, fences, re-checks the ring.
+        fence(Ordering::SeqCst);
+        if ring.armed().swap(0, Ordering::SeqCst) != 0 {
+            peer.doorbell.signal();
+        }
+        match tx {
+            Some(st) => Outcome::Fail(st),
+            None => Outcome::Done(total),
+        }
+    }
+}
+
+/// A peer address for WRITE/READ: QP access flags, then the MR's key, bounds and access.
+fn remote(
+    peer: &mut Peer,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> std::result::Result<*mut u8, WcStatus> {
+    if !peer.access.contains(need) {
+        return Err(WcStatus::RemAccessErr);
+    }
+    if len == 0 {
+        return Ok(std::ptr::null_mut());
+    }
+    peer.resolve(rkey, addr, len, need)
+        .map_err(|_| WcStatus::RemAccessErr)
+}
+
+fn opcode_of(op: WrOp) -> WcOpcode {
+    match op {
+        WrOp::Send | WrOp::SendWithImm(_) => WcOpcode::Send,
+        WrOp::Write { .. } | WrOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        WrOp::Read { .. } => WcOpcode::RdmaRead,
+    }
+}

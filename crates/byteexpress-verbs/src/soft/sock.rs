@@ -1,0 +1,265 @@
+//! `SOCK_SEQPACKET` Unix sockets in the Linux abstract namespace, with fd passing
+//! (`SCM_RIGHTS`). Record boundaries keep each control message and its fds together.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Most fds one control message carries.
+pub(crate) const MAX_FDS: usize = 4;
+/// Largest control message.
+pub(crate) const MAX_MSG: usize = 2048;
+/// Longest abstract socket name (sun_path minus the leading NUL).
+pub(crate) const MAX_NAME: usize = 107;
+
+/// A seqpacket socket.
+#[derive(Debug)]
+pub(crate) struct Sock {
+    fd: OwnedFd,
+}
+
+/// What one `recv` returned.
+#[derive(Debug)]
+pub(crate) enum Recv {
+    /// A record of `n` bytes and the fds that came with it.
+    Msg(usize, Vec<OwnedFd>),
+    /// The peer closed its end.
+    Eof,
+    /// Nothing queued (non-blocking receive).
+    Empty,
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad socket name length",
+        ));
+    }
+    // SAFETY: an all-zero sockaddr_un is a valid value of this plain C struct.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path[1..].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn new_socket(extra: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: socket has no memory-safety preconditions.
+    let raw = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | extra,
+            0,
+        )
+    })?;
+    // SAFETY: socket just returned this fd, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+impl Sock {
+    /// A non-blocking listener bound to the abstract name `name`.
+    pub(crate) fn listen(name: &[u8]) -> io::Result<Sock> {
+        let fd = new_socket(libc::SOCK_NONBLOCK)?;
+        let (addr, len) = abstract_addr(name)?;
+        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
+        // SAFETY: `fd` is a bound socket.
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+        Ok(Sock { fd })
+    }
+
+    /// Accepts one pending connection (non-blocking), if any.
+    pub(crate) fn accept(&self) -> io::Result<Option<Sock>> {
+        // SAFETY: NULL address arguments are allowed; `self.fd` is a listening socket.
+        let r = unsafe {
+            libc::accept4(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                _ if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: accept4 just returned this fd, which nothing else owns.
+        Ok(Some(Sock {
+            fd: unsafe { OwnedFd::from_raw_fd(r) },
+        }))
+    }
+
+    /// A blocking connection to the abstract name `name`; `timeout` bounds connect, send and
+    /// receive.
+    pub(crate) fn connect(name: &[u8], timeout: Duration) -> io::Result<Sock> {
+        let s = Sock { fd: new_socket(0)? };
+        s.set_timeouts(timeout)?;
+        let (addr, len) = abstract_addr(name)?;
+        loop {
+            // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+            let r = unsafe { libc::connect(s.fd.as_raw_fd(), (&raw const addr).cast(), len) };
+            if r == 0 {
+                return Ok(s);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    pub(crate) fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        let tv = libc::timeval {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_usec: t.subsec_micros() as libc::suseconds_t,
+        };
+        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+            // SAFETY: `tv` is a valid timeval of the given size.
+            cvt(unsafe {
+                libc::setsockopt(
+                    self.fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&raw const tv).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Sends one record with `fds` attached.
+    pub(crate) fn send(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        if fds.len() > MAX_FDS {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
+        }
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: an all-zero msghdr is a valid value of this plain C struct.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            let bytes = std::mem::size_of_val(fds) as u32;
+            // SAFETY: CMSG_SPACE only computes a size.
+            let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+            debug_assert!(space <= std::mem::size_of_val(&cbuf));
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            // SAFETY: msg_control points to `space` bytes of aligned, zeroed memory, enough for
+            // one header plus `fds` (MAX_FDS fit in `cbuf`); CMSG_FIRSTHDR/CMSG_DATA stay
+            // inside it.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&raw const msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr().cast::<u8>(),
+                    libc::CMSG_DATA(c),
+                    bytes as usize,
+                );
+            }
+        }
+        loop {
+            // SAFETY: `msg` points to live iovec and control buffers set up above.
+            let r =
+                unsafe { libc::sendmsg(self.fd.as_raw_fd(), &raw const msg, libc::MSG_NOSIGNAL) };
+            if r >= 0 {
+                return if r as usize == data.len() {
+                    Ok(())
+                } else {
+                    Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "short seqpacket send",
+                    ))
+                };
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Receives one record into `buf`; `wait` = block (up to the socket's timeout).
+    /// A truncated record is an error (its fds are closed).
+    pub(crate) fn recv(&self, buf: &mut [u8], wait: bool) -> io::Result<Recv> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: an all-zero msghdr is a valid value of this plain C struct.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        let flags = libc::MSG_CMSG_CLOEXEC | if wait { 0 } else { libc::MSG_DONTWAIT };
+        let n = loop {
+            // SAFETY: `msg` points to live, writable iovec and control buffers.
+            let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &raw mut msg, flags) };
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock if !wait => return Ok(Recv::Empty),
+                _ if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(Recv::Eof),
+                _ => return Err(e),
+            }
+        };
+        let mut fds = Vec::new();
+        // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR/NXTHDR walk only
+        // inside it; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds that the
+        // kernel installed in this process and that nothing else owns yet.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c);
+                    let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    for i in 0..bytes / 4 {
+                        let fd = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&raw const msg, c);
+            }
+        }
+        if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "truncated control message",
+            ));
+        }
+        if n == 0 && fds.is_empty() {
+            return Ok(Recv::Eof);
+        }
+        Ok(Recv::Msg(n, fds))
+    }
+}

@@ -1,0 +1,37 @@
+//! Fault injection for tests (feature `test-hooks`): plays a hostile peer by writing bogus
+//! values into a QP's shared ring, as a broken peer process could.
+
+use std::sync::atomic::Ordering;
+
+use crate::Qp;
+
+/// An index of a QP's ring that its peer writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingIndex {
+    /// Producer index of the QP's inbound completion ring (the peer's sender advances it).
+    InboundCompletionProducer,
+    /// Consumer index of the QP's receive ring (the peer's sender claims WQEs with it).
+    ReceiveConsumer,
+}
+
+/// Overwrites `which` in `qp`'s own ring with `value`, as a hostile peer could. False when
+/// `qp` is not a soft QP of this process.
+pub fn corrupt_ring_index(qp: &Qp, which: RingIndex, value: u64) -> bool {
+    let Some(dev) = super::device::opened() else {
+        return false;
+    };
+    let Some(q) = dev
+        .qps
+        .lock()
+        .get(&qp.qp_num())
+        .and_then(std::sync::Weak::upgrade)
+    else {
+        return false;
+    };
+    let word = match which {
+        RingIndex::InboundCompletionProducer => q.ring.comp_prod(),
+        RingIndex::ReceiveConsumer => q.ring.recv_cons(),
+    };
+    word.store(value, Ordering::Release);
+    true
+}

@@ -1,0 +1,264 @@
+//! The soft provider's control protocol: one message per seqpacket record, little-endian.
+//!
+//! | tag | message | fds |
+//! |---|---|---|
+//! | 1 | `Probe { nonce u64 }` | — |
+//! | 2 | `ProbeReply { ok u8, dev_id u64 }` | — |
+//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, name_len u16, name }` | ring memfd, doorbell eventfd |
+//! | 4 | `ConnectReply { ok u8, reason_len u16, reason }` | — |
+//! | 5 | `Region { id u64, len u64 }` | memfd |
+//! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }` | — |
+//! | 7 | `MrDel { key u32 }` | — |
+//!
+//! A connection starts with `Probe` (answered, then closed) or `Connect` (answered, then kept as
+//! the control channel of that QP: `Region`/`MrAdd`/`MrDel` announcements follow).
+
+/// Protocol version carried in `Connect`.
+pub(crate) const VERSION: u16 = 1;
+
+/// `Connect` fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConnectMsg {
+    pub src_dev: u64,
+    pub src_qpn: u32,
+    pub dst_qpn: u32,
+    /// Receive-ring entries of the sender's QP (its max_recv_wr).
+    pub ring_cap: u32,
+    /// SGEs per receive WQE of the sender's QP (its max_recv_sge).
+    pub ring_sge: u32,
+    /// Access the sender's QP grants to the receiver (`qp_access_flags`).
+    pub access: u32,
+    /// Sender device's socket name.
+    pub name: Vec<u8>,
+}
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Msg {
+    Probe {
+        nonce: u64,
+    },
+    ProbeReply {
+        ok: bool,
+        dev_id: u64,
+    },
+    Connect(ConnectMsg),
+    ConnectReply {
+        ok: bool,
+        reason: String,
+    },
+    Region {
+        id: u64,
+        len: u64,
+    },
+    MrAdd {
+        key: u32,
+        region: u64,
+        offset: u64,
+        len: u64,
+        addr: u64,
+        access: u32,
+    },
+    MrDel {
+        key: u32,
+    },
+}
+
+impl Msg {
+    /// How many fds must accompany this message.
+    pub(crate) fn fds(&self) -> usize {
+        match self {
+            Msg::Connect(_) => 2,
+            Msg::Region { .. } => 1,
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64);
+        match self {
+            Msg::Probe { nonce } => {
+                v.push(1);
+                v.extend_from_slice(&nonce.to_le_bytes());
+            }
+            Msg::ProbeReply { ok, dev_id } => {
+                v.push(2);
+                v.push(*ok as u8);
+                v.extend_from_slice(&dev_id.to_le_bytes());
+            }
+            Msg::Connect(c) => {
+                v.push(3);
+                v.extend_from_slice(&VERSION.to_le_bytes());
+                v.extend_from_slice(&c.src_dev.to_le_bytes());
+                for x in [c.src_qpn, c.dst_qpn, c.ring_cap, c.ring_sge, c.access] {
+                    v.extend_from_slice(&x.to_le_bytes());
+                }
+                v.extend_from_slice(&(c.name.len() as u16).to_le_bytes());
+                v.extend_from_slice(&c.name);
+            }
+            Msg::ConnectReply { ok, reason } => {
+                v.push(4);
+                v.push(*ok as u8);
+                let r = &reason.as_bytes()[..reason.len().min(512)];
+                v.extend_from_slice(&(r.len() as u16).to_le_bytes());
+                v.extend_from_slice(r);
+            }
+            Msg::Region { id, len } => {
+                v.push(5);
+                v.extend_from_slice(&id.to_le_bytes());
+                v.extend_from_slice(&len.to_le_bytes());
+            }
+            Msg::MrAdd {
+                key,
+                region,
+                offset,
+                len,
+                addr,
+                access,
+            } => {
+                v.push(6);
+                v.extend_from_slice(&key.to_le_bytes());
+                for x in [region, offset, len, addr] {
+                    v.extend_from_slice(&x.to_le_bytes());
+                }
+                v.extend_from_slice(&access.to_le_bytes());
+            }
+            Msg::MrDel { key } => {
+                v.push(7);
+                v.extend_from_slice(&key.to_le_bytes());
+            }
+        }
+        v
+    }
+
+    /// Parses one record; `None` for anything malformed (unknown tag, wrong length, bad
+    /// version).
+    pub(crate) fn decode(b: &[u8]) -> Option<Msg> {
+        let mut r = Reader { b, at: 0 };
+        let msg = match r.u8()? {
+            1 => Msg::Probe { nonce: r.u64()? },
+            2 => Msg::ProbeReply {
+                ok: r.u8()? == 1,
+                dev_id: r.u64()?,
+            },
+            3 => {
+                if r.u16()? != VERSION {
+                    return None;
+                }
+                let src_dev = r.u64()?;
+                let (src_qpn, dst_qpn, ring_cap, ring_sge, access) =
+                    (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+                let n = r.u16()? as usize;
+                let name = r.bytes(n)?.to_vec();
+                Msg::Connect(ConnectMsg {
+                    src_dev,
+                    src_qpn,
+                    dst_qpn,
+                    ring_cap,
+                    ring_sge,
+                    access,
+                    name,
+                })
+            }
+            4 => {
+                let ok = r.u8()? == 1;
+                let n = r.u16()? as usize;
+                let reason = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+                Msg::ConnectReply { ok, reason }
+            }
+            5 => Msg::Region {
+                id: r.u64()?,
+                len: r.u64()?,
+            },
+            6 => Msg::MrAdd {
+                key: r.u32()?,
+                region: r.u64()?,
+                offset: r.u64()?,
+                len: r.u64()?,
+                addr: r.u64()?,
+                access: r.u32()?,
+            },
+            7 => Msg::MrDel { key: r.u32()? },
+            _ => return None,
+        };
+        (r.at == b.len()).then_some(msg)
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.bytes(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.bytes(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.bytes(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.bytes(8)?.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Msg> {
+        vec![
+            Msg::Probe { nonce: 7 },
+            Msg::ProbeReply {
+                ok: true,
+                dev_id: 9,
+            },
+            Msg::Connect(ConnectMsg {
+                src_dev: 1,
+                src_qpn: 2,
+                dst_qpn: 3,
+                ring_cap: 4,
+                ring_sge: 5,
+                access: 6,
+                name: b"bx-soft-1-2".to_vec(),
+            }),
+            Msg::ConnectReply {
+                ok: false,
+                reason: "no such QP".into(),
+            },
+            Msg::Region { id: 1, len: 4096 },
+            Msg::MrAdd {
+                key: 1,
+                region: 2,
+                offset: 3,
+                len: 4,
+                addr: 5,
+                access: 7,
+            },
+            Msg::MrDel { key: 11 },
+        ]
+    }
+
+    #[test]
+    fn messages_round_trip_and_truncations_are_rejected() {
+        for m in all() {
+            let b = m.encode();
+            assert_eq!(Msg::decode(&b), Some(m.clone()));
+            for cut in 0..b.len() {
+                assert_eq!(Msg::decode(&b[..cut]), None, "{m:?} cut at {cut}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert_eq!(Msg::decode(&long), None);
+        }
+        assert_eq!(Msg::decode(&[99]), None);
+    }
+}
