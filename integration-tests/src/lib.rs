@@ -1,1 +1,136 @@
-//! Helpers of the integration tests.
+//! Helpers of the integration tests: the test service and a handle on a server process.
+//!
+//! The test server (`bx-test-server`) serves:
+//! - `/test.Test/Echo`: answers the request body and metadata; adds `x-transport` (the link's
+//!   transport as the server saw it) and `x-zero-copy` (`1` when the request body was still in
+//!   a registered receive buffer, `0` when it had been copied);
+//! - `/test.Test/Sleep`: sleeps for the milliseconds in its body (decimal), counting handlers
+//!   dropped before they finished (cancelled);
+//! - `/test.Test/Stats`: answers `cancelled=<n> finished=<n>`;
+//! - `/test.Test/Fail`: answers the status code in metadata `x-code` with message `x-message`.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use byteexpress_rpc::{Code, Metadata, Response, ServerRequest, Status};
+use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+static CANCELLED: AtomicU64 = AtomicU64::new(0);
+static FINISHED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a Sleep handler that was dropped before finishing.
+struct CancelProbe {
+    done: bool,
+}
+
+impl Drop for CancelProbe {
+    fn drop(&mut self) {
+        if self.done {
+            FINISHED.fetch_add(1, Ordering::SeqCst);
+        } else {
+            CANCELLED.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The test service.
+pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
+    match req.method.as_str() {
+        "/test.Test/Echo" => {
+            let mut md = req.metadata.clone();
+            md.insert("x-transport", req.transport.to_string())
+                .expect("valid key");
+            let zc = byteexpress_mem::is_pool_memory(req.body.as_ptr()) && !req.body.is_empty();
+            md.insert("x-zero-copy", if zc { "1" } else { "0" })
+                .expect("valid key");
+            Ok(Response {
+                metadata: md,
+                body: req.body,
+            })
+        }
+        "/test.Test/Sleep" => {
+            let ms: u64 = std::str::from_utf8(&req.body)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let mut probe = CancelProbe { done: false };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            probe.done = true;
+            Ok(Response::default())
+        }
+        "/test.Test/Stats" => {
+            let s = format!(
+                "cancelled={} finished={}",
+                CANCELLED.load(Ordering::SeqCst),
+                FINISHED.load(Ordering::SeqCst)
+            );
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: Bytes::from(s),
+            })
+        }
+        "/test.Test/Fail" => {
+            let code = req
+                .metadata
+                .get("x-code")
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+                .unwrap_or(2);
+            let msg = req
+                .metadata
+                .get("x-message")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            Err(Status {
+                code: Code::from_u16(code),
+                message: msg,
+                metadata: req.metadata,
+            })
+        }
+        m => Err(Status::new(Code::Unimplemented, format!("no method {m}"))),
+    }
+}
+
+/// A `bx-test-server` child process; killed on drop.
+#[derive(Debug)]
+pub struct ServerProc {
+    /// The child.
+    pub child: Child,
+    /// `127.0.0.1:<port>` it listens on.
+    pub addr: String,
+}
+
+impl ServerProc {
+    /// Starts the server binary with `args` (e.g. `["--grant", "8"]`) and waits for its
+    /// `LISTENING <addr>` line.
+    pub async fn start(bin: &str, args: &[&str]) -> ServerProc {
+        let mut child = Command::new(bin)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start test server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("server start timed out")
+            .expect("read server stdout")
+            .expect("server exited before listening");
+        let addr = line
+            .strip_prefix("LISTENING ")
+            .expect("LISTENING line")
+            .to_string();
+        // keep draining stdout so the child never blocks on a full pipe
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        ServerProc { child, addr }
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}

@@ -1,1 +1,52 @@
-//! ByteExpress RPC.
+//! ByteExpress RPC: unary calls between processes over RDMA (any `byteexpress-verbs` device) or
+//! TCP, behind one API.
+//!
+//! - A **link** joins this process to a peer address: one TCP connection (set-up, then control
+//!   channel or the transport itself) and, when a local device reaches the peer, one RC QP.
+//!   Many logical connections ([`Client`]s) share it, each with its own `conn_id` in every
+//!   message header ([`wire::header`]).
+//! - Transport choice: `BX_TRANSPORT=auto|rdma|tcp` ([`Config::transport`]); auto takes the first
+//!   local device that reaches the peer (hardware before the soft device), else TCP. Every client
+//!   reports what it negotiated ([`Client::transport`]).
+//! - On RDMA, receiver credits (`byteexpress-flow`) keep every SEND matched by a posted receive;
+//!   received bodies reach the application as slices of registered receive buffers (zero copy).
+//! - Calls carry gRPC status codes, metadata and a deadline that both sides enforce; a client
+//!   that gives up cancels the server's handler.
+//!
+//! Design: the ByteExpress preprint's transport under an RPC framework; `../DESIGN.md` of the
+//! repository's shared notes describes the layering.
+
+mod client;
+mod config;
+mod engine;
+mod message;
+mod metadata;
+mod server;
+mod setup;
+mod status;
+pub mod wire;
+
+pub use client::{Client, Request, Response};
+pub use config::{Config, parse_transport, transport_from_env};
+pub use metadata::{Metadata, valid_key};
+pub use server::{BoxFuture, Server, ServerRequest, Service};
+pub use status::{Code, Status};
+pub use wire::hello::TransportPref;
+
+/// The transport a link runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// An RC QP on a verbs device (hardware or soft).
+    Rdma,
+    /// Frames on the kernel TCP connection.
+    Tcp,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Rdma => "rdma",
+            Transport::Tcp => "tcp",
+        })
+    }
+}

@@ -1,0 +1,15 @@
+# The two commands of the README. Both install missing build packages first (scripts/setup.sh).
+CARGO ?= cargo
+
+.PHONY: demo test setup
+
+setup:
+	@scripts/setup.sh
+
+# The main job: the parameter-server benchmark over each transport, side by side.
+demo: setup
+	$(CARGO) run --release -p byteexpress --bin bx -- ps bench
+
+# Every test of the workspace.
+test: setup
+	$(CARGO) test --workspace

@@ -1,0 +1,243 @@
+//! The client: unary calls over a shared link, with deadlines and cancellation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::engine::{Dispatch, LinkTx};
+use crate::message::{Incoming, Outgoing};
+use crate::wire::header::Kind;
+use crate::{Code, Config, Metadata, Status, Transport};
+
+/// A unary call.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// Method path, e.g. `/ps.ParameterServer/Pull`.
+    pub method: String,
+    /// Request metadata.
+    pub metadata: Metadata,
+    /// Request message (opaque bytes; the facade carries gRPC-framed protobuf).
+    pub body: Bytes,
+    /// Time allowed for the call; sent to the server (which enforces it too) as `timeout_us`.
+    pub timeout: Option<Duration>,
+}
+
+/// A successful call's result.
+#[derive(Debug, Clone, Default)]
+pub struct Response {
+    /// Response metadata.
+    pub metadata: Metadata,
+    /// Response message. On RDMA it is a slice of the registered receive buffer it arrived in
+    /// (zero copy); the buffer returns to the pool when the last clone drops.
+    pub body: Bytes,
+}
+
+type CallKey = (u32, u64);
+type Pending = oneshot::Sender<Result<Response, Status>>;
+
+/// The calls waiting on one link.
+#[derive(Default)]
+struct Calls {
+    pending: Mutex<HashMap<CallKey, Pending>>,
+    closed: Mutex<Option<Status>>,
+}
+
+impl Dispatch for Calls {
+    fn incoming(&self, _link: &LinkTx, msg: Incoming) {
+        if msg.header.kind != Kind::Response {
+            tracing::debug!(kind = ?msg.header.kind, "client ignores a message that is not a response");
+            return;
+        }
+        let key = (msg.header.conn_id, msg.header.call_id);
+        let Some(tx) = self.pending.lock().remove(&key) else {
+            return; // the call was given up (deadline, cancellation)
+        };
+        let _ = tx.send(decode_response(msg));
+    }
+
+    fn closed(&self, why: Status) {
+        *self.closed.lock() = Some(why.clone());
+        let pending = std::mem::take(&mut *self.pending.lock());
+        for (_, tx) in pending {
+            let _ = tx.send(Err(why.clone()));
+        }
+    }
+}
+
+fn decode_response(msg: Incoming) -> Result<Response, Status> {
+    let (message, metadata) = crate::wire::meta::decode(&msg.meta)
+        .map_err(|e| Status::new(Code::Internal, e.to_string()))?;
+    match Code::from_u16(msg.header.status) {
+        Code::Ok => Ok(Response {
+            metadata,
+            body: msg.body,
+        }),
+        code => Err(Status {
+            code,
+            message,
+            metadata,
+        }),
+    }
+}
+
+struct ClientLink {
+    tx: LinkTx,
+    calls: Arc<Calls>,
+    next_conn: AtomicU32,
+    next_call: AtomicU64,
+}
+
+impl Drop for ClientLink {
+    fn drop(&mut self) {
+        self.tx.close();
+    }
+}
+
+/// A logical connection to a server: its own connection id on a link shared with every other
+/// [`Client`] of this process that reaches the same address with the same transport settings.
+/// Cloning shares the connection id.
+#[derive(Clone)]
+pub struct Client {
+    link: Arc<ClientLink>,
+    conn_id: u32,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("conn_id", &self.conn_id)
+            .field("transport", &self.transport())
+            .finish()
+    }
+}
+
+fn registry() -> &'static tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>> {
+    static LINKS: std::sync::OnceLock<tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>>> =
+        std::sync::OnceLock::new();
+    LINKS.get_or_init(Default::default)
+}
+
+impl Client {
+    /// Opens a logical connection to `addr` (`host:port`), reusing the process's live link to it
+    /// or setting one up (HELLO, transport choice per `cfg.transport`, QP handshake).
+    /// Errors: UNAVAILABLE when the server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
+    /// finds no RDMA path.
+    pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
+        let key = format!(
+            "{addr}|{:?}|{}|{}|{}",
+            cfg.transport, cfg.grant, cfg.recv_buf_size, cfg.max_send_wr
+        );
+        let mut links = registry().lock().await;
+        let link = match links.get(&key).and_then(Weak::upgrade) {
+            Some(l) if !l.tx.is_closed() => l,
+            _ => {
+                let calls = Arc::new(Calls::default());
+                let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
+                tracing::info!(addr, transport = %tx.transport(), "link up");
+                let l = Arc::new(ClientLink {
+                    tx,
+                    calls,
+                    next_conn: AtomicU32::new(1),
+                    next_call: AtomicU64::new(1),
+                });
+                links.insert(key, Arc::downgrade(&l));
+                l
+            }
+        };
+        let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
+        Ok(Client { link, conn_id })
+    }
+
+    /// The transport this connection's link negotiated.
+    pub fn transport(&self) -> Transport {
+        self.link.tx.transport()
+    }
+
+    /// Largest request (40-byte header + metadata + body) the link carries, in bytes.
+    pub fn max_message(&self) -> usize {
+        self.link.tx.max_message()
+    }
+
+    /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
+    /// passes (the server is told to cancel the handler); UNAVAILABLE when the link fails;
+    /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
+    /// the future cancels the call on the server too.
+    pub async fn call(&self, req: Request) -> Result<Response, Status> {
+        let link = &self.link;
+        if let Some(why) = link.calls.closed.lock().clone() {
+            return Err(why);
+        }
+        let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
+        let key = (self.conn_id, call_id);
+        let mut out = Outgoing::new(
+            Kind::Request,
+            self.conn_id,
+            call_id,
+            &req.method,
+            &req.metadata,
+            req.body,
+        );
+        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        if let Some(t) = req.timeout {
+            out.header.timeout_us = (t.as_micros() as u64).max(1);
+        }
+        let (tx, rx) = oneshot::channel();
+        link.calls.pending.lock().insert(key, tx);
+        let mut guard = CancelOnDrop {
+            link,
+            key,
+            armed: true,
+        };
+        if let Err(e) = link.tx.send(out) {
+            guard.armed = false;
+            link.calls.pending.lock().remove(&key);
+            return Err(e);
+        }
+        let res = match deadline {
+            Some(d) => tokio::time::timeout_at(d, rx).await,
+            None => Ok(rx.await),
+        };
+        match res {
+            Ok(Ok(r)) => {
+                guard.armed = false;
+                r
+            }
+            Ok(Err(_)) => {
+                guard.armed = false;
+                Err(Status::new(Code::Unavailable, "link closed"))
+            }
+            Err(_) => Err(Status::new(
+                Code::DeadlineExceeded,
+                format!("deadline of {:?} exceeded", req.timeout.unwrap_or_default()),
+            )),
+        }
+    }
+}
+
+/// Forgets a call given up on and tells the server to cancel it.
+struct CancelOnDrop<'a> {
+    link: &'a ClientLink,
+    key: CallKey,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.link.calls.pending.lock().remove(&self.key).is_some() {
+            let cancel = Outgoing::new(
+                Kind::Cancel,
+                self.key.0,
+                self.key.1,
+                "",
+                &Metadata::new(),
+                Bytes::new(),
+            );
+            let _ = self.link.tx.send(cancel);
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! Configuration of links, clients and servers.
+
+use std::time::Duration;
+
+use crate::wire::hello::TransportPref;
+
+/// Settings of a client or server. [`Config::default`] reads `BX_TRANSPORT`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Which transport to use (`BX_TRANSPORT=auto|rdma|tcp`, default auto). Forcing RDMA when no
+    /// device reaches the peer is an error, never a silent fallback.
+    pub transport: TransportPref,
+    /// Size of each RDMA receive buffer in bytes (default 64 KiB): the largest message (40-byte
+    /// header + metadata + body) the peer may send over RDMA. Larger calls fail with
+    /// RESOURCE_EXHAUSTED (rendezvous comes later).
+    pub recv_buf_size: usize,
+    /// Receive buffers posted for the peer's data (its send credits), default 16. One more is
+    /// posted for its credit updates.
+    pub grant: u32,
+    /// Send-queue depth of the QP (max_send_wr), default 64.
+    pub max_send_wr: u32,
+    /// Largest TCP frame in bytes (default 16 MiB + 64 KiB); a larger one closes the link.
+    pub max_frame: usize,
+    /// Hybrid polling: spin this long on the CQ before sleeping (default 0 = sleep at once).
+    pub busy_poll: Duration,
+    /// Time allowed for TCP connect plus link set-up (default 5 s).
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            transport: transport_from_env().unwrap_or(TransportPref::Auto),
+            recv_buf_size: 64 << 10,
+            grant: 16,
+            max_send_wr: 64,
+            max_frame: (16 << 20) + (64 << 10),
+            busy_poll: Duration::ZERO,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Parses `BX_TRANSPORT`. `None` when unset; an unknown value is reported and ignored.
+pub fn transport_from_env() -> Option<TransportPref> {
+    let v = std::env::var("BX_TRANSPORT").ok()?;
+    match parse_transport(&v) {
+        Some(t) => Some(t),
+        None => {
+            tracing::warn!("BX_TRANSPORT={v:?} is not auto|rdma|tcp; using auto");
+            None
+        }
+    }
+}
+
+/// `auto`, `rdma` or `tcp` (case-insensitive).
+pub fn parse_transport(v: &str) -> Option<TransportPref> {
+    match v.to_ascii_lowercase().as_str() {
+        "auto" => Some(TransportPref::Auto),
+        "rdma" => Some(TransportPref::Rdma),
+        "tcp" => Some(TransportPref::Tcp),
+        _ => None,
+    }
+}

@@ -1,0 +1,110 @@
+//! The two message engines (RDMA, TCP) behind one link interface.
+//!
+//! An engine owns its transport and moves [`Outgoing`] messages out and [`Incoming`] messages
+//! in; callers hold a [`LinkTx`] and receive through a [`Dispatch`]. Nothing above this module
+//! knows which engine runs, except to report it.
+
+pub(crate) mod rdma;
+pub(crate) mod tcp;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::message::{Incoming, Outgoing};
+use crate::{Status, Transport};
+
+/// Receives what an engine delivers. Called on the engine's task: must not block.
+pub(crate) trait Dispatch: Send + Sync + 'static {
+    /// A message arrived (REQUEST, RESPONSE or CANCEL; credit updates never reach here).
+    fn incoming(&self, link: &LinkTx, msg: Incoming);
+    /// The link is gone; every call still waiting on it fails with `why`. Called once.
+    fn closed(&self, why: Status);
+}
+
+/// The sending side of a link, cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkTx {
+    inner: Arc<LinkShared>,
+}
+
+#[derive(Debug)]
+struct LinkShared {
+    tx: mpsc::UnboundedSender<Outgoing>,
+    transport: Transport,
+    max_message: usize,
+    closed: AtomicBool,
+    close_now: CancellationToken,
+}
+
+impl LinkTx {
+    pub(crate) fn new(
+        tx: mpsc::UnboundedSender<Outgoing>,
+        transport: Transport,
+        max_message: usize,
+    ) -> Self {
+        LinkTx {
+            inner: Arc::new(LinkShared {
+                tx,
+                transport,
+                max_message,
+                closed: AtomicBool::new(false),
+                close_now: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Queues a message. Errors with UNAVAILABLE when the link is closed, RESOURCE_EXHAUSTED when
+    /// it is larger than the peer accepts.
+    pub(crate) fn send(&self, msg: Outgoing) -> Result<(), Status> {
+        if msg.wire_len() > self.inner.max_message {
+            return Err(Status::new(
+                crate::Code::ResourceExhausted,
+                format!(
+                    "message of {} bytes exceeds the link's {} bytes",
+                    msg.wire_len(),
+                    self.inner.max_message
+                ),
+            ));
+        }
+        if self.is_closed() {
+            return Err(Status::new(crate::Code::Unavailable, "link closed"));
+        }
+        self.inner
+            .tx
+            .send(msg)
+            .map_err(|_| Status::new(crate::Code::Unavailable, "link closed"))
+    }
+
+    /// The transport this link negotiated.
+    pub(crate) fn transport(&self) -> Transport {
+        self.inner.transport
+    }
+
+    /// Largest message (header + metadata + body) the peer accepts on this link, in bytes.
+    pub(crate) fn max_message(&self) -> usize {
+        self.inner.max_message
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the link closed (the engine calls this once it stops).
+    pub(crate) fn mark_closed(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+    }
+
+    /// Asks the engine to stop and close its transport.
+    pub(crate) fn close(&self) {
+        self.mark_closed();
+        self.inner.close_now.cancel();
+    }
+
+    /// Resolves when [`LinkTx::close`] was called.
+    pub(crate) async fn close_requested(&self) {
+        self.inner.close_now.cancelled().await
+    }
+}

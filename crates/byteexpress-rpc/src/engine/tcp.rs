@@ -1,0 +1,167 @@
+//! The TCP engine: one message per frame on the link's TCP connection.
+
+use std::sync::Arc;
+
+use byteexpress_tcp_fallback::{FrameError, FrameReader, FrameWriter};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+
+use super::{Dispatch, LinkTx};
+use crate::message::{Incoming, Outgoing};
+use crate::wire::header::Kind;
+use crate::{Code, Metadata, Status, Transport};
+
+/// Starts the engine on an established connection (set-up done). Returns the link's sender.
+pub(crate) fn spawn<R, W>(
+    reader: FrameReader<R>,
+    writer: FrameWriter<W>,
+    max_frame: usize,
+    dispatch: Arc<dyn Dispatch>,
+) -> LinkTx
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let link = LinkTx::new(tx, Transport::Tcp, max_frame);
+    let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
+    tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone()));
+    tokio::spawn(read_loop(reader, link.clone(), dispatch, closer));
+    link
+}
+
+/// Calls [`Dispatch::closed`] exactly once, whichever task sees the end first.
+pub(crate) struct Closer {
+    dispatch: Arc<dyn Dispatch>,
+    link: LinkTx,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl Closer {
+    pub(crate) fn new(dispatch: Arc<dyn Dispatch>, link: LinkTx) -> Self {
+        Closer {
+            dispatch,
+            link,
+            done: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn close(&self, why: Status) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            tracing::debug!(%why, "link closed");
+            self.link.close();
+            self.dispatch.closed(why);
+        }
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut w: FrameWriter<W>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    link: LinkTx,
+    closer: Arc<Closer>,
+) {
+    loop {
+        let msg = tokio::select! {
+            m = rx.recv() => m,
+            _ = link.close_requested() => None,
+        };
+        let Some(mut msg) = msg else { break };
+        loop {
+            let is_error = msg.header.kind == Kind::Error;
+            let h = msg.final_header().encode();
+            if let Err(e) = w.write_frame(&[&h, &msg.meta, &msg.body]).await {
+                closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
+                return;
+            }
+            if is_error {
+                let _ = w.flush().await;
+                closer.close(Status::new(
+                    Code::Unavailable,
+                    "link closed after a protocol error",
+                ));
+                return;
+            }
+            match rx.try_recv() {
+                Ok(m) => msg = m,
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = w.flush().await {
+            closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
+            return;
+        }
+    }
+    let _ = w.shutdown().await;
+    closer.close(Status::new(Code::Unavailable, "link closed"));
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut r: FrameReader<R>,
+    link: LinkTx,
+    dispatch: Arc<dyn Dispatch>,
+    closer: Arc<Closer>,
+) {
+    loop {
+        let frame = tokio::select! {
+            f = r.read_frame() => f,
+            _ = link.close_requested() => return,
+        };
+        match frame {
+            Ok(Some(frame)) => match Incoming::parse(frame) {
+                Ok(msg) if msg.header.kind == Kind::Error => {
+                    closer.close(peer_error(&msg));
+                    return;
+                }
+                Ok(msg) if msg.header.kind == Kind::CreditUpdate => {}
+                Ok(msg) => dispatch.incoming(&link, msg),
+                Err(e) => {
+                    protocol_error(&link, &closer, Code::Internal, &e.to_string());
+                    return;
+                }
+            },
+            Ok(None) => {
+                closer.close(Status::new(Code::Unavailable, "peer closed the connection"));
+                return;
+            }
+            Err(FrameError::TooLarge { len, max }) => {
+                protocol_error(
+                    &link,
+                    &closer,
+                    Code::ResourceExhausted,
+                    &format!("frame of {len} bytes exceeds {max}"),
+                );
+                return;
+            }
+            Err(e) => {
+                closer.close(Status::new(Code::Unavailable, format!("TCP read: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+/// Answers a peer's protocol violation: an ERROR message, then close.
+fn protocol_error(link: &LinkTx, closer: &Closer, code: Code, reason: &str) {
+    tracing::warn!(reason, "closing link after a protocol error from the peer");
+    let err = Outgoing::status(
+        Kind::Error,
+        0,
+        0,
+        code,
+        reason,
+        &Metadata::new(),
+        bytes::Bytes::new(),
+    );
+    if link.send(err).is_err() {
+        closer.close(Status::new(code, reason.to_string()));
+    }
+}
+
+/// The status an ERROR message from the peer carries.
+pub(crate) fn peer_error(msg: &Incoming) -> Status {
+    let reason = crate::wire::meta::decode(&msg.meta)
+        .map(|(m, _)| m)
+        .unwrap_or_default();
+    Status::new(Code::Unavailable, format!("peer closed the link: {reason}"))
+}

@@ -1,0 +1,88 @@
+//! Messages as the engines move them: a header, a metadata section and a body.
+
+use bytes::Bytes;
+
+use crate::wire::header::{HEADER_LEN, Header, Kind};
+use crate::wire::{WireError, meta};
+use crate::{Code, Metadata};
+
+/// A message to send. `meta` is the encoded metadata section; the engine fills in the header's
+/// lengths and credit fields.
+#[derive(Debug, Clone)]
+pub(crate) struct Outgoing {
+    pub header: Header,
+    pub meta: Vec<u8>,
+    pub body: Bytes,
+}
+
+impl Outgoing {
+    /// A message of `kind` with `head` (path or status message) and metadata.
+    pub fn new(
+        kind: Kind,
+        conn_id: u32,
+        call_id: u64,
+        head: &str,
+        md: &Metadata,
+        body: Bytes,
+    ) -> Self {
+        let mut m = Vec::with_capacity(meta::encoded_len(head, md));
+        meta::encode(&mut m, head, md);
+        let mut header = Header::new(kind);
+        header.conn_id = conn_id;
+        header.call_id = call_id;
+        Outgoing {
+            header,
+            meta: m,
+            body,
+        }
+    }
+
+    /// A RESPONSE or ERROR carrying a status.
+    pub fn status(
+        kind: Kind,
+        conn_id: u32,
+        call_id: u64,
+        code: Code,
+        message: &str,
+        md: &Metadata,
+        body: Bytes,
+    ) -> Self {
+        let mut o = Outgoing::new(kind, conn_id, call_id, message, md, body);
+        o.header.status = code as u16;
+        o
+    }
+
+    /// Bytes on the wire: header + metadata + body.
+    pub fn wire_len(&self) -> usize {
+        HEADER_LEN + self.meta.len() + self.body.len()
+    }
+
+    /// The header with its length fields set.
+    pub fn final_header(&self) -> Header {
+        let mut h = self.header;
+        h.meta_len = self.meta.len() as u32;
+        h.body_len = self.body.len() as u32;
+        h
+    }
+}
+
+/// A received message; `meta` and `body` are slices of the received buffer (no copy).
+#[derive(Debug, Clone)]
+pub(crate) struct Incoming {
+    pub header: Header,
+    pub meta: Bytes,
+    pub body: Bytes,
+}
+
+impl Incoming {
+    /// Splits a received message (a TCP frame or the filled part of a receive buffer).
+    pub fn parse(msg: Bytes) -> Result<Incoming, WireError> {
+        let header = Header::decode(&msg)?;
+        let meta_end = HEADER_LEN + header.meta_len as usize;
+        Ok(Incoming {
+            header,
+            meta: msg.slice(HEADER_LEN..meta_end),
+            body: msg.slice(meta_end..),
+        })
+    }
+}

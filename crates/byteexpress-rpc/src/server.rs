@@ -1,0 +1,244 @@
+//! The server: runs a [`Service`] for every call of every link, enforcing deadlines and
+//! cancelling handlers whose client gave up.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+
+use crate::engine::{Dispatch, LinkTx};
+use crate::message::{Incoming, Outgoing};
+use crate::wire::CONN_MAGIC;
+use crate::wire::header::Kind;
+use crate::{Code, Config, Metadata, Response, Status, Transport};
+
+/// A call as the server's handler sees it.
+#[derive(Debug, Clone)]
+pub struct ServerRequest {
+    /// Method path.
+    pub method: String,
+    /// Request metadata.
+    pub metadata: Metadata,
+    /// Request message; on RDMA a slice of the registered receive buffer (zero copy).
+    pub body: Bytes,
+    /// When the client gives up (from its `timeout_us`); the handler is cancelled then.
+    pub deadline: Option<tokio::time::Instant>,
+    /// Transport of the link the call came on.
+    pub transport: Transport,
+}
+
+/// Boxed future of a handler.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a server runs for each call. Implemented for every `Fn(ServerRequest) -> impl Future`.
+/// The future is dropped (cancelled) when the deadline passes, the client cancels, or the link
+/// fails.
+pub trait Service: Send + Sync + 'static {
+    /// Handles one call.
+    fn call(&self, req: ServerRequest) -> BoxFuture<Result<Response, Status>>;
+}
+
+impl<F, Fut> Service for F
+where
+    F: Fn(ServerRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response, Status>> + Send + 'static,
+{
+    fn call(&self, req: ServerRequest) -> BoxFuture<Result<Response, Status>> {
+        Box::pin(self(req))
+    }
+}
+
+/// Serves one [`Service`] on TCP listeners; every connection becomes a link (RDMA or TCP as the
+/// client negotiates).
+#[derive(Clone)]
+pub struct Server {
+    service: Arc<dyn Service>,
+    cfg: Config,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("cfg", &self.cfg).finish()
+    }
+}
+
+/// Time a new connection has to send its first 8 bytes.
+const MAGIC_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Server {
+    /// A server of `service` with `cfg` (its `transport` pins what the server accepts).
+    pub fn new(service: impl Service, cfg: Config) -> Self {
+        Server {
+            service: Arc::new(service),
+            cfg,
+        }
+    }
+
+    /// Accepts connections until the listener fails.
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        loop {
+            let (stream, peer) = listener.accept().await?;
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.serve_connection(stream).await {
+                    tracing::info!(%peer, "connection ended: {e}");
+                }
+            });
+        }
+    }
+
+    /// Serves one connection: checks the ByteExpress [`CONN_MAGIC`] (anything else gets an ERROR
+    /// message and a close), then runs set-up and the link.
+    pub async fn serve_connection(&self, mut stream: TcpStream) -> Result<(), Status> {
+        let mut magic = [0u8; 8];
+        match tokio::time::timeout(MAGIC_TIMEOUT, stream.read_exact(&mut magic)).await {
+            Ok(Ok(_)) if magic == CONN_MAGIC => self.serve_after_magic(stream).await,
+            Ok(Ok(_)) => {
+                let why = Status::new(Code::Unavailable, "not a ByteExpress connection");
+                reject(&mut stream, &why).await;
+                Err(why)
+            }
+            Ok(Err(e)) => Err(Status::new(Code::Unavailable, e.to_string())),
+            Err(_) => Err(Status::new(Code::DeadlineExceeded, "no connection preface")),
+        }
+    }
+
+    /// Serves a connection whose first 8 bytes were [`CONN_MAGIC`] and have been read (for
+    /// front ends that tell protocols apart by the first bytes).
+    pub async fn serve_after_magic(&self, stream: TcpStream) -> Result<(), Status> {
+        let dispatch = Arc::new(Handlers {
+            service: self.service.clone(),
+            running: Arc::default(),
+        });
+        let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
+        tracing::debug!(transport = %link.transport(), "link accepted");
+        Ok(())
+    }
+}
+
+/// Writes an ERROR message frame and closes.
+async fn reject(stream: &mut TcpStream, why: &Status) {
+    let err = Outgoing::status(
+        Kind::Error,
+        0,
+        0,
+        why.code,
+        &why.message,
+        &Metadata::new(),
+        Bytes::new(),
+    );
+    let mut frame = Vec::with_capacity(4 + err.wire_len());
+    frame.extend_from_slice(&(err.wire_len() as u32).to_be_bytes());
+    frame.extend_from_slice(&err.final_header().encode());
+    frame.extend_from_slice(&err.meta);
+    let _ = stream.write_all(&frame).await;
+    let _ = stream.shutdown().await;
+}
+
+/// The handlers running on one link, by (conn_id, call_id).
+struct Handlers {
+    service: Arc<dyn Service>,
+    running: Arc<Mutex<HashMap<(u32, u64), AbortHandle>>>,
+}
+
+impl Dispatch for Handlers {
+    fn incoming(&self, link: &LinkTx, msg: Incoming) {
+        let key = (msg.header.conn_id, msg.header.call_id);
+        match msg.header.kind {
+            Kind::Request => self.start(link, key, msg),
+            Kind::Cancel => {
+                if let Some(h) = self.running.lock().remove(&key) {
+                    tracing::debug!(?key, "call cancelled by the client");
+                    h.abort();
+                }
+            }
+            k => tracing::debug!(kind = ?k, "server ignores a message that is not a request"),
+        }
+    }
+
+    fn closed(&self, why: Status) {
+        tracing::debug!(%why, "link closed; cancelling its handlers");
+        for (_, h) in self.running.lock().drain() {
+            h.abort();
+        }
+    }
+}
+
+impl Handlers {
+    fn start(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
+        let (method, metadata) = match crate::wire::meta::decode(&msg.meta) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = link.send(Outgoing::status(
+                    Kind::Response,
+                    key.0,
+                    key.1,
+                    Code::Internal,
+                    &e.to_string(),
+                    &Metadata::new(),
+                    Bytes::new(),
+                ));
+                return;
+            }
+        };
+        let deadline = (msg.header.timeout_us > 0)
+            .then(|| tokio::time::Instant::now() + Duration::from_micros(msg.header.timeout_us));
+        let req = ServerRequest {
+            method,
+            metadata,
+            body: msg.body,
+            deadline,
+            transport: link.transport(),
+        };
+        let fut = self.service.call(req);
+        let link = link.clone();
+        let running = self.running.clone();
+        // Held across spawn and insert, so the task's own removal (below) comes after the insert.
+        let mut map = self.running.lock();
+        let handle = tokio::spawn(async move {
+            let result = match deadline {
+                Some(d) => tokio::time::timeout_at(d, fut).await.unwrap_or_else(|_| {
+                    Err(Status::new(
+                        Code::DeadlineExceeded,
+                        "deadline exceeded on the server",
+                    ))
+                }),
+                None => fut.await,
+            };
+            let msg = match result {
+                Ok(r) => Outgoing::new(Kind::Response, key.0, key.1, "", &r.metadata, r.body),
+                Err(s) => Outgoing::status(
+                    Kind::Response,
+                    key.0,
+                    key.1,
+                    s.code,
+                    &s.message,
+                    &s.metadata,
+                    Bytes::new(),
+                ),
+            };
+            if let Err(e) = link.send(msg) {
+                if e.code == Code::ResourceExhausted {
+                    let _ = link.send(Outgoing::status(
+                        Kind::Response,
+                        key.0,
+                        key.1,
+                        e.code,
+                        &e.message,
+                        &Metadata::new(),
+                        Bytes::new(),
+                    ));
+                }
+            }
+            running.lock().remove(&key);
+        });
+        map.insert(key, handle.abort_handle());
+    }
+}

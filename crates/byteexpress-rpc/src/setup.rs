@@ -1,0 +1,400 @@
+//! Link set-up on the TCP connection: HELLO, transport choice, QP handshake ([`crate::wire::hello`]).
+//!
+//! The client offers its devices; the server arms the client's nonce on its own devices and
+//! answers with theirs; the client probes pairs (local device × server device, in preference
+//! order: hardware before the soft device) and picks the first that reaches. The TCP connection
+//! stays open: as the control channel of an RDMA link, or as the TCP link itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use byteexpress_mem::BufPool;
+use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
+use byteexpress_verbs::{ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::engine::rdma::{self, RdmaParts};
+use crate::engine::{Dispatch, LinkTx, tcp};
+use crate::wire::CONN_MAGIC;
+use crate::wire::hello::{HELLO_VERSION, Hello, TransportPref};
+use crate::{Code, Config, Status};
+
+type Reader = FrameReader<OwnedReadHalf>;
+type Writer = FrameWriter<OwnedWriteHalf>;
+
+/// Every device of this host, opened once per process, in preference order. Devices that fail
+/// to open are left out (and logged).
+pub(crate) fn local_devices() -> &'static [Context] {
+    static DEVICES: OnceLock<Vec<Context>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        byteexpress_verbs::devices()
+            .into_iter()
+            .filter_map(|d| match d.open() {
+                Ok(ctx) => Some(ctx),
+                Err(e) => {
+                    tracing::info!(device = d.name(), "device not usable: {e}");
+                    None
+                }
+            })
+            .collect()
+    })
+}
+
+fn unavailable(msg: impl std::fmt::Display) -> Status {
+    Status::new(Code::Unavailable, msg.to_string())
+}
+
+async fn send(w: &mut Writer, m: &Hello) -> Result<(), Status> {
+    w.write_frame(&[&m.encode()])
+        .await
+        .map_err(|e| unavailable(format!("set-up write: {e}")))?;
+    w.flush()
+        .await
+        .map_err(|e| unavailable(format!("set-up write: {e}")))
+}
+
+async fn recv(r: &mut Reader) -> Result<Hello, Status> {
+    let frame = r
+        .read_frame()
+        .await
+        .map_err(|e| unavailable(format!("set-up read: {e}")))?
+        .ok_or_else(|| unavailable("peer closed during set-up"))?;
+    if frame.starts_with(b"BX") {
+        // an ERROR message instead of a set-up message
+        let msg = crate::message::Incoming::parse(frame).map_err(|e| unavailable(e.to_string()))?;
+        return Err(tcp::peer_error(&msg));
+    }
+    Hello::decode(&frame).map_err(|e| unavailable(format!("set-up: {e}")))
+}
+
+fn connect_attr() -> ConnectAttr {
+    // rnr_retry 7 (forever) until the credit wiring is proven with rnr_retry 0 (flow issue).
+    ConnectAttr {
+        min_rnr_timer: 1,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        ..ConnectAttr::default()
+    }
+}
+
+/// The verbs objects of one RDMA link.
+fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaParts, Status> {
+    let v =
+        |e: byteexpress_verbs::Error| unavailable(format!("RDMA set-up on {}: {e}", ctx.name()));
+    let m = |e: byteexpress_mem::MemError| {
+        Status::new(Code::ResourceExhausted, format!("RDMA buffers: {e}"))
+    };
+    let pd = ctx.alloc_pd().map_err(v)?;
+    let recv_count = (cfg.grant as usize + 1) * 3;
+    let cq = ctx
+        .create_cq(cfg.max_send_wr + recv_count as u32)
+        .map_err(v)?;
+    let cap = QpCap {
+        max_send_wr: cfg.max_send_wr,
+        max_recv_wr: cfg.grant + 1,
+        ..QpCap::default()
+    };
+    let qp = pd.create_qp(&cq, &cq, cap).map_err(v)?;
+    let recv_pool = BufPool::new(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
+    let send_pool = BufPool::new(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
+    Ok(RdmaParts {
+        qp,
+        cq,
+        recv_pool,
+        send_pool,
+        grant: cfg.grant,
+        busy_poll: cfg.busy_poll,
+    })
+}
+
+/// Keeps the TCP control connection of an RDMA link: reports its end through the returned
+/// receiver and closes it when the link closes.
+fn spawn_control(
+    mut r: Reader,
+    mut w: Writer,
+) -> (
+    tokio::sync::oneshot::Receiver<Status>,
+    tokio::sync::oneshot::Sender<LinkTx>,
+) {
+    let (dead_tx, dead_rx) = tokio::sync::oneshot::channel();
+    let (link_tx, link_rx) = tokio::sync::oneshot::channel::<LinkTx>();
+    tokio::spawn(async move {
+        let Ok(link) = link_rx.await else { return };
+        let why = tokio::select! {
+            f = r.read_frame() => match f {
+                Ok(Some(frame)) => match crate::message::Incoming::parse(frame) {
+                    Ok(msg) => tcp::peer_error(&msg),
+                    Err(e) => unavailable(format!("control channel: {e}")),
+                },
+                Ok(None) => unavailable("peer closed the control connection"),
+                Err(e) => unavailable(format!("control connection: {e}")),
+            },
+            _ = link.close_requested() => unavailable("link closed"),
+        };
+        let _ = dead_tx.send(why);
+        let _ = w.shutdown().await;
+    });
+    (dead_rx, link_tx)
+}
+
+type Posted = (HashMap<u64, byteexpress_mem::PoolBuf>, u64);
+
+fn start_rdma(
+    parts: RdmaParts,
+    peer_recv_buf: usize,
+    r: Reader,
+    w: Writer,
+    dispatch: Arc<dyn Dispatch>,
+    posted: Posted,
+) -> LinkTx {
+    let (dead, give_link) = spawn_control(r, w);
+    let link = rdma::spawn(parts, posted.0, posted.1, peer_recv_buf, dispatch, dead);
+    let _ = give_link.send(link.clone());
+    link
+}
+
+fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
+    let _ = stream.set_nodelay(true);
+    let (r, w) = stream.into_split();
+    let fc = FrameConfig {
+        max_frame: cfg.max_frame,
+    };
+    (FrameReader::new(r, fc), FrameWriter::new(w, fc))
+}
+
+/// Client side: connects to `addr`, negotiates, starts the engine.
+pub(crate) async fn connect(
+    addr: &str,
+    cfg: &Config,
+    dispatch: Arc<dyn Dispatch>,
+) -> Result<LinkTx, Status> {
+    let fut = async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| unavailable(format!("connect {addr}: {e}")))?;
+        tokio::io::AsyncWriteExt::write_all(&mut stream, &CONN_MAGIC)
+            .await
+            .map_err(|e| unavailable(format!("connect {addr}: {e}")))?;
+        let (mut r, mut w) = split(stream, cfg);
+        let local: &[Context] = if cfg.transport == TransportPref::Tcp {
+            &[]
+        } else {
+            local_devices()
+        };
+        let nonce = rand::random::<u64>();
+        let devices = local.iter().map(|c| c.device_info().to_bytes()).collect();
+        send(
+            &mut w,
+            &Hello::Hello {
+                version: HELLO_VERSION,
+                pref: cfg.transport,
+                nonce,
+                devices,
+            },
+        )
+        .await?;
+        let Hello::HelloAck {
+            devices: remote, ..
+        } = recv(&mut r).await?
+        else {
+            return Err(unavailable("set-up: expected HELLO_ACK"));
+        };
+        let chosen = pick_device(local, &remote, nonce);
+        let Some((ctx, server_dev)) = chosen else {
+            if cfg.transport == TransportPref::Rdma {
+                let _ = send(
+                    &mut w,
+                    &Hello::Refuse {
+                        reason: "client requires RDMA".into(),
+                    },
+                )
+                .await;
+                return Err(unavailable(format!(
+                    "BX_TRANSPORT=rdma, but no local RDMA device ({} tried) reaches {addr} ({} offered)",
+                    local.len(),
+                    remote.len()
+                )));
+            }
+            send(&mut w, &Hello::SelectTcp).await?;
+            return Ok(tcp::spawn(r, w, cfg.max_frame, dispatch));
+        };
+        let mut parts = build_rdma(ctx, cfg, cfg.recv_buf_size)?;
+        let endpoint = parts.qp.endpoint().to_bytes();
+        send(
+            &mut w,
+            &Hello::SelectRdma {
+                device: server_dev as u8,
+                grant: cfg.grant,
+                recv_buf: cfg.recv_buf_size as u32,
+                endpoint,
+            },
+        )
+        .await?;
+        let (grant, recv_buf, ep) = match recv(&mut r).await? {
+            Hello::RdmaAccept {
+                grant,
+                recv_buf,
+                endpoint,
+            } => (grant, recv_buf as usize, endpoint),
+            Hello::Refuse { reason } => {
+                return Err(unavailable(format!("server refused RDMA: {reason}")));
+            }
+            _ => return Err(unavailable("set-up: expected RDMA_ACCEPT")),
+        };
+        let ep =
+            Endpoint::from_bytes(&ep).map_err(|e| unavailable(format!("server endpoint: {e}")))?;
+        if recv_buf != cfg.recv_buf_size {
+            return Err(unavailable(format!(
+                "server answered receive buffers of {recv_buf} bytes, not the {} asked",
+                cfg.recv_buf_size
+            )));
+        }
+        parts.grant = grant.min(cfg.grant);
+        parts
+            .qp
+            .connect(&ep, &connect_attr())
+            .map_err(|e| unavailable(format!("QP connect: {e}")))?;
+        // Receives are posted before our first SEND, and the server sends only answers.
+        let mut posted = (HashMap::new(), 1u64);
+        rdma::post_initial_receives(&parts, &mut posted.0, &mut posted.1)?;
+        Ok(start_rdma(parts, recv_buf, r, w, dispatch, posted))
+    };
+    tokio::time::timeout(cfg.connect_timeout, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(unavailable(format!(
+                "connect {addr}: set-up timed out after {:?}",
+                cfg.connect_timeout
+            )))
+        })
+}
+
+/// First (local device, index of server device) pair whose probe succeeds.
+fn pick_device<'a>(
+    local: &'a [Context],
+    remote: &[Vec<u8>],
+    nonce: u64,
+) -> Option<(&'a Context, usize)> {
+    for ctx in local {
+        for (i, info) in remote.iter().enumerate() {
+            let Ok(info) = DeviceInfo::from_bytes(info) else {
+                continue;
+            };
+            match ctx.probe(&info, nonce) {
+                Ok(true) => return Some((ctx, i)),
+                Ok(false) => {}
+                Err(e) => tracing::debug!(device = ctx.name(), "probe failed: {e}"),
+            }
+        }
+    }
+    None
+}
+
+/// Server side: runs set-up on a connection whose [`CONN_MAGIC`] was already read. Each link
+/// uses one receive-buffer size for both directions: the client's.
+pub(crate) async fn accept(
+    stream: TcpStream,
+    cfg: &Config,
+    dispatch: Arc<dyn Dispatch>,
+) -> Result<LinkTx, Status> {
+    let (mut r, mut w) = split(stream, cfg);
+    let fut = async {
+        let Hello::Hello { version, nonce, .. } = recv(&mut r).await? else {
+            return Err(unavailable("set-up: expected HELLO"));
+        };
+        if version != HELLO_VERSION {
+            send(
+                &mut w,
+                &Hello::Refuse {
+                    reason: format!("set-up version {version} not supported"),
+                },
+            )
+            .await?;
+            return Err(unavailable("client speaks another set-up version"));
+        }
+        let local: &[Context] = if cfg.transport == TransportPref::Tcp {
+            &[]
+        } else {
+            local_devices()
+        };
+        local.iter().for_each(|c| c.expect_probe(nonce));
+        let devices = local.iter().map(|c| c.device_info().to_bytes()).collect();
+        send(
+            &mut w,
+            &Hello::HelloAck {
+                version: HELLO_VERSION,
+                devices,
+            },
+        )
+        .await?;
+        match recv(&mut r).await? {
+            Hello::SelectTcp if cfg.transport == TransportPref::Rdma => {
+                send(
+                    &mut w,
+                    &Hello::Refuse {
+                        reason: "server requires RDMA".into(),
+                    },
+                )
+                .await?;
+                Err(unavailable("client chose TCP; server requires RDMA"))
+            }
+            Hello::SelectTcp => Ok(None),
+            Hello::SelectRdma {
+                device,
+                grant,
+                recv_buf,
+                endpoint,
+            } => {
+                let ctx = local
+                    .get(device as usize)
+                    .ok_or_else(|| unavailable("client chose an unknown device"))?;
+                if recv_buf as usize > cfg.recv_buf_size {
+                    let reason = format!(
+                        "receive buffers of {recv_buf} bytes exceed this server's {}",
+                        cfg.recv_buf_size
+                    );
+                    send(
+                        &mut w,
+                        &Hello::Refuse {
+                            reason: reason.clone(),
+                        },
+                    )
+                    .await?;
+                    return Err(Status::new(Code::ResourceExhausted, reason));
+                }
+                let ep = Endpoint::from_bytes(&endpoint)
+                    .map_err(|e| unavailable(format!("client endpoint: {e}")))?;
+                let mut scfg = cfg.clone();
+                scfg.recv_buf_size = recv_buf as usize; // one buffer size per link: the client's
+                let mut parts = build_rdma(ctx, &scfg, recv_buf as usize)?;
+                parts.grant = grant.min(cfg.grant);
+                parts
+                    .qp
+                    .connect(&ep, &connect_attr())
+                    .map_err(|e| unavailable(format!("QP connect: {e}")))?;
+                // Receives are posted before RDMA_ACCEPT tells the client it may send.
+                let mut posted = (HashMap::new(), 1u64);
+                rdma::post_initial_receives(&parts, &mut posted.0, &mut posted.1)?;
+                let accept = Hello::RdmaAccept {
+                    grant: cfg.grant,
+                    recv_buf,
+                    endpoint: parts.qp.endpoint().to_bytes(),
+                };
+                send(&mut w, &accept).await?;
+                Ok(Some((parts, recv_buf as usize, posted)))
+            }
+            Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),
+            _ => Err(unavailable("set-up: expected SELECT")),
+        }
+    };
+    match tokio::time::timeout(cfg.connect_timeout, fut).await {
+        Ok(Ok(None)) => Ok(tcp::spawn(r, w, cfg.max_frame, dispatch)),
+        Ok(Ok(Some((parts, recv_buf, posted)))) => {
+            Ok(start_rdma(parts, recv_buf, r, w, dispatch, posted))
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(unavailable("set-up timed out")),
+    }
+}

@@ -1,0 +1,191 @@
+//! The message header, 40 bytes, integers little-endian.
+//!
+//! | offset | size | field | meaning |
+//! |---|---|---|---|
+//! | 0 | 2 | magic | `0x42 0x58` ("BX") |
+//! | 2 | 1 | version | 1 |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); others 0 |
+//! | 5 | 1 | reserved | 0 |
+//! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
+//! | 8 | 4 | conn_id | logical connection the call belongs to |
+//! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
+//! | 16 | 8 | call_id | call number, unique per conn_id while the call lives |
+//! | 24 | 8 | timeout_us | REQUEST: time left until the deadline in µs, 0 = none |
+//! | 32 | 4 | meta_len | bytes of metadata after the header ([`crate::wire::meta`]) |
+//! | 36 | 4 | body_len | bytes of body after the metadata |
+//!
+//! `meta_len` and `body_len` are checked against the configured maxima and against the bytes
+//! actually received before anything is sliced or allocated.
+
+use super::{WireError, err};
+
+/// Header size in bytes.
+pub const HEADER_LEN: usize = 40;
+const MAGIC: [u8; 2] = *b"BX";
+/// Protocol version carried in byte 2.
+pub const VERSION: u8 = 1;
+/// Flag bit: the sender re-posted the receive buffer reserved for the peer's credit updates.
+pub const FLAG_SLOT_RETURN: u8 = 1;
+
+/// Message kind (byte 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A call: metadata = method path + request metadata, body = request message.
+    Request = 1,
+    /// A call's end: status, metadata = status message + response metadata, body = response
+    /// message (empty unless status is OK).
+    Response = 2,
+    /// The client gave up on `call_id` (deadline or cancellation): the server cancels the handler.
+    Cancel = 3,
+    /// Credits only (RDMA), sent into the peer's reserved update slot.
+    CreditUpdate = 4,
+    /// The link is being closed because of the peer's error; metadata = reason.
+    Error = 5,
+}
+
+/// A decoded header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind.
+    pub kind: Kind,
+    /// Flag bits.
+    pub flags: u8,
+    /// gRPC status code.
+    pub status: u16,
+    /// Logical connection.
+    pub conn_id: u32,
+    /// Piggybacked credit return.
+    pub credits: u32,
+    /// Call number.
+    pub call_id: u64,
+    /// Time left in µs (REQUEST), 0 = no deadline.
+    pub timeout_us: u64,
+    /// Metadata bytes.
+    pub meta_len: u32,
+    /// Body bytes.
+    pub body_len: u32,
+}
+
+impl Header {
+    /// A header of `kind` with every other field zero.
+    pub fn new(kind: Kind) -> Self {
+        Header {
+            kind,
+            flags: 0,
+            status: 0,
+            conn_id: 0,
+            credits: 0,
+            call_id: 0,
+            timeout_us: 0,
+            meta_len: 0,
+            body_len: 0,
+        }
+    }
+
+    /// Writes the 40 bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..2].copy_from_slice(&MAGIC);
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4] = self.flags;
+        b[6..8].copy_from_slice(&self.status.to_le_bytes());
+        b[8..12].copy_from_slice(&self.conn_id.to_le_bytes());
+        b[12..16].copy_from_slice(&self.credits.to_le_bytes());
+        b[16..24].copy_from_slice(&self.call_id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.timeout_us.to_le_bytes());
+        b[32..36].copy_from_slice(&self.meta_len.to_le_bytes());
+        b[36..40].copy_from_slice(&self.body_len.to_le_bytes());
+        b
+    }
+
+    /// Parses a message's first bytes and checks that `meta_len + body_len` equals the bytes
+    /// that follow (`msg.len() - 40`). Errors name the first broken field.
+    pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
+        if msg.len() < HEADER_LEN {
+            return err(format!(
+                "{} bytes, shorter than the {HEADER_LEN}-byte header",
+                msg.len()
+            ));
+        }
+        if msg[0..2] != MAGIC {
+            return err("bad magic");
+        }
+        if msg[2] != VERSION {
+            return err(format!("unsupported version {}", msg[2]));
+        }
+        let kind = match msg[3] {
+            1 => Kind::Request,
+            2 => Kind::Response,
+            3 => Kind::Cancel,
+            4 => Kind::CreditUpdate,
+            5 => Kind::Error,
+            k => return err(format!("unknown kind {k}")),
+        };
+        let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(msg[i..i + 8].try_into().expect("8 bytes"));
+        let h = Header {
+            kind,
+            flags: msg[4],
+            status: u16::from_le_bytes([msg[6], msg[7]]),
+            conn_id: u32_at(8),
+            credits: u32_at(12),
+            call_id: u64_at(16),
+            timeout_us: u64_at(24),
+            meta_len: u32_at(32),
+            body_len: u32_at(36),
+        };
+        let rest = (msg.len() - HEADER_LEN) as u64;
+        if h.meta_len as u64 + h.body_len as u64 != rest {
+            return err(format!(
+                "meta_len {} + body_len {} != {rest} bytes received",
+                h.meta_len, h.body_len
+            ));
+        }
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_every_field() {
+        let h = Header {
+            kind: Kind::Response,
+            flags: FLAG_SLOT_RETURN,
+            status: 14,
+            conn_id: 0xdead_beef,
+            credits: 7,
+            call_id: u64::MAX - 1,
+            timeout_us: 1_000_000,
+            meta_len: 3,
+            body_len: 5,
+        };
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(&[0; 8]);
+        assert_eq!(Header::decode(&msg).unwrap(), h);
+    }
+
+    #[test]
+    fn header_rejects_lengths_that_disagree_with_the_message() {
+        let mut h = Header::new(Kind::Request);
+        h.body_len = u32::MAX;
+        let msg = h.encode();
+        assert!(Header::decode(&msg).is_err());
+    }
+
+    #[test]
+    fn header_rejects_short_bad_magic_version_and_kind() {
+        let good = Header::new(Kind::Cancel).encode();
+        assert!(Header::decode(&good[..39]).is_err());
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 6)] {
+            let mut b = good;
+            b[i] = v;
+            assert!(Header::decode(&b).is_err(), "byte {i} = {v}");
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Link set-up messages, one per TCP frame after [`super::CONN_MAGIC`].
+//!
+//! ```text
+//! client                                   server
+//!   HELLO {version, transport, nonce, devices}  →
+//!                        ← HELLO_ACK {version, devices}   (server armed `nonce` on its devices)
+//!   (client probes: local device × server device, in order; first reachable pair wins)
+//!   SELECT_RDMA {server device, grant, recv_buf, endpoint}  →    or  SELECT_TCP  →
+//!                        ← RDMA_ACCEPT {grant, recv_buf, endpoint}  (or REFUSE {reason})
+//! ```
+//! Encodings (integers little-endian; `bytes16` = u16 length + bytes):
+//!
+//! | message | type | fields |
+//! |---|---|---|
+//! | HELLO | 1 | version u16, transport u8 (0 auto, 1 rdma, 2 tcp), nonce u64, count u8, count × bytes16 device info |
+//! | HELLO_ACK | 2 | version u16, count u8, count × bytes16 device info |
+//! | SELECT_RDMA | 3 | server device index u8, grant u32, recv_buf u32, bytes16 endpoint |
+//! | SELECT_TCP | 4 | — |
+//! | RDMA_ACCEPT | 5 | grant u32, recv_buf u32, bytes16 endpoint |
+//! | REFUSE | 6 | bytes16 reason (UTF-8) |
+//!
+//! `grant` is the credit grant each side configured; the link uses the smaller of the two in
+//! both directions (each side posts `grant + 1` receives: `grant` for data, one for credit
+//! updates). `recv_buf` is the receive-buffer size in bytes, the largest message either side may
+//! SEND: the client's, which the server accepts up to its own configured size or refuses. Both
+//! are checked against [`MAX_GRANT`] and [`MAX_RECV_BUF`].
+
+use super::{WireError, err};
+
+/// Set-up protocol version.
+pub const HELLO_VERSION: u16 = 1;
+/// Most credits a peer may grant (bounds the receive buffers we would post for it).
+pub const MAX_GRANT: u32 = 4096;
+/// Largest receive buffer a peer may announce (16 MiB).
+pub const MAX_RECV_BUF: u32 = 16 << 20;
+const MAX_DEVICES: usize = 16;
+
+/// What the client asks for (`BX_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportPref {
+    /// RDMA when a device reaches the peer, else TCP.
+    Auto,
+    /// RDMA or fail.
+    Rdma,
+    /// TCP only.
+    Tcp,
+}
+
+/// A set-up message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hello {
+    /// Client's opening.
+    Hello {
+        /// Set-up protocol version.
+        version: u16,
+        /// Transport asked for.
+        pref: TransportPref,
+        /// Proof for the devices' reachability probes.
+        nonce: u64,
+        /// Serialised `DeviceInfo` of each client device, in preference order.
+        devices: Vec<Vec<u8>>,
+    },
+    /// Server's answer.
+    HelloAck {
+        /// Set-up protocol version.
+        version: u16,
+        /// Serialised `DeviceInfo` of each server device that accepts this client (none when
+        /// the server is pinned to TCP).
+        devices: Vec<Vec<u8>>,
+    },
+    /// Client chose RDMA through server device `device`.
+    SelectRdma {
+        /// Index into HELLO_ACK's list.
+        device: u8,
+        /// Client's grant to the server.
+        grant: u32,
+        /// Client's receive-buffer size.
+        recv_buf: u32,
+        /// Client QP's serialised `Endpoint`.
+        endpoint: Vec<u8>,
+    },
+    /// Client chose TCP.
+    SelectTcp,
+    /// Server's QP is connected.
+    RdmaAccept {
+        /// Server's grant to the client.
+        grant: u32,
+        /// Server's receive-buffer size.
+        recv_buf: u32,
+        /// Server QP's serialised `Endpoint`.
+        endpoint: Vec<u8>,
+    },
+    /// Set-up refused.
+    Refuse {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Hello {
+    /// Serialises the message.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        let bytes16 = |v: &mut Vec<u8>, b: &[u8]| {
+            let b = &b[..b.len().min(u16::MAX as usize)];
+            v.extend_from_slice(&(b.len() as u16).to_le_bytes());
+            v.extend_from_slice(b);
+        };
+        match self {
+            Hello::Hello {
+                version,
+                pref,
+                nonce,
+                devices,
+            } => {
+                v.push(1);
+                v.extend_from_slice(&version.to_le_bytes());
+                v.push(match pref {
+                    TransportPref::Auto => 0,
+                    TransportPref::Rdma => 1,
+                    TransportPref::Tcp => 2,
+                });
+                v.extend_from_slice(&nonce.to_le_bytes());
+                v.push(devices.len().min(MAX_DEVICES) as u8);
+                devices
+                    .iter()
+                    .take(MAX_DEVICES)
+                    .for_each(|d| bytes16(&mut v, d));
+            }
+            Hello::HelloAck { version, devices } => {
+                v.push(2);
+                v.extend_from_slice(&version.to_le_bytes());
+                v.push(devices.len().min(MAX_DEVICES) as u8);
+                devices
+                    .iter()
+                    .take(MAX_DEVICES)
+                    .for_each(|d| bytes16(&mut v, d));
+            }
+            Hello::SelectRdma {
+                device,
+                grant,
+                recv_buf,
+                endpoint,
+            } => {
+                v.push(3);
+                v.push(*device);
+                v.extend_from_slice(&grant.to_le_bytes());
+                v.extend_from_slice(&recv_buf.to_le_bytes());
+                bytes16(&mut v, endpoint);
+            }
+            Hello::SelectTcp => v.push(4),
+            Hello::RdmaAccept {
+                grant,
+                recv_buf,
+                endpoint,
+            } => {
+                v.push(5);
+                v.extend_from_slice(&grant.to_le_bytes());
+                v.extend_from_slice(&recv_buf.to_le_bytes());
+                bytes16(&mut v, endpoint);
+            }
+            Hello::Refuse { reason } => {
+                v.push(6);
+                bytes16(&mut v, reason.as_bytes());
+            }
+        }
+        v
+    }
+
+    /// Parses a set-up message, checking every length and limit.
+    pub fn decode(b: &[u8]) -> Result<Hello, WireError> {
+        let mut r = Reader { b, pos: 0 };
+        let msg = match r.u8()? {
+            1 => {
+                let version = r.u16()?;
+                let pref = match r.u8()? {
+                    0 => TransportPref::Auto,
+                    1 => TransportPref::Rdma,
+                    2 => TransportPref::Tcp,
+                    p => return err(format!("unknown transport preference {p}")),
+                };
+                let nonce = r.u64()?;
+                let devices = r.devices()?;
+                Hello::Hello {
+                    version,
+                    pref,
+                    nonce,
+                    devices,
+                }
+            }
+            2 => {
+                let version = r.u16()?;
+                Hello::HelloAck {
+                    version,
+                    devices: r.devices()?,
+                }
+            }
+            3 => {
+                let device = r.u8()?;
+                let (grant, recv_buf) = r.grant()?;
+                Hello::SelectRdma {
+                    device,
+                    grant,
+                    recv_buf,
+                    endpoint: r.bytes16()?.to_vec(),
+                }
+            }
+            4 => Hello::SelectTcp,
+            5 => {
+                let (grant, recv_buf) = r.grant()?;
+                Hello::RdmaAccept {
+                    grant,
+                    recv_buf,
+                    endpoint: r.bytes16()?.to_vec(),
+                }
+            }
+            6 => Hello::Refuse {
+                reason: String::from_utf8_lossy(r.bytes16()?).into_owned(),
+            },
+            t => return err(format!("unknown set-up message type {t}")),
+        };
+        if r.pos != b.len() {
+            return err("trailing bytes after set-up message");
+        }
+        Ok(msg)
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.b.len() - self.pos < n {
+            return err("set-up message truncated");
+        }
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
+        let n = self.u16()? as usize;
+        self.take(n)
+    }
+    fn devices(&mut self) -> Result<Vec<Vec<u8>>, WireError> {
+        let n = self.u8()? as usize;
+        if n > MAX_DEVICES {
+            return err(format!("{n} devices, more than {MAX_DEVICES}"));
+        }
+        (0..n).map(|_| self.bytes16().map(<[u8]>::to_vec)).collect()
+    }
+    fn grant(&mut self) -> Result<(u32, u32), WireError> {
+        let (grant, recv_buf) = (self.u32()?, self.u32()?);
+        if grant == 0 || grant > MAX_GRANT {
+            return err(format!("grant {grant} outside 1..={MAX_GRANT}"));
+        }
+        if !(crate::wire::header::HEADER_LEN as u32 + 64..=MAX_RECV_BUF).contains(&recv_buf) {
+            return err(format!("receive buffer of {recv_buf} bytes"));
+        }
+        Ok((grant, recv_buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setup_message_round_trips() {
+        let msgs = [
+            Hello::Hello {
+                version: 1,
+                pref: TransportPref::Rdma,
+                nonce: 42,
+                devices: vec![vec![1, 2], vec![]],
+            },
+            Hello::HelloAck {
+                version: 1,
+                devices: vec![vec![3]],
+            },
+            Hello::SelectRdma {
+                device: 0,
+                grant: 8,
+                recv_buf: 65536,
+                endpoint: vec![9; 40],
+            },
+            Hello::SelectTcp,
+            Hello::RdmaAccept {
+                grant: 16,
+                recv_buf: 4096,
+                endpoint: vec![7; 33],
+            },
+            Hello::Refuse {
+                reason: "no".into(),
+            },
+        ];
+        for m in msgs {
+            let b = m.encode();
+            assert_eq!(Hello::decode(&b).unwrap(), m);
+            for cut in 0..b.len() {
+                assert!(Hello::decode(&b[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn setup_rejects_grant_and_buffer_outside_limits() {
+        for (grant, buf) in [
+            (0, 65536),
+            (MAX_GRANT + 1, 65536),
+            (8, 10),
+            (8, MAX_RECV_BUF + 1),
+        ] {
+            let b = Hello::RdmaAccept {
+                grant,
+                recv_buf: buf,
+                endpoint: vec![],
+            }
+            .encode();
+            assert!(Hello::decode(&b).is_err(), "grant {grant} buf {buf}");
+        }
+    }
+}

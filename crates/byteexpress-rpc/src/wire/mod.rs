@@ -1,0 +1,24 @@
+//! The ByteExpress wire protocol (version 1): the same bytes over RDMA SENDs and TCP frames.
+//!
+//! A TCP connection opens with the 8-byte [`CONN_MAGIC`], then carries length-prefixed frames
+//! (`byteexpress-tcp-fallback`): first the set-up messages of [`hello`], then (TCP transport) one
+//! message per frame. An RDMA link carries one message per SEND. A message is a [`header::Header`]
+//! (40 bytes), then `meta_len` bytes of metadata ([`meta`]), then `body_len` bytes of body.
+
+pub mod header;
+pub mod hello;
+pub mod meta;
+
+/// First bytes a ByteExpress client sends on its TCP connection: `"BXRPC"`, 0, 0, version 1.
+/// (An HTTP/2 client starts with `"PRI * HTTP/2.0"`, so a server tells them apart from byte 0.)
+pub const CONN_MAGIC: [u8; 8] = *b"BXRPC\0\0\x01";
+
+/// A malformed message from the peer. The link that received it is closed with an error
+/// frame; other links and calls are unaffected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed message: {0}")]
+pub struct WireError(pub String);
+
+pub(crate) fn err<T>(msg: impl Into<String>) -> Result<T, WireError> {
+    Err(WireError(msg.into()))
+}

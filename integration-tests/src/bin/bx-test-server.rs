@@ -1,0 +1,29 @@
+//! The test server of the integration tests: `bx-test-server [--grant N] [--transport auto|rdma|tcp]`.
+//! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
+
+use byteexpress_rpc::{Config, Server, parse_transport};
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let mut cfg = Config::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next().unwrap_or_default();
+        match a.as_str() {
+            "--grant" => cfg.grant = v.parse().expect("--grant N"),
+            "--transport" => {
+                cfg.transport = parse_transport(&v).expect("--transport auto|rdma|tcp")
+            }
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("LISTENING {}", listener.local_addr()?);
+    Server::new(integration_tests::test_service, cfg)
+        .serve(listener)
+        .await
+}

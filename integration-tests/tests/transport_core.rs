@@ -1,0 +1,321 @@
+//! Issue "transport core": two processes exchange RPCs over the soft RDMA provider and over TCP.
+
+use std::time::{Duration, Instant};
+
+use byteexpress_rpc::{Client, Code, Config, Metadata, Request, Transport, TransportPref};
+use bytes::Bytes;
+use integration_tests::ServerProc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
+
+fn cfg(t: TransportPref) -> Config {
+    Config {
+        transport: t,
+        ..Config::default()
+    }
+}
+
+fn echo(body: Bytes) -> Request {
+    let mut md = Metadata::new();
+    md.insert("x-req", "42").unwrap();
+    Request {
+        method: "/test.Test/Echo".into(),
+        metadata: md,
+        body,
+        timeout: Some(Duration::from_secs(10)),
+    }
+}
+
+/// 64 calls in flight against a server that grants 8 credits; every answer checked.
+async fn echo_64_in_flight(t: TransportPref, want: Transport) {
+    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+    let client = Client::connect(&server.addr, &cfg(t))
+        .await
+        .expect("connect");
+    assert_eq!(client.transport(), want, "negotiated transport");
+    let calls = (0..64u32).map(|i| {
+        let client = client.clone();
+        async move {
+            let body: Bytes = (0..(i as usize * 509) % 60_000)
+                .map(|j| (i as usize + j) as u8)
+                .collect::<Vec<u8>>()
+                .into();
+            let resp = client.call(echo(body.clone())).await.expect("echo");
+            assert_eq!(resp.body, body, "call {i} body");
+            assert_eq!(resp.metadata.get("x-req").map(|v| &v[..]), Some(&b"42"[..]));
+            assert_eq!(
+                resp.metadata.get("x-transport").map(|v| &v[..]),
+                Some(want.to_string().as_bytes()),
+                "server-side transport"
+            );
+        }
+    });
+    for round in 0..3 {
+        let t0 = Instant::now();
+        futures::future::join_all(calls.clone()).await;
+        eprintln!("{want}: round {round}: 64 calls in {:?}", t0.elapsed());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_over_soft_rdma_with_64_in_flight_and_grant_8() {
+    echo_64_in_flight(TransportPref::Rdma, Transport::Rdma).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_over_tcp_with_64_in_flight() {
+    echo_64_in_flight(TransportPref::Tcp, Transport::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_prefers_rdma_when_a_device_reaches_the_peer() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Auto))
+        .await
+        .unwrap();
+    assert_eq!(client.transport(), Transport::Rdma);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forcing_rdma_against_a_tcp_only_server_is_an_error_not_a_fallback() {
+    let server = ServerProc::start(SERVER, &["--transport", "tcp"]).await;
+    let err = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::Unavailable, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_on_soft_rdma_reaches_the_application_in_the_pool_without_copy() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    for (t, want_zero_copy) in [(TransportPref::Rdma, true), (TransportPref::Tcp, false)] {
+        let client = Client::connect(&server.addr, &cfg(t)).await.unwrap();
+        let resp = client
+            .call(echo(Bytes::from(vec![7u8; 4096])))
+            .await
+            .unwrap();
+        let server_zc = resp.metadata.get("x-zero-copy").map(|v| &v[..] == b"1");
+        assert_eq!(
+            server_zc,
+            Some(want_zero_copy),
+            "server saw the request in its pool ({t:?})"
+        );
+        assert_eq!(
+            byteexpress_mem::is_pool_memory(resp.body.as_ptr()),
+            want_zero_copy,
+            "client got the response in its pool ({t:?})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_mid_call_gives_unavailable_within_the_deadline() {
+    for t in [TransportPref::Rdma, TransportPref::Tcp] {
+        let mut server = ServerProc::start(SERVER, &[]).await;
+        let client = Client::connect(&server.addr, &cfg(t)).await.unwrap();
+        let deadline = Duration::from_secs(5);
+        let call = client.call(Request {
+            method: "/test.Test/Sleep".into(),
+            body: "60000".into(),
+            timeout: Some(deadline),
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        let (res, _) = tokio::join!(call, async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.kill().await;
+        });
+        let err = res.unwrap_err();
+        assert_eq!(err.code, Code::Unavailable, "{t:?}: {err}");
+        assert!(t0.elapsed() < deadline, "{t:?}: took {:?}", t0.elapsed());
+    }
+}
+
+async fn stats(client: &Client) -> String {
+    let r = client
+        .call(Request {
+            method: "/test.Test/Stats".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    String::from_utf8(r.body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_exceeded_cancels_the_server_handler() {
+    for t in [TransportPref::Rdma, TransportPref::Tcp] {
+        let server = ServerProc::start(SERVER, &[]).await;
+        let client = Client::connect(&server.addr, &cfg(t)).await.unwrap();
+        assert_eq!(stats(&client).await, "cancelled=0 finished=0");
+        let t0 = Instant::now();
+        let err = client
+            .call(Request {
+                method: "/test.Test/Sleep".into(),
+                body: "5000".into(),
+                timeout: Some(Duration::from_millis(200)),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::DeadlineExceeded, "{t:?}: {err}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // the handler was dropped on the server, well before its 5 s sleep would have ended
+        let mut s = String::new();
+        for _ in 0..50 {
+            s = stats(&client).await;
+            if s == "cancelled=1 finished=0" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(s, "cancelled=1 finished=0", "{t:?}");
+        // a call within its deadline still finishes
+        client
+            .call(Request {
+                method: "/test.Test/Sleep".into(),
+                body: "10".into(),
+                timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(stats(&client).await, "cancelled=1 finished=1");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_status_message_and_metadata_reach_the_client() {
+    for t in [TransportPref::Rdma, TransportPref::Tcp] {
+        let server = ServerProc::start(SERVER, &[]).await;
+        let client = Client::connect(&server.addr, &cfg(t)).await.unwrap();
+        let mut md = Metadata::new();
+        md.insert("x-code", "5").unwrap();
+        md.insert("x-message", "no such key").unwrap();
+        md.insert("x-extra-bin", Bytes::from_static(&[0, 1, 255]))
+            .unwrap();
+        let err = client
+            .call(Request {
+                method: "/test.Test/Fail".into(),
+                metadata: md,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::NotFound);
+        assert_eq!(err.message, "no such key");
+        assert_eq!(
+            err.metadata.get("x-extra-bin").map(|v| &v[..]),
+            Some(&[0u8, 1, 255][..])
+        );
+        let err = client
+            .call(Request {
+                method: "/test.Test/Nope".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::Unimplemented);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_larger_than_the_receive_buffer_is_resource_exhausted() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+        .await
+        .unwrap();
+    let err = client
+        .call(echo(Bytes::from(vec![0u8; 64 << 10])))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
+    // the link is still good
+    client.call(echo(Bytes::from_static(b"ok"))).await.unwrap();
+}
+
+/// Reads one frame (4-byte BE length + payload) and then expects EOF.
+async fn expect_error_frame_then_close(s: &mut tokio::net::TcpStream) {
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut len))
+        .await
+        .expect("error frame in time")
+        .expect("error frame");
+    let len = u32::from_be_bytes(len) as usize;
+    assert!((40..4096).contains(&len), "error frame of {len} bytes");
+    let mut frame = vec![0u8; len];
+    s.read_exact(&mut frame).await.unwrap();
+    let h = byteexpress_rpc::wire::header::Header::decode(&frame).expect("a ByteExpress message");
+    assert_eq!(h.kind, byteexpress_rpc::wire::header::Kind::Error);
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("close in time")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "connection closed after the error frame");
+}
+
+/// A hand-made client that sets up a TCP link and then sends whatever the test writes.
+async fn raw_tcp_link(addr: &str) -> tokio::net::TcpStream {
+    use byteexpress_rpc::wire::hello::Hello;
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(&byteexpress_rpc::wire::CONN_MAGIC)
+        .await
+        .unwrap();
+    let hello = Hello::Hello {
+        version: 1,
+        pref: TransportPref::Tcp,
+        nonce: 1,
+        devices: vec![],
+    }
+    .encode();
+    raw.write_all(&(hello.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    raw.write_all(&hello).await.unwrap();
+    let mut ack_len = [0u8; 4];
+    raw.read_exact(&mut ack_len).await.unwrap();
+    let mut ack = vec![0u8; u32::from_be_bytes(ack_len) as usize];
+    raw.read_exact(&mut ack).await.unwrap();
+    assert!(matches!(Hello::decode(&ack), Ok(Hello::HelloAck { .. })));
+    let select = Hello::SelectTcp.encode();
+    raw.write_all(&(select.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    raw.write_all(&select).await.unwrap();
+    raw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_oversized_frames_get_an_error_frame_and_close_others_keep_working() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let clients = [
+        Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+            .await
+            .unwrap(),
+        Client::connect(&server.addr, &cfg(TransportPref::Tcp))
+            .await
+            .unwrap(),
+    ];
+    // garbage instead of the connection preface
+    let mut raw = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    expect_error_frame_then_close(&mut raw).await;
+    // a TCP link whose peer announces a 4 GiB frame after set-up
+    let mut raw = raw_tcp_link(&server.addr).await;
+    raw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    expect_error_frame_then_close(&mut raw).await;
+    // a well-sized frame of garbage on a TCP link
+    let mut raw = raw_tcp_link(&server.addr).await;
+    raw.write_all(&100u32.to_be_bytes()).await.unwrap();
+    raw.write_all(&[0xAB; 100]).await.unwrap();
+    expect_error_frame_then_close(&mut raw).await;
+    for c in &clients {
+        let r = c
+            .call(echo(Bytes::from_static(b"still here")))
+            .await
+            .expect("other links unaffected");
+        assert_eq!(&r.body[..], b"still here");
+    }
+}
