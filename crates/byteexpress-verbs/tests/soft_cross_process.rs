@@ -1,0 +1,252 @@
+//! Soft provider across two processes: this test binary re-executes itself as the peer
+//! (`child_entry`, selected by an environment variable); the two exchange Endpoint and
+//! DeviceInfo bytes over a TCP loopback socket.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use byteexpress_verbs::{
+    ConnectAttr, DeviceInfo, Endpoint, QpCap, QpState, WcOpcode, WcStatus, WrOp,
+};
+use common::*;
+
+const ROLE: &str = "BX_VERBS_TEST_CHILD_ROLE";
+const PORT: &str = "BX_VERBS_TEST_PARENT_PORT";
+const T: Duration = Duration::from_secs(10);
+const SLOT: usize = 64 * 1024;
+const ROUNDS: usize = 1000;
+const SIZES: [u32; 10] = [0, 1, 8, 63, 64, 1000, 4095, 4096, 4097, 65536];
+
+fn put(s: &mut TcpStream, b: &[u8]) {
+    s.write_all(&(b.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(b).unwrap();
+}
+
+fn get(s: &mut TcpStream) -> Vec<u8> {
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n).unwrap();
+    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
+    s.read_exact(&mut b).unwrap();
+    b
+}
+
+fn pattern(round: usize, dir: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (round as u8).wrapping_mul(31) ^ (j as u8).wrapping_mul(7) ^ dir)
+        .collect()
+}
+
+/// Starts this binary as the peer in `role`; returns it and the TCP control connection.
+fn spawn_child(role: &str) -> (Child, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role)
+        .env(PORT, port.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let t0 = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(T)).unwrap();
+                return (child, s);
+            }
+            Err(_) if t0.elapsed() < T => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("child did not call back: {e}"),
+        }
+    }
+}
+
+/// Both sides: exchange endpoints, connect, run `then` (post receives), and wait until both
+/// sides did.
+fn handshake(s: &mut TcpStream, me: &Side, attr: ConnectAttr, then: impl FnOnce()) {
+    put(s, &me.qp.endpoint().to_bytes());
+    let peer = Endpoint::from_bytes(&get(s)).unwrap();
+    me.qp.connect(&peer, &attr).unwrap();
+    then();
+    put(s, b"connected");
+    assert_eq!(get(s), b"connected");
+}
+
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let port: u16 = std::env::var(PORT).unwrap().parse().unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    match role.as_str() {
+        "pingpong" => child_pingpong(&mut s),
+        "sleeper" => child_sleeper(&mut s),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn child_pingpong(s: &mut TcpStream) {
+    let ctx = soft();
+    // Probe: the parent sends a nonce over TCP, we accept it, the parent probes our device.
+    put(s, &ctx.device_info().to_bytes());
+    let nonce = u64::from_le_bytes(get(s).try_into().unwrap());
+    ctx.expect_probe(nonce);
+    put(s, b"expecting");
+    assert_eq!(get(s), b"probed");
+
+    let me = side(QpCap::default(), 2 * SLOT);
+    handshake(s, &me, ConnectAttr::default(), || {
+        me.post_recv(0, 0, SLOT as u32)
+    });
+    for i in 0..ROUNDS {
+        let rx = poll_n(&me.recv_cq, 1, T);
+        assert_eq!(rx.len(), 1, "round {i}: no request");
+        let len = SIZES[i % SIZES.len()] as usize;
+        assert_eq!(
+            (rx[0].wr_id, rx[0].status, rx[0].byte_len as usize),
+            (i as u64, WcStatus::Success, len)
+        );
+        assert_eq!(
+            me.read(0, len),
+            pattern(i, 0x55, len),
+            "round {i}: request bytes"
+        );
+        me.post_recv(i as u64 + 1, 0, SLOT as u32);
+        let rlen = SIZES[(i + 3) % SIZES.len()];
+        me.write(SLOT, &pattern(i, 0xaa, rlen as usize));
+        me.send(i as u64, WrOp::SendWithImm(i as u32), SLOT, rlen, true)
+            .unwrap();
+        let tx = poll_n(&me.send_cq, 1, T);
+        assert_eq!((tx[0].wr_id, tx[0].status), (i as u64, WcStatus::Success));
+    }
+    put(s, b"done");
+}
+
+fn child_sleeper(s: &mut TcpStream) {
+    let me = side(QpCap::default(), 4096);
+    handshake(s, &me, ConnectAttr::default(), || {
+        for i in 0..4 {
+            me.post_recv(i, 0, 64);
+        }
+    });
+    put(s, b"ready");
+    let _ = get(s); // blocks until killed
+}
+
+#[test]
+fn ping_pong_1000_sends_of_various_sizes_between_two_processes() {
+    let (mut child, mut s) = spawn_child("pingpong");
+    let ctx = soft();
+
+    let peer_dev = DeviceInfo::from_bytes(&get(&mut s)).unwrap();
+    let nonce: u64 = 0x5eed_0000_0000_0001 ^ u64::from(std::process::id());
+    assert!(
+        !ctx.probe(&peer_dev, nonce).unwrap(),
+        "a nonce the peer does not expect is refused"
+    );
+    put(&mut s, &nonce.to_le_bytes());
+    assert_eq!(get(&mut s), b"expecting");
+    assert!(
+        ctx.probe(&peer_dev, nonce).unwrap(),
+        "the peer device answers its nonce"
+    );
+    assert!(
+        !ctx.probe(&peer_dev, nonce).unwrap(),
+        "a nonce is good for one probe"
+    );
+    put(&mut s, b"probed");
+
+    let me = side(QpCap::default(), 2 * SLOT);
+    handshake(&mut s, &me, ConnectAttr::default(), || {});
+    let t0 = Instant::now();
+    for i in 0..ROUNDS {
+        me.post_recv(i as u64, 0, SLOT as u32);
+        let len = SIZES[i % SIZES.len()];
+        me.write(SLOT, &pattern(i, 0x55, len as usize));
+        me.send(i as u64, WrOp::Send, SLOT, len, true).unwrap();
+        let tx = poll_n(&me.send_cq, 1, T);
+        assert_eq!(
+            (tx[0].wr_id, tx[0].status),
+            (i as u64, WcStatus::Success),
+            "round {i}"
+        );
+        let rx = poll_n(&me.recv_cq, 1, T);
+        assert_eq!(rx.len(), 1, "round {i}: no reply");
+        let rlen = SIZES[(i + 3) % SIZES.len()] as usize;
+        assert_eq!(
+            (
+                rx[0].wr_id,
+                rx[0].status,
+                rx[0].opcode,
+                rx[0].byte_len as usize,
+                rx[0].imm
+            ),
+            (
+                i as u64,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                rlen,
+                Some(i as u32)
+            ),
+            "round {i}"
+        );
+        assert_eq!(
+            me.read(0, rlen),
+            pattern(i, 0xaa, rlen),
+            "round {i}: reply bytes"
+        );
+    }
+    eprintln!("{ROUNDS} round trips in {:?}", t0.elapsed());
+    assert_eq!(get(&mut s), b"done");
+    assert!(child.wait().unwrap().success(), "the child's checks passed");
+}
+
+#[test]
+fn killed_peer_makes_outstanding_sends_fail_with_retry_exceeded() {
+    let (mut child, mut s) = spawn_child("sleeper");
+    let me = side(QpCap::default(), 4096);
+    // ACK timeout 4.096 µs · 2^10 ≈ 4.2 ms, 3 retries: the peer is given up after ≈ 17 ms.
+    let attr = ConnectAttr {
+        timeout: 10,
+        retry_cnt: 3,
+        min_rnr_timer: 1,
+        rnr_retry: 7,
+        ..ConnectAttr::default()
+    };
+    handshake(&mut s, &me, attr, || {});
+    assert_eq!(get(&mut s), b"ready");
+    for i in 0..4 {
+        me.send(i, WrOp::Send, 0, 32, true).unwrap();
+    }
+    let ok = poll_n(&me.send_cq, 4, T);
+    assert!(ok.iter().all(|w| w.status == WcStatus::Success), "{ok:?}");
+    // Two more wait for receives the peer will never post (RNR, retried forever).
+    me.send(10, WrOp::Send, 0, 32, true).unwrap();
+    me.send(11, WrOp::Send, 0, 32, false).unwrap();
+    me.post_recv(20, 0, 64);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(poll_for(&me.send_cq, Duration::ZERO).is_empty());
+
+    let t0 = Instant::now();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let tx = poll_n(&me.send_cq, 2, T);
+    let elapsed = t0.elapsed();
+    assert_eq!(
+        tx.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(10, WcStatus::RetryExcErr), (11, WcStatus::WrFlushErr)]
+    );
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert_eq!(me.qp.state(), QpState::Err);
+    let rx = poll_n(&me.recv_cq, 1, T);
+    assert_eq!((rx[0].wr_id, rx[0].status), (20, WcStatus::WrFlushErr));
+    // Later sends fail too.
+    me.send(12, WrOp::Send, 0, 32, true).unwrap();
+    assert_eq!(poll_n(&me.send_cq, 1, T)[0].status, WcStatus::WrFlushErr);
+}
