@@ -3,7 +3,7 @@
 
 use byteexpress_rpc::{Config, Server, parse_transport};
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
