@@ -1,0 +1,201 @@
+//! [`Channel`]: what a tonic-generated client calls through to reach a ByteExpress server,
+//! over RDMA or TCP, without HTTP/2.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use byteexpress_rpc::{Client, Code, Config, Metadata, Request, Status, Transport};
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body_util::{BodyExt, Limited};
+
+use crate::body::ReplyBody;
+use crate::grpc_status::{GRPC_CONTENT_TYPE, status_headers};
+use crate::metadata_map::{headers_to_metadata, metadata_to_headers};
+use crate::{BoxError, BoxFuture, grpc_timeout};
+
+/// A ByteExpress client connection as a `tower::Service<http::Request<tonic::body::Body>>`:
+/// pass it to a tonic-generated client (`XxxClient::new(channel)`).
+///
+/// Each call carries the request's path, its custom metadata and its gRPC-framed body
+/// (untouched) as one ByteExpress call; `grpc-timeout` becomes the call's deadline, which the
+/// client and the server both enforce. The response has the server's headers, its data and
+/// trailers with `grpc-status: 0`; an error comes back trailers-only (`grpc-status`,
+/// `grpc-message` and the error's metadata in the response headers, empty body), as gRPC
+/// servers answer. The service never fails at the tower level: transport failures are
+/// statuses too (UNAVAILABLE, RESOURCE_EXHAUSTED for a request above
+/// [`Client::max_message`], ...). Streaming requests are sent once their body has ended.
+///
+/// Cloning is cheap and shares the connection.
+#[derive(Debug, Clone)]
+pub struct Channel {
+    client: Client,
+}
+
+impl Channel {
+    /// Connects to `uri` (`bx://host:port`) with [`Config::default`], which reads
+    /// `BX_TRANSPORT=auto|rdma|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
+    /// port, and whatever [`Client::connect`] reports (UNAVAILABLE, ...).
+    pub async fn connect(uri: &str) -> Result<Channel, Status> {
+        Channel::connect_with(uri, &Config::default()).await
+    }
+
+    /// Connects to `uri` (`bx://host:port`) with `cfg` (e.g. a forced transport).
+    pub async fn connect_with(uri: &str, cfg: &Config) -> Result<Channel, Status> {
+        let addr = parse_uri(uri)?;
+        Ok(Channel {
+            client: Client::connect(addr, cfg).await?,
+        })
+    }
+
+    /// Wraps an rpc client (its logical connection and link).
+    pub fn from_client(client: Client) -> Channel {
+        Channel { client }
+    }
+
+    /// The transport this channel's link negotiated.
+    pub fn transport(&self) -> Transport {
+        self.client.transport()
+    }
+
+    /// The underlying rpc client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// `bx://host:port` → `host:port`.
+fn parse_uri(uri: &str) -> Result<&str, Status> {
+    let addr = uri
+        .strip_prefix("bx://")
+        .ok_or_else(|| {
+            Status::new(
+                Code::InvalidArgument,
+                format!("{uri:?} is not a bx://host:port URI"),
+            )
+        })?
+        .trim_end_matches('/');
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr),
+        _ => Err(Status::new(
+            Code::InvalidArgument,
+            format!("{uri:?} lacks host:port"),
+        )),
+    }
+}
+
+impl<B> tower_service::Service<http::Request<B>> for Channel
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = http::Response<ReplyBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<ReplyBody>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let client = self.client.clone();
+        Box::pin(async move {
+            Ok(match round_trip(&client, req).await {
+                Ok(r) => r,
+                Err(status) => trailers_only(&status),
+            })
+        })
+    }
+}
+
+/// One call: the request's parts to an rpc request, the rpc response to an HTTP response.
+async fn round_trip<B>(
+    client: &Client,
+    req: http::Request<B>,
+) -> Result<http::Response<ReplyBody>, Status>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let timeout = parts.headers.get("grpc-timeout").and_then(|v| {
+        let t = grpc_timeout::parse(v.as_bytes());
+        if t.is_none() {
+            tracing::debug!(value = ?v, "ignoring malformed grpc-timeout");
+        }
+        t
+    });
+    let mut metadata = Metadata::new();
+    headers_to_metadata(&parts.headers, "", &mut metadata);
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let limit = client.max_message();
+    let collect = Limited::new(body, limit).collect();
+    let body = match deadline {
+        Some(d) => tokio::time::timeout_at(d, collect).await.map_err(|_| {
+            Status::new(
+                Code::DeadlineExceeded,
+                "deadline exceeded while reading the request body",
+            )
+        })?,
+        None => collect.await,
+    }
+    .map_err(|e| {
+        if e.is::<http_body_util::LengthLimitError>() {
+            Status::new(
+                Code::ResourceExhausted,
+                format!("request larger than {limit} bytes"),
+            )
+        } else {
+            Status::new(Code::Internal, format!("reading the request body: {e}"))
+        }
+    })?
+    .to_bytes();
+    // the time spent reading the body counts against the deadline
+    let timeout = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+    let call = Request {
+        method: parts.uri.path().to_string(),
+        metadata,
+        body,
+        timeout,
+    };
+    let resp = client.call(call).await?;
+    let (mut headers, mut trailers) = (HeaderMap::new(), HeaderMap::new());
+    headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    metadata_to_headers(&resp.metadata, &mut headers, Some(&mut trailers));
+    let mut out = http::Response::new(ReplyBody::new(resp.body, Some(trailers)));
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+/// A trailers-only response carrying `status`.
+fn trailers_only(status: &Status) -> http::Response<ReplyBody> {
+    let mut out = http::Response::new(ReplyBody::empty());
+    *out.headers_mut() = status_headers(status);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_forms() {
+        assert_eq!(parse_uri("bx://127.0.0.1:5000").unwrap(), "127.0.0.1:5000");
+        assert_eq!(parse_uri("bx://localhost:1/").unwrap(), "localhost:1");
+        for bad in [
+            "http://a:1",
+            "bx://a",
+            "bx://:5",
+            "bx://a:x",
+            "a:1",
+            "bx://a:70000",
+        ] {
+            assert_eq!(
+                parse_uri(bad).unwrap_err().code,
+                Code::InvalidArgument,
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! `bx ps serve`: the parameter server (and the echo test service) on one port, ByteExpress
+//! and HTTP/2 side by side. Prints `LISTENING <addr>` on stdout once it accepts.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::service::PsService;
+use super::table::Store;
+use crate::Server;
+use crate::echo::EchoService;
+
+/// Settings of `bx ps serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub addr: SocketAddr,
+    /// Values (f32) per key.
+    #[arg(long, default_value_t = 64)]
+    pub dim: usize,
+    /// Table names, comma-separated; other tables are INVALID_ARGUMENT.
+    #[arg(long, default_value = "emb", value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// Lock shards per table.
+    #[arg(long, default_value_t = 64)]
+    pub shards: usize,
+}
+
+/// Runs the server until the process is stopped. The `LISTENING` line is flushed before the
+/// first accept, so a parent can connect as soon as it reads it.
+pub async fn run(args: ServeArgs) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    let store = Arc::new(Store::new(args.dim, &args.tables, args.shards));
+    let server = Server::builder()
+        .add_service(PsService::new(store).server())
+        .add_service(EchoService::default().server());
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "LISTENING {}", listener.local_addr()?)?;
+    out.flush()?;
+    drop(out);
+    server.serve_with_listener(listener).await
+}
