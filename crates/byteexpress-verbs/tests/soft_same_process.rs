@@ -604,3 +604,69 @@ fn many_qps_of_one_device_work_side_by_side() {
         assert_eq!(b.read(0, 16), vec![i as u8; 16]);
     }
 }
+
+#[test]
+fn deregistered_mr_is_refused_to_the_peer_at_once() {
+    let (a, b) = pair(QpCap::default(), ConnectAttr::default());
+    let mem = b.pd.alloc_shared(4096).unwrap();
+    let mr = b.pd.reg_shared(&mem, 0, 4096, Access::ALL).unwrap();
+    let (addr, rkey) = (mr.addr(), mr.rkey());
+    a.send(
+        1,
+        WrOp::Write {
+            remote_addr: addr,
+            rkey,
+        },
+        0,
+        8,
+        true,
+    )
+    .unwrap();
+    assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::Success);
+    drop(mr);
+    a.send(
+        2,
+        WrOp::Write {
+            remote_addr: addr,
+            rkey,
+        },
+        0,
+        8,
+        true,
+    )
+    .unwrap();
+    assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn receive_buffer_with_a_bad_key_fails_both_sides() {
+    let (a, b) = pair(QpCap::default(), ConnectAttr::default());
+    let sge = [byteexpress_verbs::Sge {
+        addr: b.mr.addr(),
+        len: 64,
+        lkey: b.mr.lkey() ^ 0x777,
+    }];
+    b.qp.post_recv(&RecvWr {
+        wr_id: 4,
+        sg_list: &sge,
+    })
+    .unwrap();
+    a.send(1, WrOp::Send, 0, 8, true).unwrap();
+    assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::RemOpErr);
+    let rx = poll_n(&b.recv_cq, 1, T);
+    assert_eq!((rx[0].wr_id, rx[0].status), (4, WcStatus::LocProtErr));
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+#[test]
+fn destroyed_peer_qp_makes_sends_fail_with_retry_exceeded() {
+    let (a, b) = pair(QpCap::default(), fast_attr());
+    b.post_recv(1, 0, 64);
+    drop(b);
+    let t0 = Instant::now();
+    a.send(1, WrOp::Send, 0, 8, true).unwrap();
+    let tx = poll_n(&a.send_cq, 1, T);
+    assert_eq!(tx[0].status, WcStatus::RetryExcErr);
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(a.qp.state(), QpState::Err);
+}

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use super::device::SoftDevice;
 use super::limits;
 use super::qp::SoftQp;
+use super::ring::Ring;
 use super::shm::Mapping;
 use super::sock::Sock;
 use super::wire::Msg;
@@ -21,17 +22,35 @@ use crate::{Access, Error, QpCap, Result};
 /// A QP's connection to its peer device, used to announce this PD's MRs.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub(crate) sock: Arc<Sock>,
+    sock: Arc<Sock>,
+    /// The connecting QP's own ring: its `announced` counter tells the peer what to expect.
+    ring: Ring,
     /// Regions whose memfd this peer already has.
     sent: Mutex<HashSet<u64>>,
 }
 
 impl Conn {
-    pub(crate) fn new(sock: Arc<Sock>) -> Conn {
+    pub(crate) fn new(sock: Arc<Sock>, ring: Ring) -> Conn {
         Conn {
             sock,
+            ring,
             sent: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Sends one announcement and counts it in the ring (Release: the message is queued on
+    /// the peer's socket before the peer can see the count).
+    fn send(&self, m: &Msg, fds: &[std::os::fd::RawFd]) -> std::io::Result<()> {
+        self.sock.send(&m.encode(), fds)?;
+        self.ring
+            .announced()
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Announces a deregistration.
+    pub(crate) fn withdraw(&self, key: u32) -> std::io::Result<()> {
+        self.send(&Msg::MrDel { key }, &[])
     }
 
     /// Sends `mr` (and its region's memfd, the first time).
@@ -42,7 +61,7 @@ impl Conn {
                 id: mr.region,
                 len: mr.map.len() as u64,
             };
-            self.sock.send(&m.encode(), &[mr.map.fd()])?;
+            self.send(&m, &[mr.map.fd()])?;
             sent.insert(mr.region);
         }
         let m = Msg::MrAdd {
@@ -53,7 +72,7 @@ impl Conn {
             addr: mr.addr,
             access: mr.access.0,
         };
-        self.sock.send(&m.encode(), &[])
+        self.send(&m, &[])
     }
 }
 
@@ -154,9 +173,8 @@ impl Drop for SoftMr {
         let mut st = self.pd.state.lock();
         st.mrs.retain(|w| w.strong_count() > 0);
         st.conns.retain(|w| w.strong_count() > 0);
-        let m = Msg::MrDel { key: self.key }.encode();
         for c in st.conns.iter().filter_map(Weak::upgrade) {
-            let _ = c.sock.send(&m, &[]);
+            let _ = c.withdraw(self.key);
         }
     }
 }

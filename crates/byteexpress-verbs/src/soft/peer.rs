@@ -49,6 +49,8 @@ pub(crate) struct Peer {
     /// Our private copies of the indices only we advance in the peer's ring.
     pub(crate) recv_cons: u64,
     pub(crate) comp_prod: u64,
+    /// Announcements received (compared with the peer's `announced` counter).
+    applied: u64,
     eof: bool,
 }
 
@@ -72,6 +74,7 @@ impl Peer {
             mrs: HashMap::new(),
             recv_cons: 0,
             comp_prod: 0,
+            applied: 0,
             eof: false,
         }
     }
@@ -85,7 +88,10 @@ impl Peer {
         let mut buf = [0u8; MAX_MSG];
         loop {
             match self.chan.recv(&mut buf, false) {
-                Ok(Recv::Msg(n, fds)) => self.apply(&buf[..n], fds),
+                Ok(Recv::Msg(n, fds)) => {
+                    self.applied += 1;
+                    self.apply(&buf[..n], fds);
+                }
                 Ok(Recv::Empty) => return true,
                 Ok(Recv::Eof) | Err(_) => {
                     self.eof = true;
@@ -158,7 +164,8 @@ impl Peer {
     }
 
     /// Pointer (in our mapping of the peer's memory) to the peer's `[addr, addr + len)` in its
-    /// MR `key`, which must grant `need`. An unknown key first drains pending announcements.
+    /// MR `key`, which must grant `need`. An unknown key, or announcements the peer sent that
+    /// we have not applied yet, first drain the control channel.
     pub(crate) fn resolve(
         &mut self,
         key: u32,
@@ -166,7 +173,13 @@ impl Peer {
         len: u64,
         need: Access,
     ) -> Result<*mut u8, Fault> {
-        if !self.mrs.contains_key(&key) {
+        if !self.mrs.contains_key(&key)
+            || self
+                .ring
+                .announced()
+                .load(std::sync::atomic::Ordering::Acquire)
+                != self.applied
+        {
             self.pump();
         }
         let mr = self.mrs.get(&key).ok_or(Fault::Key)?;

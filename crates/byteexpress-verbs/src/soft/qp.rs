@@ -178,10 +178,10 @@ impl SoftQp {
         if self.state() == QpState::Err {
             return Err("QP is in ERR".into());
         }
-        if let Some((qpn, name)) = &self.send.lock().remote {
-            if *qpn != peer.qpn || *name != peer.name {
-                return Err("QP is connected to another peer".into());
-            }
+        if let Some((qpn, name)) = &self.send.lock().remote
+            && (*qpn != peer.qpn || *name != peer.name)
+        {
+            return Err("QP is connected to another peer".into());
         }
         let mut slot = self.peer.lock();
         if slot.is_some() {
@@ -461,7 +461,7 @@ impl QpImpl for SoftQp {
             Ok(_) => return Err(peer_err("no reply from", &"connection closed")),
             Err(e) => return Err(peer_err("no reply from", &e)),
         }
-        let conn = Arc::new(Conn::new(sock.clone()));
+        let conn = Arc::new(Conn::new(sock.clone(), self.ring.clone()));
         let mut keep = Vec::new();
         {
             let mut st = self.pd.state.lock();

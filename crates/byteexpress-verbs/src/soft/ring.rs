@@ -11,6 +11,7 @@
 //! | 128 | `comp_prod` | peer (Release) |
 //! | 192 | `comp_cons` | owner (Release) |
 //! | 256 | `armed` u32: owner's CQ sleeps, ring the doorbell | owner sets, peer clears |
+//! | 320 | `announced`: control messages the owner sent after `Connect` | owner (Release) |
 //! | 512 | `cap` receive WQEs of `16 + 16·max_sge` bytes: `num_sge u32, pad`, then `addr u64, len u32, lkey u32` per SGE | owner |
 //! | … | `cap` completions of 32 bytes: `opcode u32, status u32, byte_len u32, has_imm u32, imm u32` | peer |
 //!
@@ -26,6 +27,7 @@ const OFF_RECV_CONS: usize = 64;
 const OFF_COMP_PROD: usize = 128;
 const OFF_COMP_CONS: usize = 192;
 const OFF_ARMED: usize = 256;
+const OFF_ANNOUNCED: usize = 320;
 const HDR: usize = 512;
 const WQE_HDR: usize = 16;
 const SGE: usize = 16;
@@ -109,6 +111,12 @@ impl Ring {
     }
     pub(crate) fn armed(&self) -> &AtomicU32 {
         self.map.u32_at(OFF_ARMED)
+    }
+    /// Announcements (regions, MRs, deregistrations) the owner sent on its control channel:
+    /// a peer that applied fewer drains its channel before using a key, so an MR registered
+    /// or deregistered before the call returned is seen by the peer's next operation.
+    pub(crate) fn announced(&self) -> &AtomicU64 {
+        self.map.u64_at(OFF_ANNOUNCED)
     }
 
     /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).

@@ -127,7 +127,7 @@ impl Mapping {
     /// from a peer, so an out-of-range offset is a bug here.
     pub(crate) fn u64_at(&self, off: usize) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off + 8 <= self.len,
+            off.is_multiple_of(8) && off + 8 <= self.len,
             "ring layout bug: offset {off}"
         );
         // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned); the
@@ -138,7 +138,7 @@ impl Mapping {
     /// The 4-byte-aligned word at `off` (see [`Mapping::u64_at`]).
     pub(crate) fn u32_at(&self, off: usize) -> &AtomicU32 {
         assert!(
-            off % 4 == 0 && off + 4 <= self.len,
+            off.is_multiple_of(4) && off + 4 <= self.len,
             "ring layout bug: offset {off}"
         );
         // SAFETY: as in `u64_at`.
@@ -167,9 +167,8 @@ impl EventFd {
             return Err(Error::last_os("eventfd"));
         }
         // SAFETY: eventfd just returned this fd, which nothing else owns.
-        Ok(EventFd {
-            fd: unsafe { OwnedFd::from_raw_fd(raw) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(EventFd { fd })
     }
 
     /// Wraps a peer's doorbell and makes it non-blocking, so ringing it never stalls us.

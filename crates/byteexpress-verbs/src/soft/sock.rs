@@ -99,9 +99,8 @@ impl Sock {
             };
         }
         // SAFETY: accept4 just returned this fd, which nothing else owns.
-        Ok(Some(Sock {
-            fd: unsafe { OwnedFd::from_raw_fd(r) },
-        }))
+        let fd = unsafe { OwnedFd::from_raw_fd(r) };
+        Ok(Some(Sock { fd }))
     }
 
     /// A blocking connection to the abstract name `name`; `timeout` bounds connect, send and
