@@ -10,6 +10,8 @@ setup:
 demo: setup
 	$(CARGO) run --release -p byteexpress --bin bx -- ps bench
 
-# Every test of the workspace.
+# Every test of the workspace, then the ibverbs tests inside the Soft-RoCE VM
+# (BX_ALLOW_SKIP=vm skips the VM part, loudly).
 test: setup
 	$(CARGO) test --workspace
+	scripts/vm-tests.sh
