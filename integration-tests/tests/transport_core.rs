@@ -319,3 +319,25 @@ async fn garbage_and_oversized_frames_get_an_error_frame_and_close_others_keep_w
         assert_eq!(&r.body[..], b"still here");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_larger_than_the_receive_buffer_is_resource_exhausted_not_a_hang() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+        .await
+        .unwrap();
+    // The request fills the 64 KiB receive buffer exactly; the echo's answer adds metadata
+    // (x-transport, x-zero-copy) and so no longer fits.
+    let probe = echo(Bytes::new());
+    let req_meta = byteexpress_rpc::wire::meta::encoded_len(&probe.method, &probe.metadata);
+    let body_len = client.max_message() - byteexpress_rpc::wire::header::HEADER_LEN - req_meta;
+    let err = client
+        .call(echo(Bytes::from(vec![1u8; body_len])))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
+    client
+        .call(echo(Bytes::from_static(b"ok")))
+        .await
+        .expect("link still good");
+}

@@ -73,7 +73,7 @@ fn buffers_never_overlap_and_memory_outside_pools_is_not_pool_memory() {
     let mut addrs: Vec<u64> = bufs.iter().map(|b| b.addr()).collect();
     addrs.sort();
     assert!(addrs.windows(2).all(|w| w[1] - w[0] >= 256));
-    let heap = vec![0u8; 16];
+    let heap = Box::new([0u8; 16]);
     assert!(!is_pool_memory(heap.as_ptr()));
 }
 

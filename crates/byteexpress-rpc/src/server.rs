@@ -224,18 +224,19 @@ impl Handlers {
                     Bytes::new(),
                 ),
             };
-            if let Err(e) = link.send(msg) {
-                if e.code == Code::ResourceExhausted {
-                    let _ = link.send(Outgoing::status(
-                        Kind::Response,
-                        key.0,
-                        key.1,
-                        e.code,
-                        &e.message,
-                        &Metadata::new(),
-                        Bytes::new(),
-                    ));
-                }
+            if let Err(e) = link.send(msg)
+                && e.code == Code::ResourceExhausted
+            {
+                // the answer is larger than the peer accepts: tell the client so
+                let _ = link.send(Outgoing::status(
+                    Kind::Response,
+                    key.0,
+                    key.1,
+                    e.code,
+                    &e.message,
+                    &Metadata::new(),
+                    Bytes::new(),
+                ));
             }
             running.lock().remove(&key);
         });
