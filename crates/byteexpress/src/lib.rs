@@ -14,6 +14,7 @@
 mod body;
 mod bx_handler;
 mod channel;
+pub mod cli;
 pub mod echo;
 pub mod grpc_status;
 pub mod grpc_timeout;
