@@ -28,8 +28,8 @@ fn echo(body: Bytes) -> Request {
 }
 
 /// 64 calls in flight against a server that grants 8 credits; every answer checked.
-async fn echo_64_in_flight(t: TransportPref, want: Transport) {
-    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+async fn echo_64_in_flight(t: TransportPref, want: Transport, grant: &str) {
+    let server = ServerProc::start(SERVER, &["--grant", grant]).await;
     let client = Client::connect(&server.addr, &cfg(t))
         .await
         .expect("connect");
@@ -60,12 +60,17 @@ async fn echo_64_in_flight(t: TransportPref, want: Transport) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_over_soft_rdma_with_64_in_flight_and_grant_8() {
-    echo_64_in_flight(TransportPref::Rdma, Transport::Rdma).await;
+    echo_64_in_flight(TransportPref::Rdma, Transport::Rdma, "8").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_over_soft_rdma_with_grant_1_unblocks_through_credit_updates() {
+    echo_64_in_flight(TransportPref::Rdma, Transport::Rdma, "1").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_over_tcp_with_64_in_flight() {
-    echo_64_in_flight(TransportPref::Tcp, Transport::Tcp).await;
+    echo_64_in_flight(TransportPref::Tcp, Transport::Tcp, "8").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,13 +68,18 @@ async fn recv(r: &mut Reader) -> Result<Hello, Status> {
     Hello::decode(&frame).map_err(|e| unavailable(format!("set-up: {e}")))
 }
 
+/// QP attributes of a link. `rnr_retry` 0: credits guarantee a posted receive for every SEND,
+/// so an RNR would be a bug and fails the QP instead of hiding behind retries. Ordering makes
+/// this hold from the first SEND: each side posts its receives right after `connect`, the
+/// server before it sends RDMA_ACCEPT, the client before its first request (and the server
+/// sends nothing but answers). timeout 14 (≈ 67 ms) × (retry_cnt 7 + 1) ≈ 0.5 s to declare a
+/// silent peer dead; the TCP control connection usually reports it sooner.
 fn connect_attr() -> ConnectAttr {
-    // rnr_retry 7 (forever) until the credit wiring is proven with rnr_retry 0 (flow issue).
     ConnectAttr {
         min_rnr_timer: 1,
         timeout: 14,
         retry_cnt: 7,
-        rnr_retry: 7,
+        rnr_retry: 0,
         ..ConnectAttr::default()
     }
 }
