@@ -5,7 +5,6 @@
 //! order: hardware before the soft device) and picks the first that reaches. The TCP connection
 //! stays open: as the control channel of an RDMA link, or as the TCP link itself.
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use byteexpress_mem::BufPool;
@@ -84,6 +83,16 @@ fn connect_attr() -> ConnectAttr {
     }
 }
 
+/// Moves the link's QP to RTS towards `ep` and posts its `grant + 1` receives.
+fn connect_qp(parts: &mut RdmaParts, ep: &Endpoint, grant: u32) -> Result<rdma::Posted, Status> {
+    parts.grant = grant;
+    parts
+        .qp
+        .connect(ep, &connect_attr())
+        .map_err(|e| unavailable(format!("QP connect: {e}")))?;
+    rdma::post_initial_receives(parts)
+}
+
 /// The verbs objects of one RDMA link.
 fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaParts, Status> {
     let v =
@@ -144,18 +153,16 @@ fn spawn_control(
     (dead_rx, link_tx)
 }
 
-type Posted = (HashMap<u64, byteexpress_mem::PoolBuf>, u64);
-
 fn start_rdma(
     parts: RdmaParts,
     peer_recv_buf: usize,
     r: Reader,
     w: Writer,
     dispatch: Arc<dyn Dispatch>,
-    posted: Posted,
+    posted: rdma::Posted,
 ) -> LinkTx {
     let (dead, give_link) = spawn_control(r, w);
-    let link = rdma::spawn(parts, posted.0, posted.1, peer_recv_buf, dispatch, dead);
+    let link = rdma::spawn(parts, posted, peer_recv_buf, dispatch, dead);
     let _ = give_link.send(link.clone());
     link
 }
@@ -256,14 +263,8 @@ pub(crate) async fn connect(
                 cfg.recv_buf_size
             )));
         }
-        parts.grant = grant.min(cfg.grant);
-        parts
-            .qp
-            .connect(&ep, &connect_attr())
-            .map_err(|e| unavailable(format!("QP connect: {e}")))?;
         // Receives are posted before our first SEND, and the server sends only answers.
-        let mut posted = (HashMap::new(), 1u64);
-        rdma::post_initial_receives(&parts, &mut posted.0, &mut posted.1)?;
+        let posted = connect_qp(&mut parts, &ep, grant.min(cfg.grant))?;
         Ok(start_rdma(parts, recv_buf, r, w, dispatch, posted))
     };
     tokio::time::timeout(cfg.connect_timeout, fut)
@@ -374,14 +375,8 @@ pub(crate) async fn accept(
                 let mut scfg = cfg.clone();
                 scfg.recv_buf_size = recv_buf as usize; // one buffer size per link: the client's
                 let mut parts = build_rdma(ctx, &scfg, recv_buf as usize)?;
-                parts.grant = grant.min(cfg.grant);
-                parts
-                    .qp
-                    .connect(&ep, &connect_attr())
-                    .map_err(|e| unavailable(format!("QP connect: {e}")))?;
                 // Receives are posted before RDMA_ACCEPT tells the client it may send.
-                let mut posted = (HashMap::new(), 1u64);
-                rdma::post_initial_receives(&parts, &mut posted.0, &mut posted.1)?;
+                let posted = connect_qp(&mut parts, &ep, grant.min(cfg.grant))?;
                 let accept = Hello::RdmaAccept {
                     grant: cfg.grant,
                     recv_buf,

@@ -39,21 +39,28 @@ pub(crate) struct RdmaParts {
     pub busy_poll: Duration,
 }
 
+/// Receives posted on a link's QP: buffer by wr_id, and the next wr_id to use.
+#[derive(Debug, Default)]
+pub(crate) struct Posted {
+    bufs: HashMap<u64, PoolBuf>,
+    next_wr: u64,
+}
+
 /// Posts the initial `grant + 1` receives (the QP must be past RESET); call before the peer may
 /// send.
-pub(crate) fn post_initial_receives(
-    parts: &RdmaParts,
-    posted: &mut HashMap<u64, PoolBuf>,
-    next_wr: &mut u64,
-) -> Result<(), Status> {
+pub(crate) fn post_initial_receives(parts: &RdmaParts) -> Result<Posted, Status> {
+    let mut posted = Posted {
+        bufs: HashMap::new(),
+        next_wr: 1,
+    };
     for _ in 0..=parts.grant {
         let buf = parts
             .recv_pool
             .alloc()
             .map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
-        post_recv(&parts.qp, buf, posted, next_wr)?;
+        post_recv(&parts.qp, buf, &mut posted.bufs, &mut posted.next_wr)?;
     }
-    Ok(())
+    Ok(posted)
 }
 
 fn post_recv(
@@ -76,8 +83,7 @@ fn post_recv(
 /// Starts the engine. `ctrl_dead` resolves when the TCP control connection ends.
 pub(crate) fn spawn(
     parts: RdmaParts,
-    recv_posted: HashMap<u64, PoolBuf>,
-    next_wr: u64,
+    posted: Posted,
     max_message: usize,
     dispatch: Arc<dyn Dispatch>,
     ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
@@ -92,9 +98,9 @@ pub(crate) fn spawn(
     let engine = Engine {
         send_slots: parts.qp.cap().max_send_wr as usize,
         parts,
-        recv_posted,
+        recv_posted: posted.bufs,
         send_posted: HashMap::new(),
-        next_wr,
+        next_wr: posted.next_wr,
         credits,
         queue: VecDeque::new(),
         link: link.clone(),
