@@ -1,0 +1,199 @@
+//! The per-QP window.
+
+use super::adaptive::Aimd;
+use super::device::admits;
+use super::{AdaptiveConfig, Adjust, DeviceWindow, Limit, WindowError, WindowStats, bdp_bytes};
+
+/// Proof of an admitted post: what was charged (bytes) and whether it went through the
+/// single-chunk escape. Report the same bytes in [`Window::on_complete`] when the post's
+/// completion arrives (completions may be merged: any split of the posted bytes is valid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "the ticket's bytes must be reported to on_complete"]
+pub struct Ticket {
+    /// Bytes charged to the QP and device accounts.
+    pub bytes: u64,
+    /// Admitted over a cap because that account was empty (single-chunk escape).
+    pub over_cap: bool,
+}
+
+/// A refused post: the first account whose cap it would exceed. Nothing was charged; retry
+/// after a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blocked {
+    /// The limiting account ([`Limit::Qp`] is reported when both limit).
+    pub limit: Limit,
+    /// Bytes in flight on that account (unit: bytes).
+    pub in_flight: u64,
+    /// That account's cap at the time (unit: bytes).
+    pub cap: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Mode {
+    Static(u64),
+    Adaptive(Aimd),
+}
+
+/// Bytes in flight on one QP, capped statically or adaptively; posts also charge the
+/// device's [`DeviceWindow`]. Rules: [module docs](super).
+#[derive(Debug, Clone)]
+pub struct Window {
+    mode: Mode,
+    in_flight: u64,
+    stats: WindowStats,
+}
+
+impl Window {
+    /// A static window capped at `cap` bytes.
+    ///
+    /// # Errors
+    /// [`WindowError::ZeroCap`] when `cap` is 0.
+    pub fn fixed(cap: u64) -> Result<Self, WindowError> {
+        if cap == 0 {
+            return Err(WindowError::ZeroCap);
+        }
+        Ok(Self::with_mode(Mode::Static(cap)))
+    }
+
+    /// A static window sized to the bandwidth-delay product: `bytes_per_sec` (bytes/s) ×
+    /// `rtt_us` (µs), see [`bdp_bytes`].
+    ///
+    /// # Errors
+    /// [`WindowError::ZeroCap`] when either input is 0.
+    pub fn from_bdp(bytes_per_sec: u64, rtt_us: u64) -> Result<Self, WindowError> {
+        Self::fixed(bdp_bytes(bytes_per_sec, rtt_us))
+    }
+
+    /// An adaptive, delay-based window (AIMD on completion RTT), starting at
+    /// `cfg.initial()`.
+    pub fn adaptive(cfg: AdaptiveConfig) -> Self {
+        Self::with_mode(Mode::Adaptive(Aimd::new(cfg)))
+    }
+
+    fn with_mode(mode: Mode) -> Self {
+        Self {
+            mode,
+            in_flight: 0,
+            stats: WindowStats::default(),
+        }
+    }
+
+    /// The current cap (unit: bytes): the static cap, or the adaptive window in `[min, max]`.
+    #[inline]
+    pub fn cap(&self) -> u64 {
+        match &self.mode {
+            Mode::Static(cap) => *cap,
+            Mode::Adaptive(aimd) => aimd.cwnd(),
+        }
+    }
+
+    /// The adaptive parameters, `None` for a static window.
+    pub fn adaptive_config(&self) -> Option<&AdaptiveConfig> {
+        match &self.mode {
+            Mode::Static(_) => None,
+            Mode::Adaptive(aimd) => Some(aimd.config()),
+        }
+    }
+
+    /// Bytes posted on this QP and not yet completed (unit: bytes).
+    #[inline]
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// Room under the QP cap (unit: bytes); 0 when full or over (after a decrease or escape).
+    pub fn available(&self) -> u64 {
+        self.cap().saturating_sub(self.in_flight)
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> WindowStats {
+        self.stats
+    }
+
+    /// Whether [`Window::try_post`] of `bytes` would be admitted now (both caps). Pure.
+    #[inline]
+    pub fn can_post(&self, dev: &DeviceWindow, bytes: u64) -> bool {
+        admits(self.in_flight, self.cap(), bytes) && dev.admits(bytes)
+    }
+
+    /// Posts `bytes` if both this QP's cap and `dev`'s cap admit it (or the account is empty:
+    /// single-chunk escape), charging both.
+    ///
+    /// # Errors
+    /// [`Blocked`] naming the limiting account; nothing is charged. Keep the message queued
+    /// and retry after the next [`Window::on_complete`] (on any QP of the device, if the
+    /// device limited).
+    #[inline]
+    pub fn try_post(&mut self, dev: &mut DeviceWindow, bytes: u64) -> Result<Ticket, Blocked> {
+        let cap = self.cap();
+        if !admits(self.in_flight, cap, bytes) {
+            self.stats.blocked += 1;
+            return Err(Blocked {
+                limit: Limit::Qp,
+                in_flight: self.in_flight,
+                cap,
+            });
+        }
+        if !dev.admits(bytes) {
+            self.stats.blocked += 1;
+            return Err(Blocked {
+                limit: Limit::Device,
+                in_flight: dev.in_flight(),
+                cap: dev.cap(),
+            });
+        }
+        let over_cap = self.in_flight.saturating_add(bytes) > cap
+            || dev.in_flight().saturating_add(bytes) > dev.cap();
+        self.in_flight = self.in_flight.saturating_add(bytes);
+        dev.charge(bytes);
+        self.stats.posted += 1;
+        self.stats.posted_bytes = self.stats.posted_bytes.saturating_add(bytes);
+        self.stats.escapes += u64::from(over_cap);
+        Ok(Ticket { bytes, over_cap })
+    }
+
+    /// Records the completion of `bytes` posted on this QP (a CQE, possibly covering several
+    /// posts), whose post → completion time was `rtt_us` (µs), observed at `now_us` (µs,
+    /// monotonic). Releases both accounts and, in adaptive mode, adjusts the cap.
+    ///
+    /// # Errors
+    /// [`WindowError::Overcomplete`] when `bytes` exceeds what is in flight on this QP or on
+    /// `dev` (caller bug); nothing changes then.
+    #[inline]
+    pub fn on_complete(
+        &mut self,
+        dev: &mut DeviceWindow,
+        bytes: u64,
+        rtt_us: u64,
+        now_us: u64,
+    ) -> Result<Adjust, WindowError> {
+        if bytes > self.in_flight {
+            return Err(WindowError::Overcomplete {
+                limit: Limit::Qp,
+                bytes,
+                in_flight: self.in_flight,
+            });
+        }
+        if bytes > dev.in_flight() {
+            return Err(WindowError::Overcomplete {
+                limit: Limit::Device,
+                bytes,
+                in_flight: dev.in_flight(),
+            });
+        }
+        self.in_flight -= bytes;
+        dev.release(bytes);
+        self.stats.completed_bytes = self.stats.completed_bytes.saturating_add(bytes);
+        let adjust = match &mut self.mode {
+            Mode::Static(_) => Adjust::Hold,
+            Mode::Adaptive(aimd) => aimd.on_complete(bytes, rtt_us, now_us),
+        };
+        match adjust {
+            Adjust::Increased => self.stats.increases += 1,
+            Adjust::Decreased => self.stats.decreases += 1,
+            Adjust::Hold => {}
+        }
+        Ok(adjust)
+    }
+}

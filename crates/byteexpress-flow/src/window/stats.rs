@@ -1,0 +1,21 @@
+//! Counters of a QP window, for metrics.
+
+/// Monotonic counters of one [`Window`](super::Window) since creation
+/// (unit: posts unless stated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WindowStats {
+    /// Posts admitted.
+    pub posted: u64,
+    /// Bytes admitted (unit: bytes).
+    pub posted_bytes: u64,
+    /// Bytes completed (unit: bytes).
+    pub completed_bytes: u64,
+    /// Posts refused ([`Blocked`](super::Blocked)), by either cap.
+    pub blocked: u64,
+    /// Posts admitted through the single-chunk escape (over a cap, account empty).
+    pub escapes: u64,
+    /// Adaptive additive increases applied.
+    pub increases: u64,
+    /// Adaptive multiplicative decreases applied.
+    pub decreases: u64,
+}

@@ -1,0 +1,210 @@
+//! Unit tests of the scheduler: chunking, configuration, DRR by bytes, the capped latency
+//! class, the gate, and connection lifecycle.
+
+use byteexpress_flow::sched::{
+    Chunk, Chunks, Class, Dropped, Grant, SchedConfig, SchedError, Scheduler,
+};
+
+const KIB: u64 = 1024;
+
+fn yes(_: u32) -> bool {
+    true
+}
+
+fn sched(quantum: u32, max_chunk: u32, burst: u32) -> Scheduler {
+    Scheduler::new(SchedConfig::new(quantum, max_chunk, burst).unwrap())
+}
+
+#[test]
+fn chunks_cut_at_max_chunk_and_mark_the_last() {
+    let c: Vec<Chunk> = Chunks::new(150, 64).collect();
+    let want = [(0, 64, false), (64, 64, false), (128, 22, true)];
+    assert_eq!(c.len(), 3);
+    for (chunk, (offset, len, last)) in c.iter().zip(want) {
+        assert_eq!((chunk.offset, chunk.len, chunk.last), (offset, len, last));
+    }
+    assert_eq!(Chunks::new(128, 64).count(), 2);
+    assert_eq!(Chunks::new(0, 64).count(), 0);
+    assert_eq!(Chunks::new(5, 0).count(), 5, "max_chunk 0 is taken as 1");
+    assert_eq!(Chunks::new(1 << 20, 64 * 1024).size_hint(), (16, Some(16)));
+}
+
+#[test]
+fn invalid_configurations_are_rejected() {
+    assert_eq!(SchedConfig::new(10, 0, 1), Err(SchedError::ZeroChunk));
+    assert_eq!(
+        SchedConfig::new(10, 11, 1),
+        Err(SchedError::QuantumBelowChunk {
+            quantum: 10,
+            max_chunk: 11
+        })
+    );
+    assert_eq!(
+        SchedConfig::new(10, 10, 0),
+        Err(SchedError::ZeroLatencyBurst)
+    );
+    let d = SchedConfig::default();
+    assert_eq!(
+        (d.quantum(), d.max_chunk(), d.latency_burst()),
+        (64 * 1024, 64 * 1024, 8)
+    );
+}
+
+#[test]
+fn large_message_is_granted_in_chunks_in_order() {
+    let mut s = Scheduler::new(SchedConfig::default());
+    let c = s.open();
+    let m = s.enqueue(c, Class::Bulk, 200 * KIB).unwrap();
+    let mut offsets = Vec::new();
+    while let Some(g) = s.next(yes) {
+        assert_eq!((g.conn, g.class, g.msg), (c, Class::Bulk, m));
+        offsets.push((g.offset, g.len, g.last));
+    }
+    assert_eq!(
+        offsets,
+        [
+            (0, 65536, false),
+            (65536, 65536, false),
+            (131072, 65536, false),
+            (196608, 8192, true)
+        ]
+    );
+    assert!(s.is_empty());
+}
+
+#[test]
+fn drr_shares_bytes_not_messages() {
+    // Conn a sends 1 KiB messages, conn b 16 KiB ones; quantum 16 KiB.
+    let mut s = sched(16 * 1024, 16 * 1024, 8);
+    let (a, b) = (s.open(), s.open());
+    for _ in 0..1000 {
+        s.enqueue(a, Class::Bulk, KIB).unwrap();
+    }
+    for _ in 0..100 {
+        s.enqueue(b, Class::Bulk, 16 * KIB).unwrap();
+    }
+    let (mut bytes_a, mut bytes_b) = (0, 0);
+    for _ in 0..170 {
+        let g = s.next(yes).unwrap();
+        if g.conn == a {
+            bytes_a += u64::from(g.len);
+        } else {
+            bytes_b += u64::from(g.len);
+        }
+    }
+    // 170 grants = 10 rounds of (16 × 1 KiB for a, 1 × 16 KiB for b) + 0.
+    assert_eq!((bytes_a, bytes_b), (160 * KIB, 160 * KIB));
+}
+
+#[test]
+fn latency_message_overtakes_bulk_backlog_after_at_most_one_chunk() {
+    let mut s = Scheduler::new(SchedConfig::default());
+    let bulk: Vec<_> = (0..3).map(|_| s.open()).collect();
+    for &c in &bulk {
+        s.enqueue(c, Class::Bulk, 10 << 20).unwrap();
+    }
+    for _ in 0..5 {
+        assert_eq!(s.next(yes).unwrap().class, Class::Bulk);
+    }
+    let pull = s.open();
+    let m = s.enqueue(pull, Class::Latency, 256).unwrap();
+    let g = s.next(yes).unwrap();
+    assert_eq!((g.msg, g.len, g.last), (m, 256, true));
+}
+
+#[test]
+fn latency_class_takes_at_most_burst_turns_while_bulk_is_backlogged() {
+    let mut s = sched(1000, 1000, 3);
+    let (l, b) = (s.open(), s.open());
+    for _ in 0..20 {
+        s.enqueue(l, Class::Latency, 100).unwrap();
+    }
+    s.enqueue(b, Class::Bulk, 5000).unwrap();
+    let classes: String = (0..12)
+        .map(|_| match s.next(yes).unwrap().class {
+            Class::Latency => 'L',
+            Class::Bulk => 'B',
+        })
+        .collect();
+    assert_eq!(classes, "LLLBLLLBLLLB");
+}
+
+#[test]
+fn latency_class_is_uncapped_when_bulk_is_idle() {
+    let mut s = sched(1000, 1000, 2);
+    let l = s.open();
+    for _ in 0..10 {
+        s.enqueue(l, Class::Latency, 100).unwrap();
+    }
+    for _ in 0..10 {
+        assert_eq!(s.next(yes).unwrap().class, Class::Latency);
+    }
+    assert!(s.next(yes).is_none());
+}
+
+#[test]
+fn refused_chunk_is_designated_again_and_not_overtaken() {
+    let mut s = sched(100, 100, 4);
+    let (big, small) = (s.open(), s.open());
+    s.enqueue(big, Class::Bulk, 100).unwrap();
+    s.enqueue(small, Class::Bulk, 1).unwrap();
+    let mut asked = Vec::new();
+    assert_eq!(
+        s.next(|len| {
+            asked.push(len);
+            false
+        }),
+        None
+    );
+    assert_eq!(
+        s.next(|len| len <= 50),
+        None,
+        "smaller chunk must not overtake"
+    );
+    assert_eq!(asked, [100]);
+    let g: Grant = s.next(yes).unwrap();
+    assert_eq!((g.conn, g.len), (big, 100));
+    assert_eq!(s.backlog(Class::Bulk), 1);
+    assert_eq!(s.next(yes).unwrap().conn, small);
+}
+
+#[test]
+fn close_drops_queued_bytes_and_invalidates_the_id() {
+    let mut s = sched(100, 100, 4);
+    let (a, b) = (s.open(), s.open());
+    s.enqueue(a, Class::Bulk, 250).unwrap();
+    s.enqueue(a, Class::Latency, 10).unwrap();
+    s.enqueue(b, Class::Bulk, 30).unwrap();
+    assert_eq!(s.next(yes).unwrap().class, Class::Latency);
+    let g = s.next(yes).unwrap();
+    assert_eq!((g.conn, g.len), (a, 100));
+    assert_eq!(s.queued_bytes(a, Class::Bulk), 150);
+    assert_eq!(
+        s.close(a),
+        Ok(Dropped {
+            messages: 1,
+            bytes: 150
+        })
+    );
+    assert_eq!(s.close(a), Err(SchedError::UnknownConn(a)));
+    assert_eq!(
+        s.enqueue(a, Class::Bulk, 1),
+        Err(SchedError::UnknownConn(a))
+    );
+    assert_eq!((s.backlog(Class::Bulk), s.backlogged(Class::Bulk)), (30, 1));
+    let g = s.next(yes).unwrap();
+    assert_eq!((g.conn, g.len), (b, 30));
+    // The slot is reused under a new identity.
+    let c = s.open();
+    assert_eq!(c.index(), a.index());
+    assert_ne!(c, a);
+    assert!(s.is_empty());
+}
+
+#[test]
+fn empty_message_is_rejected() {
+    let mut s = Scheduler::new(SchedConfig::default());
+    let c = s.open();
+    assert_eq!(s.enqueue(c, Class::Bulk, 0), Err(SchedError::EmptyMessage));
+    assert!(s.is_empty());
+}

@@ -1,0 +1,206 @@
+//! Property tests of the scheduler over random enqueue sequences, gate answers and
+//! completion orderings: DRR fairness, liveness with a completing window, the capped latency
+//! share, and chunk framing.
+
+use std::collections::{HashMap, VecDeque};
+
+use byteexpress_flow::sched::{Class, ConnId, Grant, MsgId, SchedConfig, Scheduler};
+use byteexpress_flow::window::{DeviceWindow, Window};
+use proptest::prelude::*;
+
+fn config(max_chunk: u32, quantum_extra: u32, burst: u32) -> SchedConfig {
+    SchedConfig::new(max_chunk + quantum_extra, max_chunk, burst).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Over any interval in which two connections of one class stay backlogged, the bytes
+    /// granted to them differ by less than quantum + 2 × max_chunk, whatever their message
+    /// sizes, the gate's refusals, and the other class's traffic.
+    #[test]
+    fn drr_fairness_between_backlogged_connections(
+        max_chunk in 1u32..5000,
+        quantum_extra in 0u32..10_000,
+        burst in 1u32..6,
+        class_is_bulk in any::<bool>(),
+        sizes in proptest::collection::vec((1u64..15_000, 0u64..15_000), 2..6),
+        seq in proptest::collection::vec((any::<u64>(), any::<bool>(), any::<bool>()), 50..600),
+    ) {
+        let cfg = config(max_chunk, quantum_extra, burst);
+        let class = if class_is_bulk { Class::Bulk } else { Class::Latency };
+        let other = if class_is_bulk { Class::Latency } else { Class::Bulk };
+        let mut s = Scheduler::new(cfg);
+        let conns: Vec<ConnId> = sizes.iter().map(|_| s.open()).collect();
+        let side = s.open();
+        // Queued messages per connection (to keep each at >= 2, so never empty).
+        let mut queued = vec![0usize; conns.len()];
+        let mut cum = vec![0i64; conns.len()];
+        // Per pair: running max and min of cum_i - cum_j.
+        let n = conns.len();
+        let mut hi = vec![0i64; n * n];
+        let mut lo = vec![0i64; n * n];
+        let mut rng = 0u64;
+        for (r, gate, side_traffic) in seq {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(r | 1);
+            for (i, &c) in conns.iter().enumerate() {
+                while queued[i] < 2 {
+                    let (base, spread) = sizes[i];
+                    let len = base + (rng >> 17) % (spread + 1);
+                    s.enqueue(c, class, len).unwrap();
+                    queued[i] += 1;
+                }
+            }
+            if side_traffic {
+                s.enqueue(side, other, 1 + r % 20_000).unwrap();
+            }
+            let Some(g) = s.next(|_| gate) else { continue };
+            if g.class != class {
+                continue;
+            }
+            let i = conns.iter().position(|&c| c == g.conn).unwrap();
+            cum[i] += i64::from(g.len);
+            if g.last {
+                queued[i] -= 1;
+            }
+            for a in 0..n {
+                for b in 0..n {
+                    let d = cum[a] - cum[b];
+                    hi[a * n + b] = hi[a * n + b].max(d);
+                    lo[a * n + b] = lo[a * n + b].min(d);
+                }
+            }
+        }
+        let bound = i64::from(cfg.quantum()) + 2 * i64::from(cfg.max_chunk());
+        for k in 0..n * n {
+            prop_assert!(hi[k] - lo[k] < bound, "spread {} >= bound {bound}", hi[k] - lo[k]);
+        }
+    }
+
+    /// With a window whose completions keep arriving (in random order, window possibly smaller
+    /// than a chunk), every enqueued message is granted entirely: chunks in order, contiguous,
+    /// at most max_chunk, the last one flagged, messages FIFO per connection and class.
+    #[test]
+    fn every_message_is_eventually_granted_when_the_window_completes(
+        max_chunk in 1u32..5000,
+        quantum_extra in 0u32..5000,
+        burst in 1u32..6,
+        cap in 1u64..20_000,
+        ops in proptest::collection::vec((0usize..4, any::<bool>(), 1u64..12_000, any::<u8>()), 1..200),
+    ) {
+        let mut s = Scheduler::new(config(max_chunk, quantum_extra, burst));
+        let conns: Vec<ConnId> = (0..4).map(|_| s.open()).collect();
+        let mut dev = DeviceWindow::unlimited();
+        let mut w = Window::fixed(cap).unwrap();
+        let mut in_flight: Vec<u64> = Vec::new();
+        // Expected FIFO per (conn, class): (msg, len); progress per msg: bytes granted.
+        let mut expect: HashMap<(ConnId, Class), VecDeque<(MsgId, u64)>> = HashMap::new();
+        let mut progress: HashMap<MsgId, u64> = HashMap::new();
+        let mut total = 0u64;
+        let check = |g: Grant,
+                     expect: &mut HashMap<(ConnId, Class), VecDeque<(MsgId, u64)>>,
+                     progress: &mut HashMap<MsgId, u64>|
+         -> Result<(), TestCaseError> {
+            prop_assert!(g.len >= 1 && g.len <= max_chunk);
+            let q = expect.get_mut(&(g.conn, g.class)).unwrap();
+            let &(msg, len) = q.front().unwrap();
+            prop_assert_eq!(g.msg, msg, "FIFO per connection and class");
+            let done = progress.entry(msg).or_default();
+            prop_assert_eq!(g.offset, *done, "contiguous");
+            *done += u64::from(g.len);
+            prop_assert_eq!(g.last, *done == len);
+            if g.last {
+                q.pop_front();
+            }
+            Ok(())
+        };
+        for (c, latency, len, action) in ops {
+            let class = if latency { Class::Latency } else { Class::Bulk };
+            let id = s.enqueue(conns[c], class, len).unwrap();
+            expect.entry((conns[c], class)).or_default().push_back((id, len));
+            total += len;
+            // Random completions, then as many grants as the window allows.
+            for _ in 0..(action % 3) {
+                if !in_flight.is_empty() {
+                    let b = in_flight.swap_remove(usize::from(action) % in_flight.len());
+                    w.on_complete(&mut dev, b, 1, 0).unwrap();
+                }
+            }
+            for _ in 0..(action % 5) {
+                let mut ticket = None;
+                let Some(g) = s.next(|len| {
+                    ticket = w.try_post(&mut dev, u64::from(len)).ok();
+                    ticket.is_some()
+                }) else { break };
+                in_flight.push(ticket.unwrap().bytes);
+                check(g, &mut expect, &mut progress)?;
+            }
+        }
+        // Drain: the window keeps completing; bounded number of steps.
+        let mut granted: u64 = progress.values().sum();
+        let mut steps = 0u64;
+        while !s.is_empty() {
+            steps += 1;
+            prop_assert!(steps <= 2 * total + 10, "no progress");
+            let mut ticket = None;
+            match s.next(|len| {
+                ticket = w.try_post(&mut dev, u64::from(len)).ok();
+                ticket.is_some()
+            }) {
+                Some(g) => {
+                    in_flight.push(ticket.unwrap().bytes);
+                    granted += u64::from(g.len);
+                    check(g, &mut expect, &mut progress)?;
+                }
+                None => {
+                    prop_assert!(!in_flight.is_empty(), "blocked with nothing in flight");
+                    let b = in_flight.remove(0);
+                    w.on_complete(&mut dev, b, 1, 0).unwrap();
+                }
+            }
+        }
+        prop_assert_eq!(granted, total);
+        prop_assert!(expect.values().all(VecDeque::is_empty));
+    }
+
+    /// While bulk is backlogged, at most `latency_burst` latency chunks go in a row, and a
+    /// latency message arriving at an empty latency class waits behind at most one bulk chunk.
+    #[test]
+    fn latency_share_is_capped_and_latency_waits_behind_at_most_one_chunk(
+        max_chunk in 1u32..5000,
+        burst in 1u32..6,
+        ops in proptest::collection::vec((0usize..3, any::<bool>(), 1u64..12_000, any::<bool>()), 1..400),
+    ) {
+        let mut s = Scheduler::new(config(max_chunk, 0, burst));
+        let conns: Vec<ConnId> = (0..3).map(|_| s.open()).collect();
+        let mut streak = 0u32;
+        // Latency messages enqueued into an empty latency class: bulk grants seen since.
+        let mut watched: HashMap<MsgId, u32> = HashMap::new();
+        for (c, latency, len, gate) in ops {
+            let class = if latency { Class::Latency } else { Class::Bulk };
+            let latency_was_empty = s.backlog(Class::Latency) == 0;
+            let id = s.enqueue(conns[c], class, len).unwrap();
+            if latency && latency_was_empty {
+                watched.insert(id, 0);
+            }
+            let bulk_backlogged = s.backlog(Class::Bulk) > 0;
+            let Some(g) = s.next(|_| gate) else { continue };
+            match g.class {
+                Class::Latency if bulk_backlogged => streak += 1,
+                Class::Latency => streak = 0,
+                Class::Bulk => {
+                    streak = 0;
+                    for n in watched.values_mut() {
+                        *n += 1;
+                    }
+                }
+            }
+            prop_assert!(streak <= burst, "{streak} latency chunks in a row");
+            if g.class == Class::Latency
+                && let Some(n) = watched.remove(&g.msg)
+            {
+                prop_assert!(n <= 1, "latency message waited behind {n} bulk chunks");
+            }
+        }
+    }
+}
