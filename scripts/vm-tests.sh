@@ -13,7 +13,7 @@ if [[ ",${BX_ALLOW_SKIP:-}," == *",vm,"* ]]; then
 fi
 [ -x "$vm" ] || { echo "vm-tests: $vm not found (set BX_RXE_VM, or BX_ALLOW_SKIP=vm to skip)" >&2; exit 1; }
 # package:test-target:features
-targets=("byteexpress-verbs:ibverbs_vm:vm-tests")
+targets=("byteexpress-verbs:conformance:vm-tests" "byteexpress-verbs:ibverbs_vm:vm-tests")
 bins=()
 for t in "${targets[@]}"; do
   IFS=: read -r pkg test feat <<<"$t"

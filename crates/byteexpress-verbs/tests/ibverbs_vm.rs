@@ -10,7 +10,10 @@ fn device_list_shows_rxe0() {
 #[test]
 fn hardware_devices_come_before_the_soft_device() {
     let devs = byteexpress_verbs::devices();
-    let first_soft = devs.iter().position(|d| !d.is_hardware()).expect("the soft device is listed");
+    let first_soft = devs
+        .iter()
+        .position(|d| !d.is_hardware())
+        .expect("the soft device is listed");
     assert!(first_soft > 0, "rxe0 first: {devs:?}");
     assert!(devs[..first_soft].iter().all(|d| d.is_hardware()));
     assert_eq!(devs[0].name(), "rxe0");

@@ -100,7 +100,7 @@ fn child_pingpong(s: &mut TcpStream) {
     put(s, b"expecting");
     assert_eq!(get(s), b"probed");
 
-    let me = side(QpCap::default(), 2 * SLOT);
+    let me = soft_side(QpCap::default(), 2 * SLOT);
     handshake(s, &me, ConnectAttr::default(), || {
         me.post_recv(0, 0, SLOT as u32)
     });
@@ -129,7 +129,7 @@ fn child_pingpong(s: &mut TcpStream) {
 }
 
 fn child_sleeper(s: &mut TcpStream) {
-    let me = side(QpCap::default(), 4096);
+    let me = soft_side(QpCap::default(), 4096);
     handshake(s, &me, ConnectAttr::default(), || {
         for i in 0..4 {
             me.post_recv(i, 0, 64);
@@ -162,7 +162,7 @@ fn ping_pong_1000_sends_of_various_sizes_between_two_processes() {
     );
     put(&mut s, b"probed");
 
-    let me = side(QpCap::default(), 2 * SLOT);
+    let me = soft_side(QpCap::default(), 2 * SLOT);
     handshake(&mut s, &me, ConnectAttr::default(), || {});
     let t0 = Instant::now();
     for i in 0..ROUNDS {
@@ -210,7 +210,7 @@ fn ping_pong_1000_sends_of_various_sizes_between_two_processes() {
 #[test]
 fn killed_peer_makes_outstanding_sends_fail_with_retry_exceeded() {
     let (mut child, mut s) = spawn_child("sleeper");
-    let me = side(QpCap::default(), 4096);
+    let me = soft_side(QpCap::default(), 4096);
     // ACK timeout 4.096 µs · 2^10 ≈ 4.2 ms, 3 retries: the peer is given up after ≈ 17 ms.
     let attr = ConnectAttr {
         timeout: 10,

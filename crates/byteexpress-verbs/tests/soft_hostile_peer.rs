@@ -27,7 +27,10 @@ fn setup() -> Setup {
     let tx_cq = ctx.create_cq(1024).unwrap();
     let mem = rx_pd.alloc_shared(1 << 16).unwrap();
     let rx_mr = rx_pd.reg_shared(&mem, 0, mem.len(), Access::ALL).unwrap();
-    let senders = [side(QpCap::default(), 4096), side(QpCap::default(), 4096)];
+    let senders = [
+        soft_side(QpCap::default(), 4096),
+        soft_side(QpCap::default(), 4096),
+    ];
     let rx_qps = [0, 1].map(|i| {
         let qp = rx_pd.create_qp(&tx_cq, &rx_cq, QpCap::default()).unwrap();
         let attr = ConnectAttr {

@@ -1,15 +1,50 @@
-//! The rdma-core provider. In this issue: device listing only, through `rdma-mummy-sys`, which
-//! loads libibverbs at run time.
+//! The rdma-core provider, through `rdma-mummy-sys`, which loads libibverbs at run time.
+//!
+//! - [`context`]: device open and query (`ibv_open_device(3)`, `ibv_query_device(3)`,
+//!   `ibv_query_port(3)`), [`gid`] selection, `DeviceInfo` and `probe`.
+//! - [`pd`]: PDs and MRs (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`); [`mem`]: page-aligned anonymous
+//!   memory for `alloc_shared`.
+//! - [`cq`]: CQs with a completion channel (`ibv_create_cq(3)`, `ibv_req_notify_cq(3)`,
+//!   `ibv_get_cq_event(3)`), [`convert`]: `ibv_wc` and other plain-data conversions.
+//! - [`qp`]: RC QPs and their state machine (`ibv_create_qp(3)`, `ibv_modify_qp(3)`);
+//!   [`post`]: `ibv_post_send(3)` / `ibv_post_recv(3)`.
+//!
+//! Thread safety: libibverbs objects may be used from several threads at once; posting to and
+//! polling of one queue are serialised by the provider library itself (`ibv_post_send(3)`:
+//! "thread-safe"; rdma-core's providers lock each queue). Every wrapper here therefore shares
+//! its raw pointer between threads, and destroys it exactly once, when the last `Arc` of it
+//! drops — after every object that refers to it (Rust ownership orders teardown: QP before CQ
+//! and PD, MR before PD and memory, everything before the context).
+
+mod context;
+mod convert;
+mod cq;
+mod gid;
+mod mem;
+mod pd;
+mod post;
+mod qp;
 
 use std::ffi::CStr;
 
 use crate::{Context, Error, Result};
 
-/// Opens an rdma-core device (comes with the verbs issue).
-pub(crate) fn open(_name: &str) -> Result<Context> {
-    Err(Error::Unsupported(
-        "ibverbs provider: opening devices comes with the verbs issue".into(),
-    ))
+/// Opens the rdma-core device `name` (`ibv_open_device(3)`) on port 1.
+pub(crate) fn open(name: &str) -> Result<Context> {
+    Ok(Context {
+        inner: context::IbvContext::open(name)?,
+    })
+}
+
+/// An [`Error::Os`] for a verbs call that returned the errno value `errno` (the convention of
+/// `ibv_modify_qp(3)`, `ibv_destroy_*`, `ibv_post_*`), or that returned NULL / -1 and set
+/// `errno` (pass `None` to read it).
+pub(crate) fn os_err(what: &'static str, errno: Option<i32>) -> Error {
+    let source = match errno {
+        Some(e) => std::io::Error::from_raw_os_error(e),
+        None => std::io::Error::last_os_error(),
+    };
+    Error::Os { what, source }
 }
 
 /// Names of rdma-core devices (`ibv_get_device_list(3)`).
@@ -95,5 +130,11 @@ mod tests {
             Ok(names) => assert!(!names.is_empty()),
             Err(e) => assert!(matches!(e, Error::NoDevice(_)), "{e:?}"),
         }
+    }
+
+    #[test]
+    fn opening_a_missing_device_is_no_device() {
+        let err = open("no-such-device-bx").unwrap_err();
+        assert!(matches!(err, Error::NoDevice(_)), "{err:?}");
     }
 }

@@ -1,6 +1,11 @@
-//! Helpers shared by the soft provider's integration tests.
+//! Helpers shared by this crate's integration tests.
+//!
+//! [`provider`] is the device under test of the conformance suite, chosen by `BX_PROVIDER`
+//! (`soft`, the default, or `ibverbs`: the first rdma-core device, or `BX_DEVICE`). An
+//! unavailable provider fails the test; nothing skips.
 #![allow(dead_code)]
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use byteexpress_verbs::{
@@ -18,6 +23,36 @@ pub fn soft() -> Context {
         .expect("soft0 opens")
 }
 
+/// The provider the conformance suite runs on: `BX_PROVIDER=soft|ibverbs` (default soft).
+pub fn provider_kind() -> String {
+    std::env::var("BX_PROVIDER").unwrap_or_else(|_| "soft".into())
+}
+
+/// Opens a device of the selected provider; panics (fails the test) when it cannot.
+pub fn open_provider() -> Context {
+    match provider_kind().as_str() {
+        "soft" => soft(),
+        "ibverbs" => {
+            let names = byteexpress_verbs::ibverbs_devices()
+                .expect("BX_PROVIDER=ibverbs, but rdma-core lists no device");
+            let want = std::env::var("BX_DEVICE").unwrap_or_else(|_| names[0].clone());
+            devices()
+                .into_iter()
+                .find(|d| d.is_hardware() && d.name() == want)
+                .unwrap_or_else(|| panic!("no rdma-core device {want:?} among {names:?}"))
+                .open()
+                .unwrap_or_else(|e| panic!("opening {want}: {e}"))
+        }
+        other => panic!("BX_PROVIDER={other:?}: expected soft or ibverbs"),
+    }
+}
+
+/// The device under test, opened once per test binary.
+pub fn provider() -> Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(open_provider).clone()
+}
+
 /// One QP with its own CQs and one registered buffer.
 pub struct Side {
     pub pd: Pd,
@@ -28,8 +63,17 @@ pub struct Side {
     pub mr: Mr,
 }
 
+/// A side on the device under test.
 pub fn side(cap: QpCap, mem_len: usize) -> Side {
-    let ctx = soft();
+    side_on(&provider(), cap, mem_len)
+}
+
+/// A side on the soft device, for soft-only tests.
+pub fn soft_side(cap: QpCap, mem_len: usize) -> Side {
+    side_on(&soft(), cap, mem_len)
+}
+
+pub fn side_on(ctx: &Context, cap: QpCap, mem_len: usize) -> Side {
     let pd = ctx.alloc_pd().unwrap();
     let send_cq = ctx.create_cq(4096).unwrap();
     let recv_cq = ctx.create_cq(4096).unwrap();
@@ -46,10 +90,19 @@ pub fn side(cap: QpCap, mem_len: usize) -> Side {
     }
 }
 
-/// Two sides of one process, connected to each other.
+/// Two sides of one process on the device under test, connected to each other.
 pub fn pair(cap: QpCap, attr: ConnectAttr) -> (Side, Side) {
-    let a = side(cap, 1 << 16);
-    let b = side(cap, 1 << 16);
+    pair_on(&provider(), cap, attr)
+}
+
+/// Two connected sides on the soft device.
+pub fn soft_pair(cap: QpCap, attr: ConnectAttr) -> (Side, Side) {
+    pair_on(&soft(), cap, attr)
+}
+
+pub fn pair_on(ctx: &Context, cap: QpCap, attr: ConnectAttr) -> (Side, Side) {
+    let a = side_on(ctx, cap, 1 << 16);
+    let b = side_on(ctx, cap, 1 << 16);
     a.qp.connect(&b.qp.endpoint(), &attr).unwrap();
     b.qp.connect(&a.qp.endpoint(), &attr).unwrap();
     (a, b)

@@ -1,0 +1,191 @@
+//! Posting work requests: `ibv_post_send(3)` and `ibv_post_recv(3)`, one WR per call.
+//!
+//! Limits (SGE count, inline size, total length) and the QP state are checked here, before the
+//! provider library sees the WR, so every provider refuses the same WRs with the same errors.
+//! The library's own refusals map by errno: ENOMEM (queue full) → `QueueFull`, EINVAL →
+//! `InvalidArgument`; on any error nothing was posted (the WR is alone in its list).
+
+use std::sync::atomic::Ordering;
+
+use rdma_mummy_sys::{self as sys, ibv_send_flags, ibv_wr_opcode};
+
+use super::os_err;
+use super::qp::{IbvQp, SET_RESET};
+use crate::{Error, RecvWr, Result, SendWr, Sge, WrOp};
+
+/// SGE lists up to this length are built on the stack.
+const STACK_SGES: usize = 8;
+
+/// Largest message (`ibv_post_send(3)`: 2^31 bytes).
+const MAX_MSG_LEN: u64 = 1 << 31;
+
+/// Calls `f` with the list as `ibv_sge`s.
+fn with_sges<R>(list: &[Sge], f: impl FnOnce(*mut sys::ibv_sge, i32) -> R) -> R {
+    let conv = |s: &Sge| sys::ibv_sge {
+        addr: s.addr,
+        length: s.len,
+        lkey: s.lkey,
+    };
+    let zero = sys::ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    };
+    if list.len() <= STACK_SGES {
+        let mut a = [zero; STACK_SGES];
+        for (d, s) in a.iter_mut().zip(list) {
+            *d = conv(s);
+        }
+        f(a.as_mut_ptr(), list.len() as i32)
+    } else {
+        let mut v: Vec<sys::ibv_sge> = list.iter().map(conv).collect();
+        f(v.as_mut_ptr(), v.len() as i32)
+    }
+}
+
+fn post_errno(rc: i32, queue: &'static str, call: &'static str) -> Error {
+    match rc {
+        libc::ENOMEM => Error::QueueFull(queue),
+        libc::EINVAL => Error::InvalidArgument(format!("{call} refused the WR (EINVAL)")),
+        e => os_err(call, Some(e)),
+    }
+}
+
+pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
+    let n = wr.sg_list.len();
+    if n > qp.cap.max_send_sge as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{n} SGEs exceed max_send_sge {}",
+            qp.cap.max_send_sge
+        )));
+    }
+    let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
+    if total > MAX_MSG_LEN {
+        return Err(Error::InvalidArgument(format!("{total} bytes exceed 2^31")));
+    }
+    if qp.set_state.load(Ordering::SeqCst) == SET_RESET {
+        return Err(Error::InvalidState(
+            "post_send before connect (needs RTS)".into(),
+        ));
+    }
+    let mut flags = 0u32;
+    if wr.signaled {
+        flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if wr.inline {
+        if total > u64::from(qp.cap.max_inline_data) {
+            return Err(Error::InvalidArgument(format!(
+                "{total} inline bytes exceed max_inline_data {}",
+                qp.cap.max_inline_data
+            )));
+        }
+        if matches!(wr.op, WrOp::Read { .. }) {
+            return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
+        }
+        flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    // The CPU copies inline data during the call: every piece must lie in live registered
+    // memory, held until the call returns.
+    let mut held = Vec::new();
+    if wr.inline {
+        for s in wr.sg_list.iter().filter(|s| s.len > 0) {
+            let mr = qp
+                .pd
+                .ctx
+                .mr_containing(s.lkey, s.addr, u64::from(s.len))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "inline SGE {:#x}+{} is not in memory registered on this device",
+                        s.addr, s.len
+                    ))
+                })?;
+            held.push(mr);
+        }
+    }
+    let r = with_sges(wr.sg_list, |sges, num| {
+        // SAFETY: ibv_send_wr is plain C data (unions of integers and pointers); all-zero is a
+        // valid value (no next WR, no address handle).
+        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.wr_id = wr.wr_id;
+        w.sg_list = sges;
+        w.num_sge = num;
+        w.send_flags = flags;
+        let rdma = |remote_addr, rkey| sys::wr_t {
+            rdma: sys::rdma_t { remote_addr, rkey },
+        };
+        match wr.op {
+            WrOp::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            WrOp::SendWithImm(imm) => {
+                w.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            WrOp::Write { remote_addr, rkey } => {
+                w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                w.wr = rdma(remote_addr, rkey);
+            }
+            WrOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                w.wr = rdma(remote_addr, rkey);
+                w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            WrOp::Read { remote_addr, rkey } => {
+                w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+                w.wr = rdma(remote_addr, rkey);
+            }
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is valid; `w` and the SGE array it points to live across the call
+        // (inline data is copied during it; other SGEs name registered memory the caller keeps
+        // untouched until completion, as documented on `Qp::post_send`).
+        let rc = unsafe { sys::ibv_post_send(qp.qp, &mut w, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(post_errno(
+                rc,
+                "send queue (max_send_wr) full",
+                "ibv_post_send",
+            ))
+        }
+    });
+    drop(held);
+    r
+}
+
+pub(crate) fn post_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<()> {
+    let n = wr.sg_list.len();
+    if n > qp.cap.max_recv_sge as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{n} SGEs exceed max_recv_sge {}",
+            qp.cap.max_recv_sge
+        )));
+    }
+    if qp.set_state.load(Ordering::SeqCst) == SET_RESET {
+        return Err(Error::InvalidState("post_recv in RESET".into()));
+    }
+    with_sges(wr.sg_list, |sges, num| {
+        let mut w = sys::ibv_recv_wr {
+            wr_id: wr.wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: sges,
+            num_sge: num,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is valid; `w` and its SGE array live across the call; the buffers
+        // are registered memory the caller leaves to the device until the completion.
+        let rc = unsafe { sys::ibv_post_recv(qp.qp, &mut w, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(post_errno(
+                rc,
+                "receive queue (max_recv_wr) full",
+                "ibv_post_recv",
+            ))
+        }
+    })
+}
