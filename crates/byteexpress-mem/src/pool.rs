@@ -1,283 +1,175 @@
-//! A pool of fixed-size registered buffers.
+//! [`Pool`]: the allocator of registered memory.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use byteexpress_verbs::{Access, Mr, Pd, Sge, SharedMem};
-use bytes::{Bytes, buf::UninitSlice};
-use parking_lot::Mutex;
+use byteexpress_verbs::Pd;
+use tokio::time::Instant;
 
-/// Errors of the pool.
-#[derive(Debug, thiserror::Error)]
-pub enum MemError {
-    /// Every buffer is in use; free one (drop a [`PoolBuf`] or the `Bytes` frozen from it) and
-    /// retry. Backpressure, never an abort.
-    #[error("buffer pool exhausted ({count} buffers of {buf_size} bytes in use)")]
-    Exhausted {
-        /// Buffers in the pool.
-        count: usize,
-        /// Bytes per buffer.
-        buf_size: usize,
-    },
-    /// Allocating or registering the pool's memory failed.
-    #[error("registering pool memory: {0}")]
-    Verbs(#[from] byteexpress_verbs::Error),
-    /// `buf_size × count` is zero or overflows.
-    #[error("invalid pool size: {0}")]
-    InvalidSize(String),
+use crate::backing::{Backend, VerbsBackend};
+use crate::buf::{Home, RegisteredBuf};
+use crate::shared::Shared;
+use crate::stats::bump_shared;
+use crate::{MemError, PoolConfig, PoolStats, RecvReserve};
+
+/// Registered memory in power-of-two size classes, carved from chunks registered once and grown
+/// on demand up to [`PoolConfig::limit`] bytes, with thread-local caches in front (see the crate
+/// docs). Cloning shares the pool; the memory is deregistered when the last handle, reserve and
+/// buffer are gone.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub(crate) shared: Arc<Shared>,
 }
 
-/// Counters of a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PoolStats {
-    /// Bytes registered with the device.
-    pub bytes_registered: u64,
-    /// Buffers handed out and not yet returned.
-    pub in_use: u64,
-    /// Allocations refused because the pool was empty.
-    pub exhausted: u64,
-}
+/// Counts a waiting task for as long as it waits (also when its future is dropped).
+struct Waiting<'a>(&'a Shared);
 
-#[derive(Debug)]
-struct Inner {
-    mr: Mr,
-    base: *mut u8,
-    buf_size: usize,
-    count: usize,
-    free: Mutex<Vec<u32>>,
-    exhausted: AtomicU64,
-}
-
-// SAFETY: `base` points into `mr`'s shared mapping, which lives as long as `Inner`; every buffer
-// index is owned by at most one `PoolBuf` at a time (the free list hands each out once), so
-// threads never share a buffer's bytes through the pool.
-unsafe impl Send for Inner {}
-// SAFETY: see `Send`; the only shared mutable state is the free list behind a mutex.
-unsafe impl Sync for Inner {}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        crate::registry::remove(self.base as usize);
+impl<'a> Waiting<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.waiters.fetch_add(1, Ordering::SeqCst);
+        Waiting(shared)
     }
 }
 
-/// A pool of `count` buffers of `buf_size` bytes each, registered once as one MR with
-/// LOCAL_WRITE, REMOTE_READ and REMOTE_WRITE access. Cloning shares the pool.
-#[derive(Debug, Clone)]
-pub struct BufPool {
-    inner: Arc<Inner>,
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
-impl BufPool {
-    /// Allocates `buf_size × count` bytes with [`Pd::alloc_shared`] and registers them.
-    /// Errors: [`MemError::InvalidSize`], [`MemError::Verbs`].
-    pub fn new(pd: &Pd, buf_size: usize, count: usize) -> Result<Self, MemError> {
-        let total = buf_size
-            .checked_mul(count)
-            .filter(|&t| t > 0 && count <= u32::MAX as usize && buf_size <= u32::MAX as usize)
-            .ok_or_else(|| MemError::InvalidSize(format!("{count} × {buf_size} bytes")))?;
-        let mem: SharedMem = pd.alloc_shared(total)?;
-        let mr = pd.reg_shared(&mem, 0, total, Access::ALL)?;
-        let base = mem.as_ptr();
-        crate::registry::add(base as usize, total);
-        let free = (0..count as u32).rev().collect();
-        Ok(BufPool {
-            inner: Arc::new(Inner {
-                mr,
-                base,
-                buf_size,
-                count,
-                free: Mutex::new(free),
-                exhausted: AtomicU64::new(0),
-            }),
+impl Pool {
+    /// A pool whose chunks come from `pd` ([`Pd::alloc_shared`], registered with
+    /// [`Pd::reg_shared`] and `cfg.access`). Nothing is allocated before the first request.
+    /// Errors: [`MemError::InvalidConfig`].
+    pub fn new(pd: &Pd, cfg: PoolConfig) -> Result<Self, MemError> {
+        let backend = VerbsBackend {
+            pd: pd.clone(),
+            access: cfg.access,
+            huge_pages: cfg.huge_pages,
+        };
+        Self::with_backend(Box::new(backend), cfg)
+    }
+
+    pub(crate) fn with_backend(
+        backend: Box<dyn Backend>,
+        cfg: PoolConfig,
+    ) -> Result<Self, MemError> {
+        Ok(Pool {
+            shared: Arc::new(Shared::new(backend, cfg)?),
         })
     }
 
-    /// Takes a free buffer (length 0, capacity `buf_size`). Errors: [`MemError::Exhausted`].
-    pub fn alloc(&self) -> Result<PoolBuf, MemError> {
-        let idx = self.inner.free.lock().pop();
-        match idx {
-            Some(idx) => Ok(PoolBuf {
-                pool: self.inner.clone(),
-                idx,
-                len: 0,
-            }),
-            None => {
-                self.inner.exhausted.fetch_add(1, Ordering::Relaxed);
-                Err(MemError::Exhausted {
-                    count: self.inner.count,
-                    buf_size: self.inner.buf_size,
-                })
+    /// A buffer of capacity `len` bytes, now or never. Errors: [`MemError::TooLarge`],
+    /// [`MemError::Exhausted`] (counted in [`PoolStats::exhaustions`]), [`MemError::Memlock`]
+    /// or [`MemError::Verbs`] when growing fails.
+    pub fn try_alloc(&self, len: usize) -> Result<RegisteredBuf, MemError> {
+        let r = self.alloc_now(len);
+        if let Err(MemError::Exhausted { .. }) = r {
+            bump_shared(&self.shared.counters.exhaustions);
+        }
+        r
+    }
+
+    fn alloc_now(&self, len: usize) -> Result<RegisteredBuf, MemError> {
+        let class = self.shared.classes.index(len).ok_or(MemError::TooLarge {
+            len,
+            max: self.shared.classes.max_size(),
+        })?;
+        let slot = crate::cache::alloc(&self.shared, class)?;
+        Ok(RegisteredBuf::new(
+            slot,
+            len,
+            class,
+            Home::Pool(self.shared.clone()),
+        ))
+    }
+
+    /// A buffer of capacity `len` bytes, waiting while the pool is exhausted until memory comes
+    /// back (a buffer or frozen `Bytes` dropped anywhere) or `deadline` passes. Errors as
+    /// [`Pool::try_alloc`], plus [`MemError::DeadlineExceeded`]. A deadline needs a tokio runtime
+    /// with its timer enabled. Cancel-safe: dropping the future leaves nothing behind.
+    pub async fn alloc(
+        &self,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<RegisteredBuf, MemError> {
+        match self.alloc_now(len) {
+            Err(MemError::Exhausted { .. }) => {}
+            other => return other,
+        }
+        bump_shared(&self.shared.counters.waits);
+        let _waiting = Waiting::new(&self.shared);
+        // Buffers this thread cached may be all that is missing (or block re-carving a chunk).
+        crate::cache::flush(&self.shared);
+        loop {
+            let notified = self.shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.alloc_now(len) {
+                Err(MemError::Exhausted { .. }) => {}
+                other => return other,
+            }
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, notified).await.is_err() {
+                        bump_shared(&self.shared.counters.exhaustions);
+                        return Err(MemError::DeadlineExceeded { len });
+                    }
+                }
+                None => notified.await,
             }
         }
     }
 
-    /// Bytes per buffer.
-    pub fn buf_size(&self) -> usize {
-        self.inner.buf_size
+    /// Sets aside `count` buffers of capacity `len` bytes for receives ([`RecvReserve`]),
+    /// growing the pool within its limit. Errors: [`MemError::InvalidConfig`] for `count == 0`,
+    /// [`MemError::TooLarge`], [`MemError::Exhausted`] (nothing is kept then), growth errors.
+    pub fn reserve(&self, len: usize, count: usize) -> Result<RecvReserve, MemError> {
+        if count == 0 {
+            return Err(MemError::InvalidConfig(
+                "a reserve needs at least one buffer".into(),
+            ));
+        }
+        let class = self.shared.classes.index(len).ok_or(MemError::TooLarge {
+            len,
+            max: self.shared.classes.max_size(),
+        })?;
+        let mut slots = Vec::with_capacity(count);
+        while slots.len() < count {
+            if let Err(e) = self.shared.take(class, count - slots.len(), &mut slots) {
+                self.shared.put(class, slots);
+                return Err(e);
+            }
+        }
+        Ok(RecvReserve::new(self.shared.clone(), class, len, slots))
     }
 
-    /// Buffers in the pool.
-    pub fn count(&self) -> usize {
-        self.inner.count
-    }
-
-    /// Free buffers right now.
-    pub fn available(&self) -> usize {
-        self.inner.free.lock().len()
-    }
-
-    /// True when `addr` lies inside this pool's memory.
-    pub fn contains(&self, addr: *const u8) -> bool {
-        let start = self.inner.base as usize;
-        (start..start + self.inner.buf_size * self.inner.count).contains(&(addr as usize))
-    }
-
-    /// Counters.
+    /// Counters right now.
     pub fn stats(&self) -> PoolStats {
-        let free = self.available() as u64;
-        PoolStats {
-            bytes_registered: (self.inner.buf_size * self.inner.count) as u64,
-            in_use: self.inner.count as u64 - free,
-            exhausted: self.inner.exhausted.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// One buffer of a [`BufPool`], owned exclusively; returns to the pool on drop. Its first
-/// [`PoolBuf::len`] bytes are filled (through [`bytes::BufMut`] or [`PoolBuf::set_len`] after the
-/// device wrote them).
-#[derive(Debug)]
-pub struct PoolBuf {
-    pool: Arc<Inner>,
-    idx: u32,
-    len: usize,
-}
-
-impl PoolBuf {
-    /// Address of the buffer's first byte in this process.
-    pub fn addr(&self) -> u64 {
-        self.ptr() as u64
+        PoolStats::snapshot(&self.shared)
     }
 
-    fn ptr(&self) -> *mut u8 {
-        // SAFETY: idx < count, so the offset stays inside the pool's mapping.
-        unsafe { self.pool.base.add(self.idx as usize * self.pool.buf_size) }
+    /// The configuration the pool runs with.
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.cfg
     }
 
-    /// Local key of the pool's MR.
-    pub fn lkey(&self) -> u32 {
-        self.pool.mr.lkey()
+    /// Bytes per buffer of the class that serves `len`, or `None` when too large.
+    pub fn class_size(&self, len: usize) -> Option<usize> {
+        self.shared
+            .classes
+            .index(len)
+            .map(|c| self.shared.classes.size(c))
     }
 
-    /// Remote key of the pool's MR.
-    pub fn rkey(&self) -> u32 {
-        self.pool.mr.rkey()
+    /// Hands the free buffers this thread caches for this pool back to the pool's free lists
+    /// (for a thread about to idle; thread exit does it anyway).
+    pub fn flush_thread_cache(&self) {
+        crate::cache::flush(&self.shared);
     }
 
-    /// Bytes filled.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when nothing is filled.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size of the buffer in bytes.
-    pub fn capacity(&self) -> usize {
-        self.pool.buf_size
-    }
-
-    /// Declares the first `len` bytes filled, after the device wrote them (a receive completion's
-    /// `byte_len`). `len` is clamped to the capacity.
-    pub fn set_len(&mut self, len: usize) {
-        self.len = len.min(self.capacity());
-    }
-
-    /// The SGE naming the filled bytes (for a send WR).
-    pub fn sge(&self) -> Sge {
-        Sge {
-            addr: self.addr(),
-            len: self.len as u32,
-            lkey: self.lkey(),
-        }
-    }
-
-    /// The SGE naming the whole buffer (for a receive WR).
-    pub fn recv_sge(&self) -> Sge {
-        Sge {
-            addr: self.addr(),
-            len: self.capacity() as u32,
-            lkey: self.lkey(),
-        }
-    }
-
-    /// The filled bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the buffer's bytes are inside the mapping, owned by this PoolBuf alone, and
-        // `len ≤ capacity`. Memory is initialised (zero-filled at allocation or written since).
-        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
-    }
-
-    /// Appends `data`. Errors when it does not fit (nothing is written then).
-    pub fn extend_from_slice(&mut self, data: &[u8]) -> Result<(), MemError> {
-        if data.len() > self.capacity() - self.len {
-            return Err(MemError::InvalidSize(format!(
-                "{} bytes do not fit in {} free",
-                data.len(),
-                self.capacity() - self.len
-            )));
-        }
-        // SAFETY: the destination range lies inside this buffer (checked just above) and does not
-        // overlap `data`, which the caller borrows from elsewhere.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr().add(self.len), data.len())
-        };
-        self.len += data.len();
-        Ok(())
-    }
-
-    /// Turns the filled bytes into [`Bytes`] without copying; the buffer returns to the pool when
-    /// the last clone (or slice) drops. Note: `BytesMut::from(bytes)` on the result copies and
-    /// releases the buffer at once.
-    pub fn freeze(self) -> Bytes {
-        Bytes::from_owner(self)
-    }
-}
-
-impl AsRef<[u8]> for PoolBuf {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl Drop for PoolBuf {
-    fn drop(&mut self) {
-        self.pool.free.lock().push(self.idx);
-    }
-}
-
-// SAFETY: `remaining_mut` is the free space of this buffer; `advance_mut` only moves `len` within
-// it; `chunk_mut` hands out exactly that free space, which this PoolBuf owns exclusively.
-unsafe impl bytes::BufMut for PoolBuf {
-    fn remaining_mut(&self) -> usize {
-        self.capacity() - self.len
-    }
-
-    unsafe fn advance_mut(&mut self, cnt: usize) {
-        assert!(
-            cnt <= self.remaining_mut(),
-            "advance_mut past the end of a PoolBuf"
-        );
-        self.len += cnt;
-    }
-
-    fn chunk_mut(&mut self) -> &mut UninitSlice {
-        let free = self.remaining_mut();
-        // SAFETY: `[ptr + len, ptr + capacity)` lies inside this buffer, which no one else can
-        // reach while this &mut self borrow lives.
-        unsafe { UninitSlice::from_raw_parts_mut(self.ptr().add(self.len), free) }
+    /// True when `ptr` lies in this pool's memory.
+    pub fn contains(&self, ptr: *const u8) -> bool {
+        self.shared.contains(ptr)
     }
 }

@@ -1,24 +1,28 @@
-//! The address ranges of every live pool of this process, to tell whether bytes the application
-//! holds are still the registered buffer they arrived in (zero copy) or a copy.
+//! The address ranges of every registered chunk of this process, to tell whether bytes the
+//! application holds are still the registered buffer they arrived in (zero copy) or a copy.
+
+use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
 
-static RANGES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// Start address → length in bytes.
+static RANGES: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 
 pub(crate) fn add(start: usize, len: usize) {
-    RANGES.lock().push((start, len));
+    RANGES.lock().insert(start, len);
 }
 
 pub(crate) fn remove(start: usize) {
-    RANGES.lock().retain(|&(s, _)| s != start);
+    RANGES.lock().remove(&start);
 }
 
-/// True when `ptr` points into the memory of a live [`crate::BufPool`] of this process: bytes
-/// there were written by the device (or the encoder) in place, not copied out.
+/// True when `ptr` points into memory of a live [`crate::Pool`] (or [`crate::BufPool`]) of this
+/// process: bytes there were written by the device (or the encoder) in place, not copied out.
 pub fn is_pool_memory(ptr: *const u8) -> bool {
     let p = ptr as usize;
     RANGES
         .lock()
-        .iter()
-        .any(|&(s, len)| (s..s + len).contains(&p))
+        .range(..=p)
+        .next_back()
+        .is_some_and(|(&s, &len)| p - s < len)
 }

@@ -1,4 +1,4 @@
-//! The fixed-size pool on the soft device (any provider's PD would do).
+//! The fixed-size pool (a thin layer over one pool and its reserve) on the soft device.
 
 use byteexpress_mem::{BufPool, MemError, is_pool_memory};
 use byteexpress_verbs::Pd;
@@ -22,12 +22,12 @@ fn exhaustion_is_a_typed_error_and_a_drop_makes_room() {
     let _b = pool.alloc().unwrap();
     assert!(matches!(
         pool.alloc(),
-        Err(MemError::Exhausted {
+        Err(MemError::ReserveEmpty {
             count: 2,
             buf_size: 4096
         })
     ));
-    assert_eq!(pool.stats().exhausted, 1);
+    assert_eq!(pool.stats().exhaustions, 1);
     drop(a);
     assert!(pool.alloc().is_ok());
 }
@@ -81,10 +81,29 @@ fn buffers_never_overlap_and_memory_outside_pools_is_not_pool_memory() {
 fn zero_sized_pools_are_refused() {
     assert!(matches!(
         BufPool::new(&pd(), 0, 4),
-        Err(MemError::InvalidSize(_))
+        Err(MemError::InvalidConfig(_))
     ));
     assert!(matches!(
         BufPool::new(&pd(), 4096, 0),
-        Err(MemError::InvalidSize(_))
+        Err(MemError::InvalidConfig(_))
     ));
+}
+
+#[test]
+fn buffers_of_an_odd_size_keep_that_capacity_and_the_pool_registers_once() {
+    let pool = BufPool::new(&pd(), 3000, 5).unwrap();
+    let bufs: Vec<_> = (0..5).map(|_| pool.alloc().unwrap()).collect();
+    assert!(
+        bufs.iter()
+            .all(|b| b.capacity() == 3000 && b.recv_sge().len == 3000)
+    );
+    let s = pool.stats();
+    assert_eq!((s.chunks, s.mrs, s.in_use()), (1, 1, 5));
+    assert_eq!(
+        s.bytes_registered,
+        5 * 4096,
+        "one chunk of five 4 KiB slots"
+    );
+    drop(bufs);
+    assert_eq!((pool.available(), pool.stats().in_use()), (5, 0));
 }
