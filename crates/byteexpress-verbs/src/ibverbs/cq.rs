@@ -3,14 +3,19 @@
 //!
 //! `pending()` must answer without losing completions, so it polls into a small buffer that
 //! `poll()` empties first; one mutex orders both, so completions come out in CQ order.
+//! Device completions pass through the QP's [`Ledger`], which restores the caller's `wr_id`
+//! and adds the flush completions of WRs posted in ERR. Those raise no completion event, so
+//! the CQ's event fd is an epoll set of the channel's fd and an eventfd rung for them.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rdma_mummy_sys as sys;
 
 use super::context::IbvContext;
+use super::ledger::{Ledger, Wq};
 use super::{convert, os_err};
 use crate::provider::CqImpl;
 use crate::{Result, Wc};
@@ -24,10 +29,15 @@ pub(crate) struct IbvCq {
     me: Weak<IbvCq>,
     cq: *mut sys::ibv_cq,
     channel: *mut sys::ibv_comp_channel,
-    fd: std::os::fd::RawFd,
+    /// epoll set of the channel's fd and `wake`: readable when either is.
+    epfd: OwnedFd,
+    /// Rung when flush completions of WRs posted in ERR are queued.
+    wake: OwnedFd,
     pub(crate) ctx: Arc<IbvContext>,
     /// Polled by `pending`, not yet returned by `poll`.
     buf: Mutex<VecDeque<Wc>>,
+    /// The ledgers of the QPs that complete here, by QP number.
+    ledgers: RwLock<HashMap<u32, Arc<Ledger>>>,
 }
 
 // SAFETY: `ibv_poll_cq`, `ibv_req_notify_cq` and the completion channel calls are thread-safe
@@ -61,6 +71,14 @@ impl IbvCq {
             destroy_channel();
             return Err(e);
         }
+        let fds = event_fds(fd);
+        let (epfd, wake) = match fds {
+            Ok(f) => f,
+            Err(e) => {
+                destroy_channel();
+                return Err(e);
+            }
+        };
         let n = libc::c_int::try_from(cqe).unwrap_or(libc::c_int::MAX);
         // SAFETY: the context and channel are valid; no cq_context is used.
         let cq = unsafe { sys::ibv_create_cq(ctx.raw(), n, std::ptr::null_mut(), channel, 0) };
@@ -73,10 +91,35 @@ impl IbvCq {
             me: me.clone(),
             cq,
             channel,
-            fd,
+            epfd,
+            wake,
             ctx,
             buf: Mutex::new(VecDeque::new()),
+            ledgers: RwLock::new(HashMap::new()),
         }))
+    }
+
+    /// Completions of QP `qpn` go through `ledger` from now on.
+    pub(crate) fn register(&self, qpn: u32, ledger: Arc<Ledger>) {
+        self.ledgers.write().insert(qpn, ledger);
+    }
+
+    /// The QP of `ledger` is gone; its late completions are dropped.
+    pub(crate) fn unregister(&self, qpn: u32, ledger: &Arc<Ledger>) {
+        let mut map = self.ledgers.write();
+        if map.get(&qpn).is_some_and(|l| Arc::ptr_eq(l, ledger)) {
+            map.remove(&qpn);
+        }
+    }
+
+    /// Queues the flush completions now at the front of `wq` of `ledger` and wakes a sleeper.
+    pub(crate) fn emit_flushed(&self, ledger: &Ledger, wq: Wq) {
+        let n = ledger.emit_flushed(wq, &mut self.buf.lock());
+        if n > 0 {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: `wake` is an open eventfd; the buffer holds 8 bytes.
+            let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
     }
 
     /// The CQ behind a provider-neutral handle, if it is an rdma-core CQ.
@@ -89,15 +132,22 @@ impl IbvCq {
         self.cq
     }
 
-    /// Polls up to `max` (≤ [`BATCH`]) completions from the device into `out`.
-    fn poll_device(&self, max: usize, out: &mut impl Extend<Wc>) -> Result<usize> {
+    /// Polls up to `max` (≤ [`BATCH`]) completions from the device and appends what their
+    /// QPs' ledgers make of them to `out`; returns how many the device gave.
+    fn poll_device(&self, max: usize, out: &mut VecDeque<Wc>) -> Result<usize> {
         // SAFETY: ibv_wc is plain C data; all-zero is a valid value.
         let mut raw: [sys::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
         let max = max.min(BATCH);
         // SAFETY: the CQ is valid; `raw` has room for `max` entries.
         let n = unsafe { sys::ibv_poll_cq(self.cq, max as i32, raw.as_mut_ptr()) };
         let n = usize::try_from(n).map_err(|_| os_err("ibv_poll_cq", Some(n.saturating_neg())))?;
-        out.extend(raw[..n.min(max)].iter().map(convert::wc));
+        let ledgers = self.ledgers.read();
+        for w in &raw[..n.min(max)] {
+            match ledgers.get(&w.qp_num) {
+                Some(l) => l.complete(convert::wc(w), out),
+                None => tracing::debug!("completion of destroyed QP {:#x} dropped", w.qp_num),
+            }
+        }
         Ok(n)
     }
 
@@ -126,6 +176,36 @@ impl IbvCq {
     }
 }
 
+/// An epoll set watching the channel's fd `channel_fd` and a new eventfd (both level-triggered
+/// readable), and that eventfd.
+fn event_fds(channel_fd: std::os::fd::RawFd) -> Result<(OwnedFd, OwnedFd)> {
+    // SAFETY: plain syscall; the result is checked.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(os_err("epoll_create1", None));
+    }
+    // SAFETY: `ep` was just created and is owned by nothing else.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    // SAFETY: plain syscall; the result is checked.
+    let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if ev < 0 {
+        return Err(os_err("eventfd", None));
+    }
+    // SAFETY: `ev` was just created and is owned by nothing else.
+    let ev = unsafe { OwnedFd::from_raw_fd(ev) };
+    for fd in [channel_fd, ev.as_raw_fd()] {
+        let mut e = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: both fds are open; `e` is a valid event.
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut e) } != 0 {
+            return Err(os_err("epoll_ctl", None));
+        }
+    }
+    Ok((ep, ev))
+}
+
 impl Drop for IbvCq {
     fn drop(&mut self) {
         // ibv_destroy_cq(3) waits for every event read to be acknowledged: drain first.
@@ -151,23 +231,20 @@ impl Drop for IbvCq {
 impl CqImpl for IbvCq {
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         let mut buf = self.buf.lock();
+        let len = out.len();
         let mut n = 0;
-        while n < out.len() {
-            match buf.pop_front() {
-                Some(wc) => {
-                    out[n] = wc;
-                    n += 1;
-                }
-                None => break,
+        let mut take = |buf: &mut VecDeque<Wc>, n: &mut usize| {
+            while *n < len {
+                let Some(wc) = buf.pop_front() else { break };
+                out[*n] = wc;
+                *n += 1;
             }
-        }
-        while n < out.len() {
-            let want = (out.len() - n).min(BATCH);
-            let got = self.poll_device(want, &mut *buf)?;
-            for wc in buf.drain(..) {
-                out[n] = wc;
-                n += 1;
-            }
+        };
+        take(&mut buf, &mut n);
+        while n < len {
+            let want = (len - n).min(BATCH);
+            let got = self.poll_device(want, &mut buf)?;
+            take(&mut buf, &mut n);
             if got < want {
                 break;
             }
@@ -181,11 +258,12 @@ impl CqImpl for IbvCq {
             return true;
         }
         // An error here shows again, as an error, on the next poll.
-        self.poll_device(BATCH, &mut *buf).is_ok_and(|n| n > 0)
+        let _ = self.poll_device(BATCH, &mut buf);
+        !buf.is_empty()
     }
 
     fn event_fd(&self) -> std::os::fd::RawFd {
-        self.fd
+        self.epfd.as_raw_fd()
     }
 
     fn arm(&self) -> Result<bool> {
@@ -199,6 +277,9 @@ impl CqImpl for IbvCq {
     }
 
     fn ack_event(&self) -> Result<()> {
+        let mut v = [0u8; 8];
+        // SAFETY: `wake` is an open non-blocking eventfd; `v` has room for its 8-byte counter.
+        let _ = unsafe { libc::read(self.wake.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
         self.drain_events()
     }
 

@@ -6,6 +6,8 @@
 //!   memory for `alloc_shared`.
 //! - [`cq`]: CQs with a completion channel (`ibv_create_cq(3)`, `ibv_req_notify_cq(3)`,
 //!   `ibv_get_cq_event(3)`), [`convert`]: `ibv_wc` and other plain-data conversions.
+//! - [`ledger`]: each QP's outstanding WRs: exact queue capacity, callers' `wr_id`s, and flush
+//!   completions for WRs posted in ERR.
 //! - [`qp`]: RC QPs and their state machine (`ibv_create_qp(3)`, `ibv_modify_qp(3)`);
 //!   [`post`]: `ibv_post_send(3)` / `ibv_post_recv(3)`.
 //!
@@ -20,6 +22,7 @@ mod context;
 mod convert;
 mod cq;
 mod gid;
+mod ledger;
 mod mem;
 mod pd;
 mod post;

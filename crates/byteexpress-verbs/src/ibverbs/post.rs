@@ -9,9 +9,10 @@ use std::sync::atomic::Ordering;
 
 use rdma_mummy_sys::{self as sys, ibv_send_flags, ibv_wr_opcode};
 
+use super::ledger::Wq;
 use super::os_err;
 use super::qp::{IbvQp, SET_RESET};
-use crate::{Error, RecvWr, Result, SendWr, Sge, WrOp};
+use crate::{Error, RecvWr, Result, SendWr, Sge, WcOpcode, WrOp};
 
 /// SGE lists up to this length are built on the stack.
 const STACK_SGES: usize = 8;
@@ -40,6 +41,15 @@ fn with_sges<R>(list: &[Sge], f: impl FnOnce(*mut sys::ibv_sge, i32) -> R) -> R 
     } else {
         let mut v: Vec<sys::ibv_sge> = list.iter().map(conv).collect();
         f(v.as_mut_ptr(), v.len() as i32)
+    }
+}
+
+/// `enum ibv_wc_opcode` of a send WR's completion.
+fn wc_opcode(op: WrOp) -> WcOpcode {
+    match op {
+        WrOp::Send | WrOp::SendWithImm(_) => WcOpcode::Send,
+        WrOp::Write { .. } | WrOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        WrOp::Read { .. } => WcOpcode::RdmaRead,
     }
 }
 
@@ -102,11 +112,22 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
             held.push(mr);
         }
     }
+    let mut q = qp.ledger.queue(Wq::Send);
+    if q.full() {
+        return Err(Error::QueueFull("send queue (max_send_wr) full"));
+    }
+    if qp.ledger.in_err() {
+        q.push(wr.wr_id, wc_opcode(wr.op), true);
+        drop(q);
+        qp.send_cq.emit_flushed(&qp.ledger, Wq::Send);
+        return Ok(());
+    }
+    let device_wr_id = q.next_device_wr_id(Wq::Send);
     let r = with_sges(wr.sg_list, |sges, num| {
         // SAFETY: ibv_send_wr is plain C data (unions of integers and pointers); all-zero is a
         // valid value (no next WR, no address handle).
         let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        w.wr_id = wr.wr_id;
+        w.wr_id = device_wr_id;
         w.sg_list = sges;
         w.num_sge = num;
         w.send_flags = flags;
@@ -152,6 +173,10 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
             ))
         }
     });
+    if r.is_ok() {
+        q.push(wr.wr_id, wc_opcode(wr.op), false);
+    }
+    drop(q);
     drop(held);
     r
 }
@@ -167,9 +192,20 @@ pub(crate) fn post_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<()> {
     if qp.set_state.load(Ordering::SeqCst) == SET_RESET {
         return Err(Error::InvalidState("post_recv in RESET".into()));
     }
-    with_sges(wr.sg_list, |sges, num| {
+    let mut q = qp.ledger.queue(Wq::Recv);
+    if q.full() {
+        return Err(Error::QueueFull("receive queue (max_recv_wr) full"));
+    }
+    if qp.ledger.in_err() {
+        q.push(wr.wr_id, WcOpcode::Recv, true);
+        drop(q);
+        qp.recv_cq.emit_flushed(&qp.ledger, Wq::Recv);
+        return Ok(());
+    }
+    let device_wr_id = q.next_device_wr_id(Wq::Recv);
+    let r = with_sges(wr.sg_list, |sges, num| {
         let mut w = sys::ibv_recv_wr {
-            wr_id: wr.wr_id,
+            wr_id: device_wr_id,
             next: std::ptr::null_mut(),
             sg_list: sges,
             num_sge: num,
@@ -187,5 +223,9 @@ pub(crate) fn post_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<()> {
                 "ibv_post_recv",
             ))
         }
-    })
+    });
+    if r.is_ok() {
+        q.push(wr.wr_id, WcOpcode::Recv, false);
+    }
+    r
 }

@@ -11,6 +11,7 @@ use rdma_mummy_sys::{self as sys, ibv_qp_attr_mask as M, ibv_qp_state};
 
 use super::context::PORT;
 use super::cq::IbvCq;
+use super::ledger::Ledger;
 use super::pd::IbvPd;
 use super::{convert, os_err};
 use crate::provider::{PROVIDER_IBVERBS, QpImpl};
@@ -37,9 +38,11 @@ pub(crate) struct IbvQp {
     /// connect is `InvalidState` whatever the provider library would do.
     pub(crate) set_state: AtomicU8,
     connecting: Mutex<()>,
+    /// Outstanding WRs of both queues (see `ledger.rs`).
+    pub(crate) ledger: Arc<Ledger>,
     pub(crate) pd: Arc<IbvPd>,
-    _send_cq: Arc<IbvCq>,
-    _recv_cq: Arc<IbvCq>,
+    pub(crate) send_cq: Arc<IbvCq>,
+    pub(crate) recv_cq: Arc<IbvCq>,
 }
 
 // SAFETY: `ibv_post_send`, `ibv_post_recv`, `ibv_modify_qp` and `ibv_query_qp` are thread-safe
@@ -56,6 +59,8 @@ impl Drop for IbvQp {
         if rc != 0 {
             tracing::warn!("ibv_destroy_qp: {}", std::io::Error::from_raw_os_error(rc));
         }
+        self.send_cq.unregister(self.qpn, &self.ledger);
+        self.recv_cq.unregister(self.qpn, &self.ledger);
     }
 }
 
@@ -101,17 +106,22 @@ impl IbvQp {
             max_recv_sge: init.cap.max_recv_sge,
             max_inline_data: init.cap.max_inline_data,
         };
+        // SAFETY: `qp` was just created and is valid.
+        let qpn = unsafe { (*qp).qp_num };
+        let ledger = Arc::new(Ledger::new(qpn, granted.max_send_wr, granted.max_recv_wr));
+        send_cq.register(qpn, ledger.clone());
+        recv_cq.register(qpn, ledger.clone());
         Ok(Arc::new(IbvQp {
             qp,
-            // SAFETY: `qp` was just created and is valid.
-            qpn: unsafe { (*qp).qp_num },
+            qpn,
             psn: rand::rng().random::<u32>() & 0xff_ffff,
             cap: granted,
             set_state: AtomicU8::new(SET_RESET),
             connecting: Mutex::new(()),
+            ledger,
             pd,
-            _send_cq: send_cq,
-            _recv_cq: recv_cq,
+            send_cq,
+            recv_cq,
         }))
     }
 
@@ -293,6 +303,7 @@ impl QpImpl for IbvQp {
 
     fn to_err(&self) -> Result<()> {
         self.set_state.store(SET_ERR, Ordering::SeqCst);
+        self.ledger.set_err();
         self.to_state(ibv_qp_state::IBV_QPS_ERR, "ibv_modify_qp(ERR)")
     }
 

@@ -1,0 +1,228 @@
+//! The record of a QP's outstanding WRs, one per work queue.
+//!
+//! Devices may accept more WRs than `ibv_create_qp(3)` grants (rxe rounds each queue up to a
+//! power of two minus one and still reports the requested size), and rxe never completes a
+//! receive posted in ERR. So the provider keeps its own books: each WR goes to the device with
+//! `wr_id = seq << 1 | queue` and its caller's `wr_id` waits here. A completion for `seq`
+//! retires every earlier WR of that queue as well (unsignaled sends complete silently, in order,
+//! `ibv_post_send(3)`), and gets the caller's `wr_id` back. That gives:
+//! - `QueueFull` at exactly the granted capacity, counted in outstanding WRs;
+//! - after the QP is known to be in ERR (`to_err`, or an error completion polled), WRs are not
+//!   handed to the device: they are queued here as flushed and complete with WR_FLUSH_ERR right
+//!   after every earlier WR of their queue, so order holds.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::{Wc, WcOpcode, WcStatus};
+
+/// Which work queue a device `wr_id` belongs to (its lowest bit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wq {
+    Send = 0,
+    Recv = 1,
+}
+
+#[derive(Debug)]
+struct Entry {
+    wr_id: u64,
+    opcode: WcOpcode,
+    /// Never given to the device: completes as WR_FLUSH_ERR once it reaches the front.
+    flushed: bool,
+}
+
+/// One work queue's outstanding WRs, oldest first; the front has sequence number `base`.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    base: u64,
+    entries: VecDeque<Entry>,
+    cap: usize,
+}
+
+impl Queue {
+    fn new(cap: u32) -> Queue {
+        Queue {
+            base: 0,
+            entries: VecDeque::new(),
+            cap: cap as usize,
+        }
+    }
+
+    /// True when another WR would exceed the granted capacity.
+    pub(crate) fn full(&self) -> bool {
+        self.entries.len() >= self.cap
+    }
+
+    /// The device `wr_id` the next WR of queue `wq` gets.
+    pub(crate) fn next_device_wr_id(&self, wq: Wq) -> u64 {
+        ((self.base + self.entries.len() as u64) << 1) | wq as u64
+    }
+
+    /// Records a WR just accepted by the device (or, with `flushed`, kept from it).
+    pub(crate) fn push(&mut self, wr_id: u64, opcode: WcOpcode, flushed: bool) {
+        self.entries.push_back(Entry {
+            wr_id,
+            opcode,
+            flushed,
+        });
+    }
+
+    /// Moves flushed WRs at the front into `out` as WR_FLUSH_ERR completions.
+    fn emit_flushed(&mut self, qp_num: u32, out: &mut VecDeque<Wc>) -> usize {
+        let mut n = 0;
+        while self.entries.front().is_some_and(|e| e.flushed) {
+            let e = self.entries.pop_front().expect("front checked");
+            self.base += 1;
+            out.push_back(Wc {
+                wr_id: e.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: e.opcode,
+                byte_len: 0,
+                imm: None,
+                qp_num,
+            });
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Both work queues of one QP.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    qp_num: u32,
+    send: Mutex<Queue>,
+    recv: Mutex<Queue>,
+    in_err: AtomicBool,
+}
+
+impl Ledger {
+    pub(crate) fn new(qp_num: u32, send_cap: u32, recv_cap: u32) -> Ledger {
+        Ledger {
+            qp_num,
+            send: Mutex::new(Queue::new(send_cap)),
+            recv: Mutex::new(Queue::new(recv_cap)),
+            in_err: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn queue(&self, wq: Wq) -> MutexGuard<'_, Queue> {
+        match wq {
+            Wq::Send => self.send.lock(),
+            Wq::Recv => self.recv.lock(),
+        }
+    }
+
+    /// The QP is in ERR as far as this process knows.
+    pub(crate) fn in_err(&self) -> bool {
+        self.in_err.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_err(&self) {
+        self.in_err.store(true, Ordering::SeqCst);
+    }
+
+    /// Turns a device completion into the caller's, retiring every earlier WR of its queue,
+    /// and appends it (and flushed WRs now at the front) to `out`. A completion that names no
+    /// outstanding WR is dropped (and logged).
+    pub(crate) fn complete(&self, mut wc: Wc, out: &mut VecDeque<Wc>) {
+        let wq = if wc.wr_id & 1 == 0 {
+            Wq::Send
+        } else {
+            Wq::Recv
+        };
+        let seq = wc.wr_id >> 1;
+        if wc.status != WcStatus::Success {
+            self.set_err();
+        }
+        let mut q = self.queue(wq);
+        let Some(pos) = seq
+            .checked_sub(q.base)
+            .filter(|&p| p < q.entries.len() as u64)
+        else {
+            tracing::warn!(
+                "QP {:#x}: completion for {wq:?} WR {seq}, outstanding from {}: dropped",
+                self.qp_num,
+                q.base
+            );
+            return;
+        };
+        let mut done = None;
+        for _ in 0..=pos {
+            done = q.entries.pop_front();
+            q.base += 1;
+        }
+        let e = done.expect("pos < len");
+        wc.wr_id = e.wr_id;
+        out.push_back(wc);
+        q.emit_flushed(self.qp_num, out);
+    }
+
+    /// Moves flushed WRs at the front of `wq` into `out`; returns how many.
+    pub(crate) fn emit_flushed(&self, wq: Wq, out: &mut VecDeque<Wc>) -> usize {
+        self.queue(wq).emit_flushed(self.qp_num, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev_wc(device_wr_id: u64, status: WcStatus) -> Wc {
+        Wc {
+            wr_id: device_wr_id,
+            status,
+            qp_num: 9,
+            ..Wc::default()
+        }
+    }
+
+    #[test]
+    fn a_completion_retires_every_earlier_wr_and_returns_the_callers_id() {
+        let l = Ledger::new(9, 3, 3);
+        let mut ids = Vec::new();
+        for user in [100, 101, 102] {
+            let mut q = l.queue(Wq::Send);
+            assert!(!q.full());
+            ids.push(q.next_device_wr_id(Wq::Send));
+            q.push(user, WcOpcode::Send, false);
+        }
+        assert!(l.queue(Wq::Send).full());
+        let mut out = VecDeque::new();
+        l.complete(dev_wc(ids[1], WcStatus::Success), &mut out);
+        assert_eq!(out.pop_front().unwrap().wr_id, 101);
+        assert!(!l.queue(Wq::Send).full(), "two slots free again");
+        l.complete(dev_wc(ids[1], WcStatus::Success), &mut out);
+        assert!(out.is_empty(), "a stale completion is dropped");
+    }
+
+    #[test]
+    fn flushed_wrs_complete_after_the_earlier_ones_in_order() {
+        let l = Ledger::new(9, 8, 8);
+        let first = l.queue(Wq::Recv).next_device_wr_id(Wq::Recv);
+        l.queue(Wq::Recv).push(1, WcOpcode::Recv, false);
+        l.set_err();
+        l.queue(Wq::Recv).push(2, WcOpcode::Recv, true);
+        let mut out = VecDeque::new();
+        assert_eq!(
+            l.emit_flushed(Wq::Recv, &mut out),
+            0,
+            "WR 1 is still outstanding"
+        );
+        l.complete(dev_wc(first, WcStatus::WrFlushErr), &mut out);
+        let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(got, [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]);
+    }
+
+    #[test]
+    fn an_error_completion_marks_the_qp_in_err() {
+        let l = Ledger::new(9, 2, 2);
+        let id = l.queue(Wq::Send).next_device_wr_id(Wq::Send);
+        l.queue(Wq::Send).push(5, WcOpcode::Send, false);
+        assert!(!l.in_err());
+        l.complete(dev_wc(id, WcStatus::RemAccessErr), &mut VecDeque::new());
+        assert!(l.in_err());
+    }
+}
