@@ -226,18 +226,60 @@ async fn error_status_message_and_metadata_reach_the_client() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_larger_than_the_receive_buffer_is_resource_exhausted() {
-    let server = ServerProc::start(SERVER, &[]).await;
+async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
+    let server = ServerProc::start(SERVER, &["--grant", "4"]).await;
     let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
         .await
         .unwrap();
-    let err = client
-        .call(echo(Bytes::from(vec![0u8; 64 << 10])))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
-    // the link is still good
-    client.call(echo(Bytes::from_static(b"ok"))).await.unwrap();
+    assert_eq!(client.transport(), Transport::Rdma);
+    let calls = (0..12u32).map(|i| {
+        let client = client.clone();
+        async move {
+            // every third call is 1 MiB (16+ chunks), the others fit one chunk
+            let len = if i % 3 == 0 {
+                (1 << 20) + i as usize
+            } else {
+                100 + i as usize
+            };
+            let body: Bytes = (0..len)
+                .map(|j| (j * 31 + i as usize) as u8)
+                .collect::<Vec<u8>>()
+                .into();
+            let resp = client.call(echo(body.clone())).await.expect("echo");
+            assert_eq!(resp.body.len(), body.len(), "call {i} length");
+            assert!(resp.body == body, "call {i} body differs");
+            assert_eq!(resp.metadata.get("x-req").map(|v| &v[..]), Some(&b"42"[..]));
+        }
+    });
+    futures::future::join_all(calls).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_larger_than_max_message_are_resource_exhausted_on_both_transports() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    for t in [TransportPref::Rdma, TransportPref::Tcp] {
+        let client = Client::connect(&server.addr, &cfg(t)).await.unwrap();
+        assert_eq!(client.max_message(), Config::default().max_message, "{t:?}");
+        let probe = echo(Bytes::new());
+        let req_meta = byteexpress_rpc::wire::meta::encoded_len(&probe.method, &probe.metadata);
+        let fits = client.max_message() - byteexpress_rpc::wire::header::HEADER_LEN - req_meta;
+        // one byte too many: refused before it is sent
+        let err = client
+            .call(echo(Bytes::from(vec![0u8; fits + 1])))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?} request: {err}");
+        // the request fits exactly; the echo's answer adds metadata (x-transport,
+        // x-zero-copy) and so does not: the server answers RESOURCE_EXHAUSTED, no hang
+        let err = client
+            .call(echo(Bytes::from(vec![1u8; fits])))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?} answer: {err}");
+        // the link is still good
+        let r = client.call(echo(Bytes::from_static(b"ok"))).await.unwrap();
+        assert_eq!(&r.body[..], b"ok", "{t:?}");
+    }
 }
 
 /// Reads one frame (4-byte BE length + payload) and then expects EOF.
@@ -323,26 +365,4 @@ async fn garbage_and_oversized_frames_get_an_error_frame_and_close_others_keep_w
             .expect("other links unaffected");
         assert_eq!(&r.body[..], b"still here");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_larger_than_the_receive_buffer_is_resource_exhausted_not_a_hang() {
-    let server = ServerProc::start(SERVER, &[]).await;
-    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
-        .await
-        .unwrap();
-    // The request fills the 64 KiB receive buffer exactly; the echo's answer adds metadata
-    // (x-transport, x-zero-copy) and so no longer fits.
-    let probe = echo(Bytes::new());
-    let req_meta = byteexpress_rpc::wire::meta::encoded_len(&probe.method, &probe.metadata);
-    let body_len = client.max_message() - byteexpress_rpc::wire::header::HEADER_LEN - req_meta;
-    let err = client
-        .call(echo(Bytes::from(vec![1u8; body_len])))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
-    client
-        .call(echo(Bytes::from_static(b"ok")))
-        .await
-        .expect("link still good");
 }

@@ -129,8 +129,13 @@ impl Client {
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
         let key = format!(
-            "{addr}|{:?}|{}|{}|{}",
-            cfg.transport, cfg.grant, cfg.recv_buf_size, cfg.max_send_wr
+            "{addr}|{:?}|{}|{}|{}|{}|{}",
+            cfg.transport,
+            cfg.grant,
+            cfg.recv_buf_size,
+            cfg.max_send_wr,
+            cfg.max_chunk,
+            cfg.max_message
         );
         let mut links = registry().lock().await;
         let link = match links.get(&key).and_then(Weak::upgrade) {
@@ -158,7 +163,8 @@ impl Client {
         self.link.tx.transport()
     }
 
-    /// Largest request (40-byte header + metadata + body) the link carries, in bytes.
+    /// Largest request (40-byte header + metadata + body) the link carries, in bytes:
+    /// [`Config::max_message`].
     pub fn max_message(&self) -> usize {
         self.link.tx.max_message()
     }

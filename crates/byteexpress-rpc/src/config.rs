@@ -10,17 +10,24 @@ pub struct Config {
     /// Which transport to use (`BX_TRANSPORT=auto|rdma|tcp`, default auto). Forcing RDMA when no
     /// device reaches the peer is an error, never a silent fallback.
     pub transport: TransportPref,
-    /// Size of each RDMA receive buffer in bytes (default 64 KiB): the largest message (40-byte
-    /// header + metadata + body) the peer may send over RDMA. Larger calls fail with
-    /// RESOURCE_EXHAUSTED (rendezvous comes later).
+    /// Size of each RDMA receive buffer in bytes (default 64 KiB): the largest single SEND the
+    /// peer may post, so the upper bound of [`Config::max_chunk`].
     pub recv_buf_size: usize,
+    /// Largest SEND on an RDMA link in bytes, 40-byte header included (default 64 KiB; the
+    /// link uses at most the receive-buffer size, and more than 40). A message larger than
+    /// this is cut into chunks of this size, one SEND and one credit each, reassembled by the
+    /// receiver; a message that fits is one SEND and reaches the application zero copy.
+    pub max_chunk: usize,
+    /// Largest message in bytes, 40-byte header + metadata + body (default 16 MiB), on RDMA and
+    /// TCP alike: a larger call or answer fails with RESOURCE_EXHAUSTED before it is sent, and
+    /// a peer that announces one is cut off (RDMA: before anything is allocated for it; TCP:
+    /// the frame limit). Both sides of a link should use the same value.
+    pub max_message: usize,
     /// Receive buffers posted for the peer's data (its send credits), default 16. One more is
     /// posted for its credit updates.
     pub grant: u32,
     /// Send-queue depth of the QP (max_send_wr), default 64.
     pub max_send_wr: u32,
-    /// Largest TCP frame in bytes (default 16 MiB + 64 KiB); a larger one closes the link.
-    pub max_frame: usize,
     /// Hybrid polling: spin this long on the CQ before sleeping (default 0 = sleep at once).
     pub busy_poll: Duration,
     /// Time allowed for TCP connect plus link set-up (default 5 s).
@@ -33,8 +40,9 @@ impl Default for Config {
             transport: transport_from_env().unwrap_or(TransportPref::Auto),
             recv_buf_size: 64 << 10,
             grant: 16,
+            max_chunk: 64 << 10,
+            max_message: 16 << 20,
             max_send_wr: 64,
-            max_frame: (16 << 20) + (64 << 10),
             busy_poll: Duration::ZERO,
             connect_timeout: Duration::from_secs(5),
         }

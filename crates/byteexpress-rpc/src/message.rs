@@ -75,9 +75,17 @@ pub(crate) struct Incoming {
 }
 
 impl Incoming {
-    /// Splits a received message (a TCP frame or the filled part of a receive buffer).
+    /// Splits a received whole message (a TCP frame, or the filled part of a receive buffer
+    /// that holds a message of one chunk). Chunks of a larger message (first chunk with
+    /// `FLAG_MORE`, CONTINUATION) are errors here: only the RDMA engine reassembles them.
     pub fn parse(msg: Bytes) -> Result<Incoming, WireError> {
         let header = Header::decode(&msg)?;
+        if header.more() || header.kind == Kind::Continuation {
+            return crate::wire::err(format!(
+                "{:?} chunk where a whole message was expected",
+                header.kind
+            ));
+        }
         let meta_end = HEADER_LEN + header.meta_len as usize;
         Ok(Incoming {
             header,

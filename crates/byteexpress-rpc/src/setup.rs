@@ -16,6 +16,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, tcp};
 use crate::wire::CONN_MAGIC;
+use crate::wire::header::HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, TransportPref};
 use crate::{Code, Config, Status};
 
@@ -113,6 +114,13 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
     let qp = pd.create_qp(&cq, &cq, cap).map_err(v)?;
     let recv_pool = BufPool::new(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
     let send_pool = BufPool::new(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
+    let chunk = cfg.max_chunk.min(peer_recv_buf);
+    if chunk <= HEADER_LEN {
+        return Err(Status::new(
+            Code::InvalidArgument,
+            format!("chunks of {chunk} bytes leave no room after the {HEADER_LEN}-byte header"),
+        ));
+    }
     Ok(RdmaParts {
         qp,
         cq,
@@ -120,6 +128,8 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         send_pool,
         grant: cfg.grant,
         busy_poll: cfg.busy_poll,
+        chunk,
+        max_message: cfg.max_message,
     })
 }
 
@@ -155,14 +165,13 @@ fn spawn_control(
 
 fn start_rdma(
     parts: RdmaParts,
-    peer_recv_buf: usize,
     r: Reader,
     w: Writer,
     dispatch: Arc<dyn Dispatch>,
     posted: rdma::Posted,
 ) -> LinkTx {
     let (dead, give_link) = spawn_control(r, w);
-    let link = rdma::spawn(parts, posted, peer_recv_buf, dispatch, dead);
+    let link = rdma::spawn(parts, posted, dispatch, dead);
     let _ = give_link.send(link.clone());
     link
 }
@@ -171,7 +180,7 @@ fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
     let fc = FrameConfig {
-        max_frame: cfg.max_frame,
+        max_frame: cfg.max_message,
     };
     (FrameReader::new(r, fc), FrameWriter::new(w, fc))
 }
@@ -230,7 +239,7 @@ pub(crate) async fn connect(
                 )));
             }
             send(&mut w, &Hello::SelectTcp).await?;
-            return Ok(tcp::spawn(r, w, cfg.max_frame, dispatch));
+            return Ok(tcp::spawn(r, w, cfg.max_message, dispatch));
         };
         let mut parts = build_rdma(ctx, cfg, cfg.recv_buf_size)?;
         let endpoint = parts.qp.endpoint().to_bytes();
@@ -265,7 +274,7 @@ pub(crate) async fn connect(
         }
         // Receives are posted before our first SEND, and the server sends only answers.
         let posted = connect_qp(&mut parts, &ep, grant.min(cfg.grant))?;
-        Ok(start_rdma(parts, recv_buf, r, w, dispatch, posted))
+        Ok(start_rdma(parts, r, w, dispatch, posted))
     };
     tokio::time::timeout(cfg.connect_timeout, fut)
         .await
@@ -383,17 +392,15 @@ pub(crate) async fn accept(
                     endpoint: parts.qp.endpoint().to_bytes(),
                 };
                 send(&mut w, &accept).await?;
-                Ok(Some((parts, recv_buf as usize, posted)))
+                Ok(Some((parts, posted)))
             }
             Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),
             _ => Err(unavailable("set-up: expected SELECT")),
         }
     };
     match tokio::time::timeout(cfg.connect_timeout, fut).await {
-        Ok(Ok(None)) => Ok(tcp::spawn(r, w, cfg.max_frame, dispatch)),
-        Ok(Ok(Some((parts, recv_buf, posted)))) => {
-            Ok(start_rdma(parts, recv_buf, r, w, dispatch, posted))
-        }
+        Ok(Ok(None)) => Ok(tcp::spawn(r, w, cfg.max_message, dispatch)),
+        Ok(Ok(Some((parts, posted)))) => Ok(start_rdma(parts, r, w, dispatch, posted)),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(unavailable("set-up timed out")),
     }

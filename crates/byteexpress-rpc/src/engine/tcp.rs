@@ -12,10 +12,12 @@ use crate::wire::header::Kind;
 use crate::{Code, Metadata, Status, Transport};
 
 /// Starts the engine on an established connection (set-up done). Returns the link's sender.
+/// `max_message` (bytes, header included) bounds what it sends; the reader's frame limit
+/// bounds what it receives.
 pub(crate) fn spawn<R, W>(
     reader: FrameReader<R>,
     writer: FrameWriter<W>,
-    max_frame: usize,
+    max_message: usize,
     dispatch: Arc<dyn Dispatch>,
 ) -> LinkTx
 where
@@ -23,7 +25,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = LinkTx::new(tx, Transport::Tcp, max_frame);
+    let link = LinkTx::new(tx, Transport::Tcp, max_message);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone()));
     tokio::spawn(read_loop(reader, link.clone(), dispatch, closer));

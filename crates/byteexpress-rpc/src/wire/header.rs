@@ -4,19 +4,36 @@
 //! |---|---|---|---|
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
-//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR |
-//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); others 0 |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); others 0 |
 //! | 5 | 1 | reserved | 0 |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
 //! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
 //! | 16 | 8 | call_id | call number, unique per conn_id while the call lives |
 //! | 24 | 8 | timeout_us | REQUEST: time left until the deadline in µs, 0 = none |
-//! | 32 | 4 | meta_len | bytes of metadata after the header ([`crate::wire::meta`]) |
-//! | 36 | 4 | body_len | bytes of body after the metadata |
+//! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |
+//! | 36 | 4 | body_len | bytes of body of the message; in a CONTINUATION: bytes after this header |
 //!
 //! `meta_len` and `body_len` are checked against the configured maxima and against the bytes
 //! actually received before anything is sliced or allocated.
+//!
+//! # Chunks (RDMA)
+//! A message whose header + metadata + body is larger than one chunk (`Config::max_chunk`,
+//! never more than the receive buffer) travels as several SENDs on the link's QP:
+//! - the **first chunk** carries the message's own header (kind, status, conn_id, call_id,
+//!   timeout_us) with `meta_len` and `body_len` of the **whole** message and [`FLAG_MORE`],
+//!   followed by the first bytes of metadata + body (fewer than `meta_len + body_len`);
+//! - each **continuation chunk** carries a header of kind CONTINUATION with the same conn_id
+//!   and call_id, `meta_len` 0 and `body_len` = bytes in this chunk, then those bytes;
+//!   [`FLAG_MORE`] is set on all but the last.
+//!
+//! Chunks of different messages may interleave; chunks of one message arrive in order. Every
+//! chunk carries its own `credits` and [`FLAG_SLOT_RETURN`] and consumes one credit. The
+//! receiver checks the announced size (40 + `meta_len` + `body_len`) against its
+//! `Config::max_message` before allocating, then copies each chunk into place; a continuation
+//! with no message started, more bytes than announced or a last chunk that leaves the message
+//! short fails the link. A message that fits one chunk is one SEND without [`FLAG_MORE`].
 
 use super::{WireError, err};
 
@@ -27,6 +44,8 @@ const MAGIC: [u8; 2] = *b"BX";
 pub const VERSION: u8 = 1;
 /// Flag bit: the sender re-posted the receive buffer reserved for the peer's credit updates.
 pub const FLAG_SLOT_RETURN: u8 = 1;
+/// Flag bit: more chunks of this message follow (RDMA chunking, module docs).
+pub const FLAG_MORE: u8 = 2;
 
 /// Message kind (byte 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +62,9 @@ pub enum Kind {
     CreditUpdate = 4,
     /// The link is being closed because of the peer's error; metadata = reason.
     Error = 5,
+    /// A further chunk of the message `(conn_id, call_id)` whose first chunk carried
+    /// [`FLAG_MORE`]: `meta_len` 0, `body_len` = bytes in this chunk (RDMA only).
+    Continuation = 6,
 }
 
 /// A decoded header.
@@ -101,8 +123,11 @@ impl Header {
         b
     }
 
-    /// Parses a message's first bytes and checks that `meta_len + body_len` equals the bytes
-    /// that follow (`msg.len() - 40`). Errors name the first broken field.
+    /// Parses a message's first bytes and checks its lengths against the bytes that follow
+    /// (`msg.len() - 40`): equal to `meta_len + body_len`, except in a first chunk
+    /// ([`FLAG_MORE`] set, kind not CONTINUATION), which must be shorter than that. A
+    /// CONTINUATION must have `meta_len` 0; a CREDIT_UPDATE must not have [`FLAG_MORE`].
+    /// Errors name the first broken field.
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
         if msg.len() < HEADER_LEN {
             return err(format!(
@@ -122,6 +147,7 @@ impl Header {
             3 => Kind::Cancel,
             4 => Kind::CreditUpdate,
             5 => Kind::Error,
+            6 => Kind::Continuation,
             k => return err(format!("unknown kind {k}")),
         };
         let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -138,13 +164,45 @@ impl Header {
             body_len: u32_at(36),
         };
         let rest = (msg.len() - HEADER_LEN) as u64;
-        if h.meta_len as u64 + h.body_len as u64 != rest {
+        let announced = h.meta_len as u64 + h.body_len as u64;
+        if h.kind == Kind::Continuation && h.meta_len != 0 {
+            return err(format!("CONTINUATION with meta_len {}", h.meta_len));
+        }
+        if h.kind == Kind::CreditUpdate && h.more() {
+            return err("CREDIT_UPDATE with FLAG_MORE");
+        }
+        if h.first_of_many() {
+            if rest >= announced {
+                return err(format!(
+                    "first chunk of {rest} bytes with FLAG_MORE, but meta_len {} + body_len {} \
+                     fit in it",
+                    h.meta_len, h.body_len
+                ));
+            }
+        } else if announced != rest {
             return err(format!(
                 "meta_len {} + body_len {} != {rest} bytes received",
                 h.meta_len, h.body_len
             ));
         }
         Ok(h)
+    }
+
+    /// [`FLAG_MORE`] is set: more chunks of this message follow.
+    pub fn more(&self) -> bool {
+        self.flags & FLAG_MORE != 0
+    }
+
+    /// The first chunk of a message cut into several ([`FLAG_MORE`] on a kind other than
+    /// CONTINUATION).
+    pub fn first_of_many(&self) -> bool {
+        self.more() && self.kind != Kind::Continuation
+    }
+
+    /// Size of the whole message this header announces: 40 + `meta_len` + `body_len` (bytes).
+    /// For a CONTINUATION, the size of this chunk.
+    pub fn message_len(&self) -> u64 {
+        HEADER_LEN as u64 + self.meta_len as u64 + self.body_len as u64
     }
 }
 
@@ -182,10 +240,65 @@ mod tests {
     fn header_rejects_short_bad_magic_version_and_kind() {
         let good = Header::new(Kind::Cancel).encode();
         assert!(Header::decode(&good[..39]).is_err());
-        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 6)] {
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 7)] {
             let mut b = good;
             b[i] = v;
             assert!(Header::decode(&b).is_err(), "byte {i} = {v}");
         }
+    }
+
+    #[test]
+    fn first_chunk_may_be_shorter_than_its_lengths_only_with_flag_more() {
+        let mut h = Header::new(Kind::Request);
+        h.meta_len = 10;
+        h.body_len = 1000;
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(&[0; 100]);
+        assert!(Header::decode(&msg).is_err(), "short without FLAG_MORE");
+        h.flags = FLAG_MORE;
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(&[0; 100]);
+        let d = Header::decode(&msg).unwrap();
+        assert!(d.first_of_many());
+        assert_eq!(d.message_len(), 1050);
+        // a "first chunk" that already holds the whole message is malformed
+        let mut whole = h.encode().to_vec();
+        whole.extend_from_slice(&[0; 1010]);
+        assert!(
+            Header::decode(&whole).is_err(),
+            "FLAG_MORE on a complete message"
+        );
+    }
+
+    #[test]
+    fn continuation_carries_its_own_length_and_no_metadata() {
+        let mut h = Header::new(Kind::Continuation);
+        h.conn_id = 3;
+        h.call_id = 9;
+        h.body_len = 5;
+        h.flags = FLAG_MORE;
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(&[1; 5]);
+        let d = Header::decode(&msg).unwrap();
+        assert_eq!(d, h);
+        assert!(d.more() && !d.first_of_many());
+        msg.push(0);
+        assert!(
+            Header::decode(&msg).is_err(),
+            "body_len must match the chunk"
+        );
+        h.meta_len = 1;
+        h.body_len = 4;
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(&[1; 5]);
+        assert!(Header::decode(&msg).is_err(), "meta_len must be 0");
+    }
+
+    #[test]
+    fn credit_update_cannot_be_chunked() {
+        let mut h = Header::new(Kind::CreditUpdate);
+        h.flags = FLAG_MORE;
+        h.body_len = 1;
+        assert!(Header::decode(&h.encode()).is_err());
     }
 }

@@ -1,27 +1,37 @@
-//! The RDMA engine: one RC QP per link, one SEND per message, receiver credits from
-//! `byteexpress-flow` so a SEND never finds the peer without a posted receive (no RNR).
+//! The RDMA engine: one RC QP per link, receiver credits from `byteexpress-flow` so a SEND never
+//! finds the peer without a posted receive (no RNR).
 //!
-//! Receive buffers come from a pool registered once; a received body reaches the application as
-//! a slice of its receive buffer (zero copy) and the buffer returns to the pool when the
-//! application drops it. A fresh buffer is posted in its place at once, so credits flow back
-//! however long the application holds on; only when the pool has no free buffer left is the
-//! message copied out and its own buffer re-posted.
+//! A message that fits one chunk (`Config::max_chunk`, at most the peer's receive buffer) is
+//! one SEND; a larger one is cut into chunks, one SEND each ([`send`]), and reassembled by the
+//! receiver ([`reassembly`]). Every chunk consumes one credit.
+//!
+//! Receive buffers come from a pool registered once; a single-chunk message reaches the
+//! application as a slice of its receive buffer (zero copy) and the buffer returns to the pool
+//! when the application drops it. A fresh buffer is posted in its place at once, so credits flow
+//! back however long the application holds on; only when the pool has no free buffer left is the
+//! message copied out and its own buffer re-posted. Chunks of a larger message are copied once
+//! into a buffer of the announced size, and their receive buffers re-posted at once.
+
+mod reassembly;
+mod recv;
+mod send;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use byteexpress_flow::credit::{CreditConfig, Credits, MsgKind, Piggyback};
+use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback};
 use byteexpress_mem::{BufPool, PoolBuf};
 use byteexpress_verbs::{Cq, Qp, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOp};
-use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::tcp::{Closer, peer_error};
+use super::tcp::Closer;
 use super::{Dispatch, LinkTx};
-use crate::message::{Incoming, Outgoing};
-use crate::wire::header::{FLAG_SLOT_RETURN, Kind};
+use crate::message::Outgoing;
+use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
 use crate::{Code, Status, Transport};
+use reassembly::Reassembly;
+use send::OutMsg;
 
 /// What an RDMA engine runs on; built by link set-up.
 #[derive(Debug)]
@@ -37,6 +47,12 @@ pub(crate) struct RdmaParts {
     pub grant: u32,
     /// Hybrid polling budget.
     pub busy_poll: Duration,
+    /// Largest SEND in bytes, header included: `Config::max_chunk`, at most the peer's
+    /// receive-buffer size, more than the 40-byte header.
+    pub chunk: usize,
+    /// Largest message in bytes (header + metadata + body), both directions:
+    /// `Config::max_message`.
+    pub max_message: usize,
 }
 
 /// Receives posted on a link's QP: buffer by wr_id, and the next wr_id to use.
@@ -84,12 +100,11 @@ fn post_recv(
 pub(crate) fn spawn(
     parts: RdmaParts,
     posted: Posted,
-    max_message: usize,
     dispatch: Arc<dyn Dispatch>,
     ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
 ) -> LinkTx {
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = LinkTx::new(tx, Transport::Rdma, max_message);
+    let link = LinkTx::new(tx, Transport::Rdma, parts.max_message);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     let credits = Credits::new(
         CreditConfig::new(parts.grant)
@@ -97,6 +112,7 @@ pub(crate) fn spawn(
     );
     let engine = Engine {
         send_slots: parts.qp.cap().max_send_wr as usize,
+        reassembly: Reassembly::new(parts.max_message),
         parts,
         recv_posted: posted.bufs,
         send_posted: HashMap::new(),
@@ -117,10 +133,11 @@ struct Engine {
     send_posted: HashMap<u64, PoolBuf>,
     next_wr: u64,
     credits: Credits,
-    queue: VecDeque<Outgoing>,
+    queue: VecDeque<OutMsg>,
     send_slots: usize,
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
+    reassembly: Reassembly,
     copied_out: u64,
 }
 
@@ -140,7 +157,7 @@ impl Engine {
             let cq = self.parts.cq.clone();
             tokio::select! {
                 m = rx.recv() => match m {
-                    Some(m) => self.queue.push_back(m),
+                    Some(m) => self.queue.push_back(OutMsg::new(m)),
                     None => break Status::new(Code::Unavailable, "link dropped"),
                 },
                 r = cq.ready(self.parts.busy_poll) => if let Err(e) = r {
@@ -152,7 +169,12 @@ impl Engine {
         };
         let _ = self.parts.qp.to_err();
         closer.close(why);
-        tracing::debug!(copied_out = self.copied_out, "RDMA engine stopped");
+        tracing::debug!(
+            copied_out = self.copied_out,
+            reassembled = self.reassembly.completed(),
+            partial = self.reassembly.in_progress(),
+            "RDMA engine stopped"
+        );
     }
 
     /// One round of work; Ok(true) when something happened (run again before sleeping).
@@ -167,7 +189,7 @@ impl Engine {
             self.on_completion(wc)?;
         }
         while let Ok(m) = rx.try_recv() {
-            self.queue.push_back(m);
+            self.queue.push_back(OutMsg::new(m));
         }
         let sent = self.send_queued()?;
         Ok(n > 0 || sent)
@@ -189,110 +211,39 @@ impl Engine {
         }
     }
 
-    fn on_receive(&mut self, wc: &Wc) -> Result<(), Status> {
-        let Some(mut buf) = self.recv_posted.remove(&wc.wr_id) else {
-            return Err(Status::new(
-                Code::Internal,
-                format!("receive completion for unknown wr {}", wc.wr_id),
-            ));
-        };
-        buf.set_len(wc.byte_len as usize);
-        // Keep `grant + 1` receives posted: a fresh buffer if the pool has one (the message stays
-        // where it landed, zero copy), else copy the message out and re-post its own buffer.
-        let msg = match self.parts.recv_pool.alloc() {
-            Ok(fresh) => {
-                post_recv(
-                    &self.parts.qp,
-                    fresh,
-                    &mut self.recv_posted,
-                    &mut self.next_wr,
-                )?;
-                buf.freeze()
-            }
-            Err(_) => {
-                self.copied_out += 1;
-                let copy = Bytes::copy_from_slice(buf.as_slice());
-                post_recv(
-                    &self.parts.qp,
-                    buf,
-                    &mut self.recv_posted,
-                    &mut self.next_wr,
-                )?;
-                copy
-            }
-        };
-        let msg = Incoming::parse(msg).map_err(|e| Status::new(Code::Internal, e.to_string()))?;
-        let kind = if msg.header.kind == Kind::CreditUpdate {
-            MsgKind::CreditUpdate
-        } else {
-            MsgKind::Data
-        };
-        let pb = Piggyback {
-            credits: msg.header.credits,
-            slot_return: msg.header.flags & FLAG_SLOT_RETURN != 0,
-        };
-        self.credits
-            .on_receive(kind, pb)
-            .map_err(|e| Status::new(Code::Internal, format!("credits: {e}")))?;
-        self.credits
-            .on_reposted(kind)
-            .map_err(|e| Status::new(Code::Internal, format!("credits: {e}")))?;
-        match msg.header.kind {
-            Kind::CreditUpdate => Ok(()),
-            Kind::Error => Err(peer_error(&msg)),
-            _ => {
-                self.dispatch.incoming(&self.link, msg);
-                Ok(())
-            }
-        }
-    }
-
-    /// Posts queued messages while credits, send-queue slots and send buffers last, then an
-    /// explicit credit update if one is due.
+    /// Posts chunks of queued messages while credits, send-queue slots and send buffers last,
+    /// then an explicit credit update if one is due.
     fn send_queued(&mut self) -> Result<bool, Status> {
         let mut sent = false;
-        while !self.queue.is_empty() && self.send_posted.len() < self.send_slots {
+        while !self.queue.is_empty()
+            && self.send_posted.len() < self.send_slots
+            && self.parts.send_pool.available() > 0
+        {
             let Some(pb) = self.credits.try_send_data() else {
                 break;
             };
-            let msg = self.queue.pop_front().expect("queue checked non-empty");
-            self.post(msg.final_header(), &msg.meta, &msg.body, pb)?;
+            let chunk = self.parts.chunk;
+            let msg = self.queue.front_mut().expect("queue checked non-empty");
+            let (h, off, len) = msg.next_chunk(chunk);
+            let buf = chunk_buf(&self.parts, h, pb, |buf| msg.copy_payload(buf, off, len))?;
+            if msg.done() {
+                self.queue.pop_front();
+            }
+            self.post(buf)?;
             sent = true;
         }
         if self.send_posted.len() < self.send_slots
+            && self.parts.send_pool.available() > 0
             && let Some(pb) = self.credits.poll_update()
         {
-            self.post(
-                crate::wire::header::Header::new(Kind::CreditUpdate),
-                &[],
-                &[],
-                pb,
-            )?;
+            let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
+            self.post(buf)?;
             sent = true;
         }
         Ok(sent)
     }
 
-    fn post(
-        &mut self,
-        mut h: crate::wire::header::Header,
-        meta: &[u8],
-        body: &[u8],
-        pb: Piggyback,
-    ) -> Result<(), Status> {
-        h.credits = pb.credits;
-        if pb.slot_return {
-            h.flags |= FLAG_SLOT_RETURN;
-        }
-        let mut buf = self
-            .parts
-            .send_pool
-            .alloc()
-            .map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
-        for part in [&h.encode()[..], meta, body] {
-            buf.extend_from_slice(part)
-                .map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
-        }
+    fn post(&mut self, buf: PoolBuf) -> Result<(), Status> {
         let wr_id = self.next_wr;
         self.next_wr += 1;
         let wr = SendWr {
@@ -309,4 +260,23 @@ impl Engine {
         self.send_posted.insert(wr_id, buf);
         Ok(())
     }
+}
+
+/// A send buffer holding `h` (with the piggyback `pb` filled in) and what `fill` appends.
+fn chunk_buf(
+    parts: &RdmaParts,
+    mut h: Header,
+    pb: Piggyback,
+    fill: impl FnOnce(&mut PoolBuf) -> Result<(), byteexpress_mem::MemError>,
+) -> Result<PoolBuf, Status> {
+    h.credits = pb.credits;
+    if pb.slot_return {
+        h.flags |= FLAG_SLOT_RETURN;
+    }
+    let exhausted = |e: byteexpress_mem::MemError| Status::new(Code::Internal, e.to_string());
+    let mut buf = parts.send_pool.alloc().map_err(exhausted)?;
+    buf.extend_from_slice(&h.encode()).map_err(exhausted)?;
+    fill(&mut buf).map_err(exhausted)?;
+    debug_assert!(buf.len() <= parts.chunk && buf.len() >= HEADER_LEN);
+    Ok(buf)
 }

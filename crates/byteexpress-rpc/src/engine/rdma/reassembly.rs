@@ -1,0 +1,228 @@
+//! Reassembly of messages that arrive in several chunks ([`crate::wire::header`], "Chunks").
+//!
+//! Pure bookkeeping, no I/O: the engine hands every chunk of a multi-chunk message (a first
+//! chunk with `FLAG_MORE`, or a CONTINUATION) to [`Reassembly::on_chunk`], which copies it into
+//! a buffer of the announced size and returns the message once its last chunk is in. Messages
+//! are keyed by `(conn_id, call_id)`: chunks of different messages interleave, chunks of one
+//! message arrive in order (one RC QP).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use crate::message::Incoming;
+use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
+
+/// A peer's chunk that breaks the rules; the link is failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ReassemblyError {
+    /// The first chunk announces more than this side's `max_message` (bytes, header included).
+    #[error("message {key:?} announces {len} bytes, more than the {max}-byte maximum")]
+    TooLarge {
+        /// `(conn_id, call_id)`.
+        key: (u32, u64),
+        /// Announced size (bytes).
+        len: u64,
+        /// Configured maximum (bytes).
+        max: u64,
+    },
+    /// A first chunk for a message already being reassembled.
+    #[error("message {0:?} started twice")]
+    Restarted((u32, u64)),
+    /// A CONTINUATION with no message started under its key.
+    #[error("continuation of message {0:?}, which was never started")]
+    NotStarted((u32, u64)),
+    /// More bytes than the first chunk announced.
+    #[error("message {key:?} overruns its announced {len} bytes")]
+    Overrun {
+        /// `(conn_id, call_id)`.
+        key: (u32, u64),
+        /// Announced metadata + body (bytes).
+        len: u64,
+    },
+    /// The last chunk (no `FLAG_MORE`) leaves the message short of its announced size.
+    #[error("message {key:?} ended after {got} of its announced {len} bytes")]
+    Short {
+        /// `(conn_id, call_id)`.
+        key: (u32, u64),
+        /// Bytes received (metadata + body).
+        got: u64,
+        /// Announced metadata + body (bytes).
+        len: u64,
+    },
+}
+
+/// A message being reassembled.
+#[derive(Debug)]
+struct Partial {
+    /// The first chunk's header (whole-message lengths).
+    header: Header,
+    /// Metadata + body so far; capacity = the announced `meta_len + body_len`.
+    data: Vec<u8>,
+}
+
+/// Messages being reassembled on one link, by `(conn_id, call_id)`.
+#[derive(Debug)]
+pub(crate) struct Reassembly {
+    partial: HashMap<(u32, u64), Partial>,
+    max_message: u64,
+    completed: u64,
+}
+
+impl Reassembly {
+    /// Accepts messages of at most `max_message` bytes (header + metadata + body).
+    pub(crate) fn new(max_message: usize) -> Self {
+        Reassembly {
+            partial: HashMap::new(),
+            max_message: max_message as u64,
+            completed: 0,
+        }
+    }
+
+    /// Messages started and not yet complete.
+    pub(crate) fn in_progress(&self) -> usize {
+        self.partial.len()
+    }
+
+    /// Messages reassembled since the link started.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// Takes one chunk: `h` is its decoded header, `payload` the bytes after it (already
+    /// checked against `h` by [`Header::decode`]). Returns the whole message after its last
+    /// chunk, copied once into a buffer of the announced size.
+    pub(crate) fn on_chunk(
+        &mut self,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<Option<Incoming>, ReassemblyError> {
+        let key = (h.conn_id, h.call_id);
+        if h.kind != Kind::Continuation {
+            debug_assert!(h.more(), "single-chunk messages are not reassembled");
+            if h.message_len() > self.max_message {
+                return Err(ReassemblyError::TooLarge {
+                    key,
+                    len: h.message_len(),
+                    max: self.max_message,
+                });
+            }
+            if self.partial.contains_key(&key) {
+                return Err(ReassemblyError::Restarted(key));
+            }
+            // Checked above: fits in max_message, which is a usize.
+            let mut data = Vec::with_capacity(h.message_len() as usize - HEADER_LEN);
+            data.extend_from_slice(payload);
+            let mut header = *h;
+            header.flags &= !FLAG_MORE;
+            self.partial.insert(key, Partial { header, data });
+            return Ok(None);
+        }
+        let Some(p) = self.partial.get_mut(&key) else {
+            return Err(ReassemblyError::NotStarted(key));
+        };
+        let len = p.data.capacity() as u64;
+        let got = (p.data.len() + payload.len()) as u64;
+        if got > len {
+            return Err(ReassemblyError::Overrun { key, len });
+        }
+        if !h.more() && got < len {
+            return Err(ReassemblyError::Short { key, got, len });
+        }
+        p.data.extend_from_slice(payload);
+        if h.more() {
+            return Ok(None);
+        }
+        let p = self.partial.remove(&key).expect("present above");
+        self.completed += 1;
+        let data = Bytes::from(p.data);
+        let meta_end = p.header.meta_len as usize;
+        Ok(Some(Incoming {
+            header: p.header,
+            meta: data.slice(..meta_end),
+            body: data.slice(meta_end..),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first(meta_len: u32, body_len: u32, call_id: u64) -> Header {
+        let mut h = Header::new(Kind::Request);
+        h.conn_id = 1;
+        h.call_id = call_id;
+        h.status = 7;
+        h.timeout_us = 99;
+        h.meta_len = meta_len;
+        h.body_len = body_len;
+        h.flags = FLAG_MORE;
+        h
+    }
+
+    fn cont(call_id: u64, len: usize, more: bool) -> Header {
+        let mut h = Header::new(Kind::Continuation);
+        h.conn_id = 1;
+        h.call_id = call_id;
+        h.body_len = len as u32;
+        h.flags = if more { FLAG_MORE } else { 0 };
+        h
+    }
+
+    #[test]
+    fn interleaved_messages_come_out_whole_with_their_first_header() {
+        let mut r = Reassembly::new(1 << 20);
+        let a: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
+        let b: Vec<u8> = (0..130u32).map(|i| (i * 3) as u8).collect();
+        assert!(r.on_chunk(&first(10, 240, 1), &a[..100]).unwrap().is_none());
+        assert!(r.on_chunk(&first(0, 130, 2), &b[..60]).unwrap().is_none());
+        assert!(
+            r.on_chunk(&cont(1, 100, true), &a[100..200])
+                .unwrap()
+                .is_none()
+        );
+        let mb = r.on_chunk(&cont(2, 70, false), &b[60..]).unwrap().unwrap();
+        assert_eq!(mb.header.call_id, 2);
+        assert_eq!(&mb.body[..], &b[..]);
+        assert_eq!(r.in_progress(), 1);
+        let ma = r.on_chunk(&cont(1, 50, false), &a[200..]).unwrap().unwrap();
+        assert_eq!(&ma.meta[..], &a[..10]);
+        assert_eq!(&ma.body[..], &a[10..]);
+        assert_eq!((ma.header.status, ma.header.timeout_us), (7, 99));
+        assert!(!ma.header.more(), "FLAG_MORE cleared on the whole message");
+        assert_eq!((r.in_progress(), r.completed()), (0, 2));
+    }
+
+    #[test]
+    fn announced_size_over_the_maximum_is_refused_before_allocating() {
+        let mut r = Reassembly::new(1000);
+        let err = r.on_chunk(&first(0, u32::MAX, 1), &[0; 10]).unwrap_err();
+        assert!(matches!(err, ReassemblyError::TooLarge { .. }), "{err}");
+        assert_eq!(r.in_progress(), 0);
+        // exactly the maximum is fine
+        assert!(r.on_chunk(&first(0, 960, 2), &[0; 10]).is_ok());
+    }
+
+    #[test]
+    fn continuation_without_a_start_overrun_short_end_and_restart_are_errors() {
+        let mut r = Reassembly::new(1 << 20);
+        assert_eq!(
+            r.on_chunk(&cont(5, 10, false), &[0; 10]).unwrap_err(),
+            ReassemblyError::NotStarted((1, 5))
+        );
+        r.on_chunk(&first(0, 100, 1), &[0; 50]).unwrap();
+        assert!(matches!(
+            r.on_chunk(&cont(1, 51, true), &[0; 51]).unwrap_err(),
+            ReassemblyError::Overrun { .. }
+        ));
+        assert!(matches!(
+            r.on_chunk(&cont(1, 49, false), &[0; 49]).unwrap_err(),
+            ReassemblyError::Short { got: 99, .. }
+        ));
+        assert_eq!(
+            r.on_chunk(&first(0, 100, 1), &[0; 50]).unwrap_err(),
+            ReassemblyError::Restarted((1, 1))
+        );
+    }
+}

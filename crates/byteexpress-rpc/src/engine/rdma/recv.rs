@@ -1,0 +1,98 @@
+//! The receive side of the engine: credits, re-posting, reassembly, delivery.
+
+use byteexpress_flow::credit::{MsgKind, Piggyback};
+use byteexpress_mem::PoolBuf;
+use byteexpress_verbs::Wc;
+use bytes::Bytes;
+
+use super::reassembly::ReassemblyError;
+use super::{Engine, post_recv};
+use crate::engine::tcp::peer_error;
+use crate::message::Incoming;
+use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
+use crate::{Code, Status};
+
+fn protocol(e: impl std::fmt::Display) -> Status {
+    Status::new(Code::Internal, format!("peer broke the protocol: {e}"))
+}
+
+impl Engine {
+    pub(super) fn on_receive(&mut self, wc: &Wc) -> Result<(), Status> {
+        let Some(mut buf) = self.recv_posted.remove(&wc.wr_id) else {
+            return Err(Status::new(
+                Code::Internal,
+                format!("receive completion for unknown wr {}", wc.wr_id),
+            ));
+        };
+        buf.set_len(wc.byte_len as usize);
+        let h = Header::decode(buf.as_slice()).map_err(protocol)?;
+        let kind = if h.kind == Kind::CreditUpdate {
+            MsgKind::CreditUpdate
+        } else {
+            MsgKind::Data
+        };
+        let pb = Piggyback {
+            credits: h.credits,
+            slot_return: h.flags & FLAG_SLOT_RETURN != 0,
+        };
+        self.credits
+            .on_receive(kind, pb)
+            .map_err(|e| protocol(format!("credits: {e}")))?;
+        let msg = if h.more() || h.kind == Kind::Continuation {
+            // A chunk: copied into its message's buffer; its receive buffer goes back at once.
+            let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
+            self.repost(buf, kind)?;
+            match done {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return Ok(()),
+                Err(e @ ReassemblyError::TooLarge { .. }) => {
+                    return Err(Status::new(Code::ResourceExhausted, e.to_string()));
+                }
+                Err(e) => return Err(protocol(e)),
+            }
+        } else {
+            let msg = self.keep_or_copy(buf, kind)?;
+            Incoming::parse(msg).map_err(protocol)?
+        };
+        match msg.header.kind {
+            Kind::CreditUpdate => Ok(()),
+            Kind::Error => Err(peer_error(&msg)),
+            _ => {
+                self.dispatch.incoming(&self.link, msg);
+                Ok(())
+            }
+        }
+    }
+
+    /// Keeps `grant + 1` receives posted after a single-chunk message landed in `buf`: a fresh
+    /// buffer if the pool has one (the message stays where it landed, zero copy), else the
+    /// message is copied out and `buf` re-posted.
+    fn keep_or_copy(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<Bytes, Status> {
+        match self.parts.recv_pool.alloc() {
+            Ok(fresh) => {
+                self.repost(fresh, kind)?;
+                Ok(buf.freeze())
+            }
+            Err(_) => {
+                self.copied_out += 1;
+                let copy = Bytes::copy_from_slice(buf.as_slice());
+                self.repost(buf, kind)?;
+                Ok(copy)
+            }
+        }
+    }
+
+    /// Posts `buf` as a receive in place of one of `kind` consumed, and counts it for the
+    /// credits owed back to the peer.
+    fn repost(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
+        post_recv(
+            &self.parts.qp,
+            buf,
+            &mut self.recv_posted,
+            &mut self.next_wr,
+        )?;
+        self.credits
+            .on_reposted(kind)
+            .map_err(|e| Status::new(Code::Internal, format!("credits: {e}")))
+    }
+}
