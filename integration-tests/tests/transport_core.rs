@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use byteexpress_rpc::{Client, Code, Config, Metadata, Request, Transport, TransportPref};
+use byteexpress_rpc::{Client, Code, Config, Metadata, QpState, Request, Transport, TransportPref};
 use bytes::Bytes;
 use integration_tests::ServerProc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -252,6 +252,44 @@ async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
         }
     });
     futures::future::join_all(calls).await;
+    let st = client.link_stats();
+    assert_eq!(st.qp_state, Some(QpState::Rts), "{st:?}");
+    assert_eq!(st.qp_errors, 0, "{st:?}");
+    assert!(st.messages_chunked >= 4, "requests went in chunks: {st:?}");
+    assert!(
+        st.messages_reassembled >= 4,
+        "answers came in chunks: {st:?}"
+    );
+    assert!(st.chunks_sent >= 4 * 16 + 8, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_caps_chunks_in_flight_and_zero_means_unlimited() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    for (window_bytes, want_waits) in [(1, true), (0, false)] {
+        let client = Client::connect(
+            &server.addr,
+            &Config {
+                transport: TransportPref::Rdma,
+                window_bytes,
+                ..Config::default()
+            },
+        )
+        .await
+        .unwrap();
+        let body: Bytes = (0..(1usize << 20)).map(|j| (j % 251) as u8).collect();
+        let resp = client.call(echo(body.clone())).await.expect("echo");
+        assert!(resp.body == body);
+        let st = client.link_stats();
+        // A 1-byte window admits one chunk at a time (the single-chunk escape), so the 17
+        // chunks of the request wait on each other's completions.
+        assert_eq!(
+            st.window_blocked > 0,
+            want_waits,
+            "window {window_bytes}: {st:?}"
+        );
+        assert_eq!(st.qp_errors, 0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

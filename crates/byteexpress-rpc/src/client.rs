@@ -129,13 +129,15 @@ impl Client {
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
         let key = format!(
-            "{addr}|{:?}|{}|{}|{}|{}|{}",
+            "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}",
             cfg.transport,
             cfg.grant,
             cfg.recv_buf_size,
             cfg.max_send_wr,
             cfg.max_chunk,
-            cfg.max_message
+            cfg.max_message,
+            cfg.window_bytes,
+            cfg.sched
         );
         let mut links = registry().lock().await;
         let link = match links.get(&key).and_then(Weak::upgrade) {
@@ -167,6 +169,12 @@ impl Client {
     /// [`Config::max_message`].
     pub fn max_message(&self) -> usize {
         self.link.tx.max_message()
+    }
+
+    /// Counters of this connection's link (shared by every [`Client`] on it): QP state and
+    /// errors, credit and window waits, chunks, copies. See [`LinkStats`](crate::LinkStats).
+    pub fn link_stats(&self) -> crate::LinkStats {
+        self.link.tx.stats()
     }
 
     /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`

@@ -28,6 +28,16 @@ pub struct Config {
     pub grant: u32,
     /// Send-queue depth of the QP (max_send_wr), default 64.
     pub max_send_wr: u32,
+    /// Software window of each RDMA link's QP: bytes posted and not yet completed, header
+    /// included (default 256 KiB = 4 × the default `max_chunk`; 0 = unlimited). Beyond it,
+    /// chunks wait in the link's scheduler. One chunk always passes an empty window.
+    pub window_bytes: u64,
+    /// Window shared by all RDMA links on one device in this process, in bytes in flight
+    /// (default 0 = unlimited). The first link set up on a device fixes the device's cap.
+    pub device_window_bytes: u64,
+    /// How an RDMA link orders the chunks of its logical connections (default
+    /// [`SchedMode::Fair`]).
+    pub sched: SchedMode,
     /// Hybrid polling: spin this long on the CQ before sleeping (default 0 = sleep at once).
     pub busy_poll: Duration,
     /// Time allowed for TCP connect plus link set-up (default 5 s).
@@ -43,10 +53,27 @@ impl Default for Config {
             max_chunk: 64 << 10,
             max_message: 16 << 20,
             max_send_wr: 64,
+            window_bytes: 256 << 10,
+            device_window_bytes: 0,
+            sched: SchedMode::Fair,
             busy_poll: Duration::ZERO,
             connect_timeout: Duration::from_secs(5),
         }
     }
+}
+
+/// Order in which an RDMA link posts the chunks of the messages waiting on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedMode {
+    /// `byteexpress_flow::sched`: deficit round robin over logical connections (`conn_id`) on
+    /// bytes, messages of one chunk in a latency class served first (at most 8 chunks in a row
+    /// while bulk waits), multi-chunk messages in a bulk class. A small call waits behind at
+    /// most one chunk of a bulk message.
+    #[default]
+    Fair,
+    /// First in, first out over the same chunks: a message's chunks all go before the next
+    /// message's. For comparison (benchmarks); a small call waits behind whole bulk messages.
+    Fifo,
 }
 
 /// Parses `BX_TRANSPORT`. `None` when unset; an unknown value is reported and ignored.

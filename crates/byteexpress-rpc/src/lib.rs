@@ -9,7 +9,10 @@
 //!   local device that reaches the peer (hardware before the soft device), else TCP. Every client
 //!   reports what it negotiated ([`Client::transport`]).
 //! - On RDMA, receiver credits (`byteexpress-flow`) keep every SEND matched by a posted receive;
-//!   received bodies reach the application as slices of registered receive buffers (zero copy).
+//!   messages larger than a chunk ([`Config::max_chunk`]) go as several SENDs, ordered among
+//!   logical connections by a fair scheduler and capped by a software window
+//!   ([`Config::window_bytes`]); single-chunk bodies reach the application as slices of
+//!   registered receive buffers (zero copy). [`Client::link_stats`] counts what happened.
 //! - Calls carry gRPC status codes, metadata and a deadline that both sides enforce; a client
 //!   that gives up cancels the server's handler.
 //!
@@ -19,6 +22,7 @@
 mod client;
 mod config;
 mod engine;
+mod link_stats;
 mod message;
 mod metadata;
 mod server;
@@ -26,8 +30,10 @@ mod setup;
 mod status;
 pub mod wire;
 
+pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
-pub use config::{Config, parse_transport, transport_from_env};
+pub use config::{Config, SchedMode, parse_transport, transport_from_env};
+pub use link_stats::LinkStats;
 pub use metadata::{Metadata, valid_key};
 pub use server::{BoxFuture, Server, ServerRequest, Service};
 pub use status::{Code, Status};

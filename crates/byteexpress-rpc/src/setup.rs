@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use byteexpress_flow::window::Window;
 use byteexpress_mem::BufPool;
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
 use byteexpress_verbs::{ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
@@ -130,6 +131,11 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         busy_poll: cfg.busy_poll,
         chunk,
         max_message: cfg.max_message,
+        window: Window::fixed(cfg.window_bytes).unwrap_or_else(|_| {
+            Window::fixed(u64::MAX).expect("non-zero cap") // 0 = unlimited
+        }),
+        device_window: rdma::device_window(ctx.name(), cfg.device_window_bytes),
+        sched: cfg.sched,
     })
 }
 

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::link_stats::LinkCounters;
 use crate::message::{Incoming, Outgoing};
 use crate::{Status, Transport};
 
@@ -37,6 +38,7 @@ struct LinkShared {
     max_message: usize,
     closed: AtomicBool,
     close_now: CancellationToken,
+    counters: Arc<LinkCounters>,
 }
 
 impl LinkTx {
@@ -52,6 +54,7 @@ impl LinkTx {
                 max_message,
                 closed: AtomicBool::new(false),
                 close_now: CancellationToken::new(),
+                counters: Arc::default(),
             }),
         }
     }
@@ -76,6 +79,16 @@ impl LinkTx {
             .tx
             .send(msg)
             .map_err(|_| Status::new(crate::Code::Unavailable, "link closed"))
+    }
+
+    /// The link's counters, for the engine to update.
+    pub(crate) fn counters(&self) -> &Arc<LinkCounters> {
+        &self.inner.counters
+    }
+
+    /// A snapshot of the link's counters.
+    pub(crate) fn stats(&self) -> crate::LinkStats {
+        self.inner.counters.snapshot()
     }
 
     /// The transport this link negotiated.

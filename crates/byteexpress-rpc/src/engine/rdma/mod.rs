@@ -5,6 +5,13 @@
 //! one SEND; a larger one is cut into chunks, one SEND each ([`send`]), and reassembled by the
 //! receiver ([`reassembly`]). Every chunk consumes one credit.
 //!
+//! Outgoing messages wait in an [`Outbox`] (`byteexpress_flow::sched`: fair among logical
+//! connections, single-chunk messages first). A chunk is posted when the scheduler designates it
+//! and the gate admits it: a send credit, a free send-queue slot and send buffer, and room in
+//! the QP's [`Window`] and in its device's shared window ([`device_window`]). Both windows are
+//! charged the chunk's wire bytes on post and released on its send completion, with the
+//! completion's RTT (µs since post).
+//!
 //! Receive buffers come from a pool registered once; a single-chunk message reaches the
 //! application as a slice of its receive buffer (zero copy) and the buffer returns to the pool
 //! when the application drops it. A fresh buffer is posted in its place at once, so credits flow
@@ -12,26 +19,32 @@
 //! message copied out and its own buffer re-posted. Chunks of a larger message are copied once
 //! into a buffer of the announced size, and their receive buffers re-posted at once.
 
+mod device_window;
+mod outbox;
 mod reassembly;
 mod recv;
 mod send;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback};
+use byteexpress_flow::window::Window;
 use byteexpress_mem::{BufPool, PoolBuf};
 use byteexpress_verbs::{Cq, Qp, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOp};
 use tokio::sync::mpsc;
 
 use super::tcp::Closer;
 use super::{Dispatch, LinkTx};
+use crate::config::SchedMode;
+use crate::link_stats::LinkCounters;
 use crate::message::Outgoing;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
 use crate::{Code, Status, Transport};
+pub(crate) use device_window::{SharedDeviceWindow, device_window};
+use outbox::Outbox;
 use reassembly::Reassembly;
-use send::OutMsg;
 
 /// What an RDMA engine runs on; built by link set-up.
 #[derive(Debug)]
@@ -53,6 +66,12 @@ pub(crate) struct RdmaParts {
     /// Largest message in bytes (header + metadata + body), both directions:
     /// `Config::max_message`.
     pub max_message: usize,
+    /// The QP's window (`Config::window_bytes`).
+    pub window: Window,
+    /// The device's window, shared with the device's other links.
+    pub device_window: SharedDeviceWindow,
+    /// Chunk order (`Config::sched`).
+    pub sched: SchedMode,
 }
 
 /// Receives posted on a link's QP: buffer by wr_id, and the next wr_id to use.
@@ -105,6 +124,8 @@ pub(crate) fn spawn(
 ) -> LinkTx {
     let (tx, rx) = mpsc::unbounded_channel();
     let link = LinkTx::new(tx, Transport::Rdma, parts.max_message);
+    let counters = link.counters().clone();
+    let _ = counters.qp.set(parts.qp.clone());
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     let credits = Credits::new(
         CreditConfig::new(parts.grant)
@@ -113,32 +134,50 @@ pub(crate) fn spawn(
     let engine = Engine {
         send_slots: parts.qp.cap().max_send_wr as usize,
         reassembly: Reassembly::new(parts.max_message),
+        outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
         recv_posted: posted.bufs,
         send_posted: HashMap::new(),
         next_wr: posted.next_wr,
         credits,
-        queue: VecDeque::new(),
         link: link.clone(),
         dispatch,
-        copied_out: 0,
+        counters,
+        epoch: Instant::now(),
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer));
     link
 }
 
+/// A posted SEND: its buffer (owned by the WR until the completion), the bytes charged to the
+/// windows (0 for a credit update, which bypasses them) and when it was posted.
+struct InFlight {
+    _buf: PoolBuf,
+    charged: u64,
+    posted_at: Instant,
+}
+
+/// Why the chunk due next was not posted.
+#[derive(Clone, Copy)]
+enum Wait {
+    Credit,
+    Window,
+}
+
 struct Engine {
     parts: RdmaParts,
     recv_posted: HashMap<u64, PoolBuf>,
-    send_posted: HashMap<u64, PoolBuf>,
+    send_posted: HashMap<u64, InFlight>,
     next_wr: u64,
     credits: Credits,
-    queue: VecDeque<OutMsg>,
+    outbox: Outbox,
     send_slots: usize,
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
     reassembly: Reassembly,
-    copied_out: u64,
+    counters: Arc<LinkCounters>,
+    /// Origin of the µs clock passed to the window.
+    epoch: Instant,
 }
 
 impl Engine {
@@ -157,7 +196,7 @@ impl Engine {
             let cq = self.parts.cq.clone();
             tokio::select! {
                 m = rx.recv() => match m {
-                    Some(m) => self.queue.push_back(OutMsg::new(m)),
+                    Some(m) => self.outbox.push(m),
                     None => break Status::new(Code::Unavailable, "link dropped"),
                 },
                 r = cq.ready(self.parts.busy_poll) => if let Err(e) = r {
@@ -168,10 +207,10 @@ impl Engine {
             }
         };
         let _ = self.parts.qp.to_err();
+        self.release_windows();
         closer.close(why);
         tracing::debug!(
-            copied_out = self.copied_out,
-            reassembled = self.reassembly.completed(),
+            stats = ?self.counters.snapshot(),
             partial = self.reassembly.in_progress(),
             "RDMA engine stopped"
         );
@@ -189,7 +228,7 @@ impl Engine {
             self.on_completion(wc)?;
         }
         while let Ok(m) = rx.try_recv() {
-            self.queue.push_back(OutMsg::new(m));
+            self.outbox.push(m);
         }
         let sent = self.send_queued()?;
         Ok(n > 0 || sent)
@@ -197,6 +236,10 @@ impl Engine {
 
     fn on_completion(&mut self, wc: &Wc) -> Result<(), Status> {
         if wc.status != WcStatus::Success {
+            LinkCounters::bump(&self.counters.qp_errors);
+            if wc.status == WcStatus::RnrRetryExcErr {
+                LinkCounters::bump(&self.counters.rnr_errors);
+            }
             return Err(Status::new(
                 Code::Unavailable,
                 format!("RDMA completion {:?} on wr {}", wc.status, wc.wr_id),
@@ -205,31 +248,89 @@ impl Engine {
         match wc.opcode {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
-                self.send_posted.remove(&wc.wr_id);
+                if let Some(f) = self.send_posted.remove(&wc.wr_id) {
+                    let rtt_us = f.posted_at.elapsed().as_micros() as u64;
+                    self.release(f.charged, rtt_us)?;
+                }
                 Ok(())
             }
         }
     }
 
-    /// Posts chunks of queued messages while credits, send-queue slots and send buffers last,
-    /// then an explicit credit update if one is due.
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// Releases `bytes` from the QP and device windows (a completion `rtt_us` after post).
+    fn release(&mut self, bytes: u64, rtt_us: u64) -> Result<(), Status> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let now = self.now_us();
+        self.parts
+            .window
+            .on_complete(&mut self.parts.device_window.lock(), bytes, rtt_us, now)
+            .map(|_| ())
+            .map_err(|e| Status::new(Code::Internal, format!("window: {e:?}")))
+    }
+
+    /// The link is gone: gives back what its unfinished SENDs hold of the shared device window.
+    fn release_windows(&mut self) {
+        let charged: u64 = self.send_posted.values().map(|f| f.charged).sum();
+        let _ = self.release(charged, 0);
+    }
+
+    /// Posts chunks as the scheduler designates them while the gate admits them (credit, SQ
+    /// slot, send buffer, windows), then an explicit credit update if one is due.
     fn send_queued(&mut self) -> Result<bool, Status> {
         let mut sent = false;
-        while !self.queue.is_empty()
+        while !self.outbox.is_empty()
             && self.send_posted.len() < self.send_slots
             && self.parts.send_pool.available() > 0
         {
-            let Some(pb) = self.credits.try_send_data() else {
+            let mut dev = self.parts.device_window.lock();
+            let mut wait = None;
+            let (credits, window) = (&self.credits, &self.parts.window);
+            let next = self.outbox.next(|len| {
+                wait = if !credits.can_send() {
+                    Some(Wait::Credit)
+                } else if !window.can_post(&dev, len.into()) {
+                    Some(Wait::Window)
+                } else {
+                    None
+                };
+                wait.is_none()
+            });
+            let Some(n) = next else {
+                match wait {
+                    Some(Wait::Credit) => LinkCounters::bump(&self.counters.credit_blocked),
+                    Some(Wait::Window) => LinkCounters::bump(&self.counters.window_blocked),
+                    None => {}
+                }
                 break;
             };
-            let chunk = self.parts.chunk;
-            let msg = self.queue.front_mut().expect("queue checked non-empty");
-            let (h, off, len) = msg.next_chunk(chunk);
-            let buf = chunk_buf(&self.parts, h, pb, |buf| msg.copy_payload(buf, off, len))?;
-            if msg.done() {
-                self.queue.pop_front();
+            let ticket = self
+                .parts
+                .window
+                .try_post(&mut dev, n.wire.into())
+                .map_err(|b| Status::new(Code::Internal, format!("window: {b:?}")))?;
+            drop(dev);
+            let pb = self
+                .credits
+                .try_send_data()
+                .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
+            let msg = self.outbox.msg(n.msg);
+            let buf = chunk_buf(&self.parts, n.header, pb, |b| {
+                msg.copy_payload(b, n.off, n.len)
+            })?;
+            if n.last {
+                self.outbox.finish(n.msg);
+                if n.chunked {
+                    LinkCounters::bump(&self.counters.messages_chunked);
+                }
             }
-            self.post(buf)?;
+            self.post(buf, ticket.bytes)?;
+            LinkCounters::bump(&self.counters.chunks_sent);
             sent = true;
         }
         if self.send_posted.len() < self.send_slots
@@ -237,13 +338,15 @@ impl Engine {
             && let Some(pb) = self.credits.poll_update()
         {
             let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
-            self.post(buf)?;
+            self.post(buf, 0)?;
+            LinkCounters::bump(&self.counters.credit_updates_sent);
             sent = true;
         }
         Ok(sent)
     }
 
-    fn post(&mut self, buf: PoolBuf) -> Result<(), Status> {
+    /// Posts a SEND of `buf`, which charged `charged` bytes to the windows.
+    fn post(&mut self, buf: PoolBuf, charged: u64) -> Result<(), Status> {
         let wr_id = self.next_wr;
         self.next_wr += 1;
         let wr = SendWr {
@@ -253,11 +356,19 @@ impl Engine {
             signaled: true,
             inline: false,
         };
-        self.parts
-            .qp
-            .post_send(&wr)
-            .map_err(|e| Status::new(Code::Unavailable, format!("post_send: {e}")))?;
-        self.send_posted.insert(wr_id, buf);
+        let posted_at = Instant::now();
+        if let Err(e) = self.parts.qp.post_send(&wr) {
+            let _ = self.release(charged, 0);
+            return Err(Status::new(Code::Unavailable, format!("post_send: {e}")));
+        }
+        self.send_posted.insert(
+            wr_id,
+            InFlight {
+                _buf: buf,
+                charged,
+                posted_at,
+            },
+        );
         Ok(())
     }
 }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use super::reassembly::ReassemblyError;
 use super::{Engine, post_recv};
 use crate::engine::tcp::peer_error;
+use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
 use crate::{Code, Status};
@@ -43,7 +44,10 @@ impl Engine {
             let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
             self.repost(buf, kind)?;
             match done {
-                Ok(Some(msg)) => msg,
+                Ok(Some(msg)) => {
+                    LinkCounters::bump(&self.counters.messages_reassembled);
+                    msg
+                }
                 Ok(None) => return Ok(()),
                 Err(e @ ReassemblyError::TooLarge { .. }) => {
                     return Err(Status::new(Code::ResourceExhausted, e.to_string()));
@@ -74,7 +78,7 @@ impl Engine {
                 Ok(buf.freeze())
             }
             Err(_) => {
-                self.copied_out += 1;
+                LinkCounters::bump(&self.counters.copied_out);
                 let copy = Bytes::copy_from_slice(buf.as_slice());
                 self.repost(buf, kind)?;
                 Ok(copy)

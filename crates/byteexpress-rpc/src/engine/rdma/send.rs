@@ -30,6 +30,16 @@ impl OutMsg {
         self.msg.meta.len() + self.msg.body.len()
     }
 
+    /// Bytes all its SENDs put on the wire when cut into chunks of at most `chunk` bytes
+    /// (header included, `chunk > HEADER_LEN`): the payload plus one header per chunk. Cut
+    /// into pieces of `chunk` bytes, this length gives exactly the SENDs
+    /// [`OutMsg::next_chunk`] makes, so the scheduler's chunks and the SENDs coincide.
+    pub(super) fn wire_len_in_chunks(&self, chunk: usize) -> u64 {
+        let per = chunk - HEADER_LEN;
+        let chunks = self.payload_len().div_ceil(per).max(1);
+        (self.payload_len() + chunks * HEADER_LEN) as u64
+    }
+
     /// Whether every byte was posted.
     pub(super) fn done(&self) -> bool {
         self.started && self.sent == self.payload_len()

@@ -1,0 +1,251 @@
+//! Messages waiting to go out on one QP, ordered by `byteexpress_flow::sched`.
+//!
+//! Every message is enqueued in a [`Scheduler`] under its logical connection (`conn_id` of
+//! its header) and class: [`Class::Latency`] when it fits one chunk, [`Class::Bulk`] when it
+//! is cut into several. The scheduler grants one chunk at a time through the engine's gate
+//! (window, credit, SQ slot, send buffer), so a small call waits behind at most one chunk of a
+//! bulk message. [`SchedMode::Fifo`] puts every message on one connection and one class
+//! instead: plain first-in first-out over the same chunks, for comparison.
+
+use std::collections::HashMap;
+
+use byteexpress_flow::sched::{Class, ConnId, MsgId, SchedConfig, Scheduler};
+
+use super::send::OutMsg;
+use crate::config::SchedMode;
+use crate::message::Outgoing;
+use crate::wire::header::Header;
+
+/// The next chunk to post, as the scheduler granted it.
+#[derive(Debug)]
+pub(super) struct Next {
+    /// Its header (credit fields still to fill).
+    pub header: Header,
+    /// Message it belongs to.
+    pub msg: MsgId,
+    /// Payload range after the header: offset and length (bytes).
+    pub off: usize,
+    pub len: usize,
+    /// Wire bytes of the SEND, header included (what the window is charged).
+    pub wire: u32,
+    /// It is the message's last chunk.
+    pub last: bool,
+    /// The message has more than one chunk.
+    pub chunked: bool,
+}
+
+/// Queued messages of one link.
+#[derive(Debug)]
+pub(super) struct Outbox {
+    mode: SchedMode,
+    sched: Scheduler,
+    /// Scheduler connection of each `conn_id` with queued messages (Fair); opened on first use,
+    /// closed when its queues empty.
+    conns: HashMap<u32, ConnId>,
+    /// The one connection everything goes on (Fifo).
+    fifo: Option<ConnId>,
+    msgs: HashMap<MsgId, OutMsg>,
+    /// Largest SEND (bytes, header included).
+    chunk: usize,
+}
+
+impl Outbox {
+    /// An empty outbox cutting messages into SENDs of at most `chunk` bytes (header included,
+    /// more than the header).
+    pub(super) fn new(mode: SchedMode, chunk: usize) -> Self {
+        let c = u32::try_from(chunk).unwrap_or(u32::MAX);
+        let cfg = match mode {
+            SchedMode::Fair => SchedConfig::new(c, c, SchedConfig::DEFAULT_LATENCY_BURST),
+            SchedMode::Fifo => SchedConfig::new(c, c, u32::MAX),
+        }
+        .expect("quantum = max_chunk >= 1 and burst >= 1");
+        Outbox {
+            mode,
+            sched: Scheduler::new(cfg),
+            conns: HashMap::new(),
+            fifo: None,
+            msgs: HashMap::new(),
+            chunk: c as usize,
+        }
+    }
+
+    /// Whether nothing waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.msgs.is_empty()
+    }
+
+    /// Queues `msg`.
+    pub(super) fn push(&mut self, msg: Outgoing) {
+        let conn_id = msg.header.conn_id;
+        let msg = OutMsg::new(msg);
+        let wire = msg.wire_len_in_chunks(self.chunk);
+        let (conn, class) = match self.mode {
+            SchedMode::Fifo => (
+                *self.fifo.get_or_insert_with(|| self.sched.open()),
+                Class::Latency,
+            ),
+            SchedMode::Fair => {
+                let conn = *self
+                    .conns
+                    .entry(conn_id)
+                    .or_insert_with(|| self.sched.open());
+                let class = if wire <= self.chunk as u64 {
+                    Class::Latency
+                } else {
+                    Class::Bulk
+                };
+                (conn, class)
+            }
+        };
+        let id = self
+            .sched
+            .enqueue(conn, class, wire)
+            .expect("open connection, at least a header's bytes");
+        self.msgs.insert(id, msg);
+    }
+
+    /// The chunk the scheduler designates, if `gate(wire bytes)` admits it; `None` when nothing
+    /// waits or the gate refused (the same chunk is designated next time).
+    pub(super) fn next(&mut self, gate: impl FnOnce(u32) -> bool) -> Option<Next> {
+        let g = self.sched.next(gate)?;
+        let msg = self
+            .msgs
+            .get_mut(&g.msg)
+            .expect("every queued message is kept");
+        let chunked = g.offset > 0 || !g.last;
+        let (header, off, len) = msg.next_chunk(self.chunk);
+        debug_assert_eq!(g.len as usize, crate::wire::header::HEADER_LEN + len);
+        debug_assert_eq!(g.last, msg.done());
+        if g.last
+            && self.mode == SchedMode::Fair
+            && Class::ALL
+                .iter()
+                .all(|&c| self.sched.queued_bytes(g.conn, c) == 0)
+        {
+            // Nothing left on this connection: free its slot (DRR state resets anyway).
+            let _ = self.sched.close(g.conn);
+            self.conns.remove(&header.conn_id);
+        }
+        Some(Next {
+            header,
+            msg: g.msg,
+            off,
+            len,
+            wire: g.len,
+            last: g.last,
+            chunked,
+        })
+    }
+
+    /// The message a [`Next`] belongs to; dropped from the outbox with its last chunk by
+    /// [`Outbox::finish`].
+    pub(super) fn msg(&self, id: MsgId) -> &OutMsg {
+        &self.msgs[&id]
+    }
+
+    /// Forgets a message whose last chunk was taken.
+    pub(super) fn finish(&mut self, id: MsgId) {
+        self.msgs.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::Metadata;
+    use crate::wire::header::{HEADER_LEN, Kind};
+
+    const CHUNK: usize = 1000;
+
+    fn msg(conn_id: u32, call_id: u64, body: usize) -> Outgoing {
+        Outgoing::new(
+            Kind::Request,
+            conn_id,
+            call_id,
+            "/m",
+            &Metadata::new(),
+            Bytes::from(vec![call_id as u8; body]),
+        )
+    }
+
+    /// Takes every chunk the outbox grants (the gate always admits); returns (call_id, kind).
+    fn drain(o: &mut Outbox) -> Vec<(u64, Kind)> {
+        let mut out = Vec::new();
+        while let Some(n) = o.next(|len| {
+            assert!(len as usize <= CHUNK);
+            true
+        }) {
+            assert_eq!(n.wire as usize, HEADER_LEN + n.len);
+            out.push((n.header.call_id, n.header.kind));
+            if n.last {
+                o.finish(n.msg);
+            }
+        }
+        assert!(o.is_empty());
+        out
+    }
+
+    #[test]
+    fn fair_mode_lets_a_small_call_pass_a_queued_bulk_message_after_one_chunk() {
+        let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+        o.push(msg(1, 1, 5 * CHUNK)); // bulk: 6 chunks
+        o.push(msg(2, 2, 10)); // small, another connection
+        let order = drain(&mut o);
+        assert_eq!(order.len(), 7);
+        assert_eq!(order[0], (2, Kind::Request), "latency class first");
+        assert_eq!(order[1], (1, Kind::Request), "bulk's first chunk");
+        assert!(order[2..].iter().all(|&c| c == (1, Kind::Continuation)));
+    }
+
+    #[test]
+    fn fifo_mode_sends_whole_messages_in_arrival_order() {
+        let mut o = Outbox::new(SchedMode::Fifo, CHUNK);
+        o.push(msg(1, 1, 5 * CHUNK));
+        o.push(msg(2, 2, 10));
+        let order = drain(&mut o);
+        assert_eq!(order.len(), 7);
+        assert_eq!(
+            order[6],
+            (2, Kind::Request),
+            "the small call waits for the whole push"
+        );
+    }
+
+    #[test]
+    fn chunks_of_a_message_fill_each_send_and_carry_every_payload_byte_once() {
+        let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+        let m = msg(1, 1, 3 * CHUNK + 7);
+        let payload = m.meta.len() + m.body.len();
+        o.push(m);
+        let mut next_off = 0;
+        let mut more = Vec::new();
+        while let Some(n) = o.next(|_| true) {
+            assert_eq!(n.off, next_off, "payload in order, no gap");
+            next_off += n.len;
+            more.push(n.header.more());
+            if !n.last {
+                assert_eq!(n.wire as usize, CHUNK, "every chunk but the last is full");
+            } else {
+                o.finish(n.msg);
+            }
+        }
+        assert_eq!(next_off, payload);
+        let (last, rest) = more.split_last().unwrap();
+        assert!(
+            !last && rest.iter().all(|&m| m),
+            "FLAG_MORE on all but the last"
+        );
+    }
+
+    #[test]
+    fn a_refused_chunk_is_offered_again_and_nothing_is_lost() {
+        let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+        o.push(msg(1, 1, 10));
+        assert!(o.next(|_| false).is_none());
+        let n = o.next(|_| true).expect("offered again");
+        assert_eq!(n.header.call_id, 1);
+        assert!(n.last && !n.chunked);
+    }
+}

@@ -1,0 +1,71 @@
+//! Counters of one link, readable while it runs ([`crate::Client::link_stats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use byteexpress_verbs::{Qp, QpState};
+
+/// A snapshot of a link's counters since it was set up (unit: events unless stated). On TCP
+/// only the message counters that apply move; `qp_state` is `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// State of the link's QP now (RDMA); `Some(QpState::Rts)` while it can send.
+    pub qp_state: Option<QpState>,
+    /// Completions with an error status (RNR, retry exceeded, flush, ...); each fails the link.
+    pub qp_errors: u64,
+    /// Of those, RNR retry exceeded: a SEND found no posted receive (credits make this a bug).
+    pub rnr_errors: u64,
+    /// Times the chunk due next waited because no send credit was left (receiver backpressure).
+    pub credit_blocked: u64,
+    /// Times the chunk due next waited because the QP or device window was full.
+    pub window_blocked: u64,
+    /// Data SENDs posted (one per chunk; a message that fits one chunk is one SEND).
+    pub chunks_sent: u64,
+    /// Messages sent in more than one chunk.
+    pub messages_chunked: u64,
+    /// Messages received in more than one chunk and reassembled (one copy each).
+    pub messages_reassembled: u64,
+    /// Single-chunk messages copied out of their receive buffer because the receive pool had
+    /// no free buffer to post in its place (otherwise they reach the application zero copy).
+    pub copied_out: u64,
+    /// Explicit CREDIT_UPDATE messages sent.
+    pub credit_updates_sent: u64,
+}
+
+/// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
+#[derive(Debug, Default)]
+pub(crate) struct LinkCounters {
+    pub qp_errors: AtomicU64,
+    pub rnr_errors: AtomicU64,
+    pub credit_blocked: AtomicU64,
+    pub window_blocked: AtomicU64,
+    pub chunks_sent: AtomicU64,
+    pub messages_chunked: AtomicU64,
+    pub messages_reassembled: AtomicU64,
+    pub copied_out: AtomicU64,
+    pub credit_updates_sent: AtomicU64,
+    /// The link's QP (RDMA), to read its state.
+    pub qp: std::sync::OnceLock<Qp>,
+}
+
+impl LinkCounters {
+    /// Adds 1 to `c`.
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LinkStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LinkStats {
+            qp_state: self.qp.get().map(Qp::state),
+            qp_errors: g(&self.qp_errors),
+            rnr_errors: g(&self.rnr_errors),
+            credit_blocked: g(&self.credit_blocked),
+            window_blocked: g(&self.window_blocked),
+            chunks_sent: g(&self.chunks_sent),
+            messages_chunked: g(&self.messages_chunked),
+            messages_reassembled: g(&self.messages_reassembled),
+            copied_out: g(&self.copied_out),
+            credit_updates_sent: g(&self.credit_updates_sent),
+        }
+    }
+}
