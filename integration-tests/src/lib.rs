@@ -7,9 +7,20 @@
 //! - `/test.Test/Sleep`: sleeps for the milliseconds in its body (decimal), counting handlers
 //!   dropped before they finished (cancelled);
 //! - `/test.Test/Stats`: answers `cancelled=<n> finished=<n>`;
-//! - `/test.Test/Fail`: answers the status code in metadata `x-code` with message `x-message`.
+//! - `/test.Test/Fail`: answers the status code in metadata `x-code` with message `x-message`;
+//! - `/test.Test/StallReposts`: stops this process's RDMA links from re-posting receive
+//!   buffers for the milliseconds in its body (`byteexpress_rpc::test_hooks`), so no credits
+//!   flow back to clients until then;
+//! - `/test.Test/Seen`: answers the `x-seq` values (decimal, comma-separated) of the Echo
+//!   calls the server received on the caller's `conn_id`, in the order the handlers started
+//!   (the server runs one thread, so in arrival order), with metadata `x-held` = receive
+//!   buffers held back by stalls so far;
+//! - `/test.Test/Pull`: answers a body of the size in metadata `x-size` (bytes, default 4096);
+//! - `/test.Test/Push`: answers an empty body (for bulk requests).
 
+use std::collections::HashMap;
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -19,6 +30,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 static CANCELLED: AtomicU64 = AtomicU64::new(0);
+/// `x-seq` of each Echo call by `conn_id`, in the order the handlers started.
+static SEEN: Mutex<Option<HashMap<u32, Vec<u64>>>> = Mutex::new(None);
 static FINISHED: AtomicU64 = AtomicU64::new(0);
 
 /// Counts a Sleep handler that was dropped before finishing.
@@ -40,6 +53,17 @@ impl Drop for CancelProbe {
 pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
     match req.method.as_str() {
         "/test.Test/Echo" => {
+            if let Some(seq) = req
+                .metadata
+                .get("x-seq")
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            {
+                let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+                seen.get_or_insert_with(HashMap::new)
+                    .entry(req.conn_id)
+                    .or_default()
+                    .push(seq);
+            }
             let mut md = req.metadata.clone();
             md.insert("x-transport", req.transport.to_string())
                 .expect("valid key");
@@ -89,6 +113,44 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 metadata: req.metadata,
             })
         }
+        "/test.Test/StallReposts" => {
+            let ms: u64 = std::str::from_utf8(&req.body)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            byteexpress_rpc::test_hooks::stall_reposts(Duration::from_millis(ms));
+            Ok(Response::default())
+        }
+        "/test.Test/Seen" => {
+            let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+            let list = seen
+                .as_ref()
+                .and_then(|m| m.get(&req.conn_id))
+                .map(|v| v.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            let mut md = Metadata::new();
+            md.insert(
+                "x-held",
+                byteexpress_rpc::test_hooks::held_reposts().to_string(),
+            )
+            .expect("valid key");
+            Ok(Response {
+                metadata: md,
+                body: Bytes::from(list),
+            })
+        }
+        "/test.Test/Pull" => {
+            let size: usize = req
+                .metadata
+                .get("x-size")
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+                .unwrap_or(4096);
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: Bytes::from(vec![0x5a; size]),
+            })
+        }
+        "/test.Test/Push" => Ok(Response::default()),
         m => Err(Status::new(Code::Unimplemented, format!("no method {m}"))),
     }
 }

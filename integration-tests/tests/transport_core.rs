@@ -404,3 +404,63 @@ async fn garbage_and_oversized_frames_get_an_error_frame_and_close_others_keep_w
         assert_eq!(&r.body[..], b"still here");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_receiver_backpressures_through_credits_without_rnr_and_keeps_order() {
+    const GRANT: u64 = 4;
+    let server = ServerProc::start(SERVER, &["--grant", "4"]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+        .await
+        .unwrap();
+    assert_eq!(client.transport(), Transport::Rdma);
+    // The server stops re-posting receive buffers for 500 ms: it still handles what arrives,
+    // but returns no credits. With rnr_retry 0, a single SEND beyond the credits would be an
+    // RNR, which fails the QP.
+    client
+        .call(Request {
+            method: "/test.Test/StallReposts".into(),
+            body: "500".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let before = client.link_stats();
+    let calls = (0..4 * GRANT).map(|seq| {
+        let mut req = echo(Bytes::from(vec![seq as u8; 100 + seq as usize]));
+        req.metadata.insert("x-seq", seq.to_string()).unwrap();
+        client.call(req)
+    });
+    let results = futures::future::join_all(calls).await;
+    for (seq, r) in results.into_iter().enumerate() {
+        let r = r.unwrap_or_else(|e| panic!("call {seq}: {e}"));
+        assert_eq!(r.body.len(), 100 + seq, "call {seq}");
+    }
+    let seen = client
+        .call(Request {
+            method: "/test.Test/Seen".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let want: Vec<String> = (0..4 * GRANT).map(|s| s.to_string()).collect();
+    assert_eq!(
+        std::str::from_utf8(&seen.body).unwrap(),
+        want.join(","),
+        "server saw the calls in order"
+    );
+    let held: u64 = std::str::from_utf8(seen.metadata.get("x-held").unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        held >= GRANT,
+        "the stall held every credit's buffer ({held})"
+    );
+    let st = client.link_stats();
+    assert!(
+        st.credit_blocked > before.credit_blocked,
+        "the client waited for credits: {st:?}"
+    );
+    assert_eq!(st.qp_state, Some(QpState::Rts), "{st:?}");
+    assert_eq!((st.qp_errors, st.rnr_errors), (0, 0), "{st:?}");
+}

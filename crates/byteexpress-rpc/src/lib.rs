@@ -30,6 +30,11 @@ mod setup;
 mod status;
 pub mod wire;
 
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
+#[cfg(not(feature = "test-hooks"))]
+mod test_hooks;
+
 pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
 pub use config::{Config, SchedMode, parse_transport, transport_from_env};

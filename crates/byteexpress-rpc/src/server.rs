@@ -32,6 +32,8 @@ pub struct ServerRequest {
     pub deadline: Option<tokio::time::Instant>,
     /// Transport of the link the call came on.
     pub transport: Transport,
+    /// The client's logical connection on that link (its `conn_id`); unique per link only.
+    pub conn_id: u32,
 }
 
 /// Boxed future of a handler.
@@ -196,6 +198,7 @@ impl Handlers {
             body: msg.body,
             deadline,
             transport: link.transport(),
+            conn_id: key.0,
         };
         let fut = self.service.call(req);
         let link = link.clone();

@@ -144,6 +144,8 @@ pub(crate) fn spawn(
         dispatch,
         counters,
         epoch: Instant::now(),
+        held: Vec::new(),
+        held_until: None,
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer));
     link
@@ -178,6 +180,10 @@ struct Engine {
     counters: Arc<LinkCounters>,
     /// Origin of the µs clock passed to the window.
     epoch: Instant,
+    /// Consumed receive buffers held back by a test stall ([`crate::test_hooks`]), and when
+    /// to re-post them.
+    held: Vec<(PoolBuf, byteexpress_flow::credit::MsgKind)>,
+    held_until: Option<Instant>,
 }
 
 impl Engine {
@@ -194,7 +200,14 @@ impl Engine {
                 Err(why) => break why,
             }
             let cq = self.parts.cq.clone();
+            let stall_over = async {
+                match self.held_until {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                _ = stall_over => {}
                 m = rx.recv() => match m {
                     Some(m) => self.outbox.push(m),
                     None => break Status::new(Code::Unavailable, "link dropped"),
@@ -218,6 +231,7 @@ impl Engine {
 
     /// One round of work; Ok(true) when something happened (run again before sleeping).
     fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
+        let released = self.release_held()?;
         let mut wcs = [Wc::default(); 32];
         let n = self
             .parts
@@ -231,7 +245,7 @@ impl Engine {
             self.outbox.push(m);
         }
         let sent = self.send_queued()?;
-        Ok(n > 0 || sent)
+        Ok(n > 0 || sent || released)
     }
 
     fn on_completion(&mut self, wc: &Wc) -> Result<(), Status> {

@@ -87,8 +87,32 @@ impl Engine {
     }
 
     /// Posts `buf` as a receive in place of one of `kind` consumed, and counts it for the
-    /// credits owed back to the peer.
+    /// credits owed back to the peer. During a test stall ([`crate::test_hooks`]) the buffer
+    /// is held instead, until [`Engine::release_held`].
     fn repost(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
+        if let Some(until) = crate::test_hooks::reposts_stalled_until() {
+            crate::test_hooks::count_held();
+            self.held.push((buf, kind));
+            self.held_until = Some(until);
+            return Ok(());
+        }
+        self.post_and_count(buf, kind)
+    }
+
+    /// Re-posts the buffers a test stall held, once it is over; true when it did.
+    pub(super) fn release_held(&mut self) -> Result<bool, Status> {
+        match self.held_until {
+            Some(until) if until <= std::time::Instant::now() => {}
+            _ => return Ok(false),
+        }
+        self.held_until = None;
+        for (buf, kind) in std::mem::take(&mut self.held) {
+            self.post_and_count(buf, kind)?;
+        }
+        Ok(true)
+    }
+
+    fn post_and_count(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
         post_recv(
             &self.parts.qp,
             buf,
