@@ -12,20 +12,38 @@ if [[ ",${BX_ALLOW_SKIP:-}," == *",vm,"* ]]; then
   exit 0
 fi
 [ -x "$vm" ] || { echo "vm-tests: $vm not found (set BX_RXE_VM, or BX_ALLOW_SKIP=vm to skip)" >&2; exit 1; }
-# package:test-target:features
-targets=("byteexpress-verbs:conformance:vm-tests" "byteexpress-verbs:ibverbs_vm:vm-tests")
+# package:test-target:features[:environment[:test arguments]]
+# - the conformance suite on rxe0 (BX_PROVIDER=ibverbs), and the rdma-core specifics;
+# - end to end: byteexpress-rpc echo calls with the soft device hidden (BX_SOFT=0), so the
+#   RDMA link can only be rxe0.
+targets=(
+  "byteexpress-verbs:conformance:vm-tests"
+  "byteexpress-verbs:ibverbs_vm:vm-tests"
+  "integration-tests:transport_core::BX_SOFT=0:echo_over_soft_rdma_with_64_in_flight_and_grant_8 --exact"
+)
 bins=()
+runs=()
 for t in "${targets[@]}"; do
-  IFS=: read -r pkg test feat <<<"$t"
-  bin=$(cargo test -p "$pkg" --features "$feat" --test "$test" --no-run --message-format=json 2>/dev/null \
+  IFS=: read -r pkg test feat env args <<<"$t"
+  feats=()
+  [ -n "$feat" ] && feats=(--features "$feat")
+  log=$(mktemp)
+  bin=$(cargo test -p "$pkg" "${feats[@]}" --test "$test" --no-run --message-format=json 2>"$log" \
         | python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -n1)
-  [ -n "$bin" ] || { echo "vm-tests: could not build $pkg --test $test" >&2; exit 1; }
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -n1) || true
+  if [ -z "$bin" ]; then
+    tail -n 30 "$log" >&2
+    rm -f "$log"
+    echo "vm-tests: could not build $pkg --test $test" >&2
+    exit 1
+  fi
+  rm -f "$log"
   bins+=("$bin")
+  runs+=("echo '### $(basename "$bin") $env $args'; env $env '$bin' --test-threads=1 $args")
 done
 script="set -e; export BX_PROVIDER=ibverbs; ibv_devices"
-for b in "${bins[@]}"; do script+="; echo '### $(basename "$b")'; '$b' --test-threads=1"; done
+for r in "${runs[@]}"; do script+="; $r"; done
 echo "vm-tests: running ${#bins[@]} test binaries in the Soft-RoCE VM" >&2
 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900} "$vm" "$repo" "$script"

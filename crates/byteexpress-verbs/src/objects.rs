@@ -283,7 +283,10 @@ impl Qp {
     }
     /// Posts one receive WR (`ibv_post_recv(3)`). Errors: `QueueFull` (ENOMEM) beyond
     /// max_recv_wr, `InvalidState` in RESET, `InvalidArgument` beyond max_recv_sge. In ERR the
-    /// WR completes at once with `WR_FLUSH_ERR`.
+    /// WR completes with `WR_FLUSH_ERR`, after every earlier WR of the receive queue. (On
+    /// rdma-core devices "in ERR" means known to this process: after [`Qp::to_err`] or once an
+    /// error completion of the QP was polled; a receive posted in between may never complete
+    /// on rxe, which does not flush receives posted in ERR.)
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         self.inner.post_recv(wr)
     }

@@ -66,7 +66,7 @@ pub(crate) trait CqImpl: Send + Sync + std::fmt::Debug {
     /// Cheap check for the hybrid-polling spin: may [`CqImpl::poll`] return something now?
     fn pending(&self) -> bool;
     /// A file descriptor that becomes readable after [`CqImpl::arm`] once a completion is queued
-    /// (the completion channel's fd, or an eventfd).
+    /// (the completion channel's fd, an eventfd, or an epoll set of such fds).
     fn event_fd(&self) -> std::os::fd::RawFd;
     /// `ibv_req_notify_cq(cq, 0)`. Returns true when completions may already be queued, in which
     /// case the caller polls again instead of waiting.
