@@ -34,6 +34,18 @@ pub struct Endpoint {
     pub(crate) addr: Vec<u8>,
 }
 
+/// One valid entry of a port's GID table (`ibv_query_gid_table(3)`), for display and diagnosis
+/// (`bx devices`); the GID a QP uses is chosen by the device, see [`crate::Context::gid_index`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidInfo {
+    /// Index in the port's GID table (what rdma-core tools take as `-g`).
+    pub index: u32,
+    /// The GID, network byte order (RoCE: an IPv6 or IPv4-mapped IPv6 address).
+    pub gid: [u8; 16],
+    /// `enum ibv_gid_type` when the library reports it: 0 InfiniBand, 1 RoCE v1, 2 RoCE v2.
+    pub gid_type: Option<u32>,
+}
+
 const MAX_ADDR: usize = 1024;
 
 impl DeviceInfo {

@@ -19,7 +19,7 @@ mod provider;
 mod soft;
 mod types;
 
-pub use endpoint::{DeviceInfo, Endpoint};
+pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
 pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem};
 pub use types::{

@@ -9,10 +9,10 @@ use std::sync::{Arc, OnceLock};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use crate::provider::{ContextImpl, CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl};
+use crate::provider::{ContextImpl, CqImpl, MrImpl, PROVIDER_SOFT, PdImpl, QpImpl, SharedMemImpl};
 use crate::{
-    Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, QpCap, QpState, RecvWr, Result, SendWr,
-    Wc,
+    Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, GidInfo, QpCap, QpState, RecvWr, Result,
+    SendWr, Wc,
 };
 
 /// An opened RDMA device (`ibv_open_device(3)`), from [`crate::devices`] / [`crate::Device::open`].
@@ -48,6 +48,48 @@ impl Context {
     /// Server side of [`Context::probe`]: accept probes that carry `nonce`.
     pub fn expect_probe(&self, nonce: u64) {
         self.inner.expect_probe(nonce)
+    }
+
+    /// The valid GIDs of the port (`ibv_query_gid_table(3)`, read at open); empty on the soft
+    /// device, which has none.
+    pub fn gids(&self) -> Vec<GidInfo> {
+        self.inner.gids()
+    }
+
+    /// Index of the GID this device's QPs use as their source (`sgid_index`): chosen at open
+    /// (see the crate docs; `BX_GID_INDEX` overrides it). `None` on the soft device.
+    pub fn gid_index(&self) -> Option<u32> {
+        self.inner.gid_index()
+    }
+
+    /// An [`Endpoint`] of this device's provider built from the fields rdma-core's
+    /// `rc_pingpong` exchanges (QPN, PSN, LID, GID) and an MTU in bytes, for peers that speak
+    /// that format instead of [`Endpoint::to_bytes`]. Pass it to [`Qp::connect`] as usual.
+    /// Errors: `Unsupported` on the soft device, whose endpoints also carry the peer device's
+    /// socket address (use [`Endpoint::from_bytes`] there).
+    pub fn endpoint_for(
+        &self,
+        qpn: u32,
+        psn: u32,
+        lid: u16,
+        gid: [u8; 16],
+        mtu: u32,
+    ) -> Result<Endpoint> {
+        let provider = self.inner.device_info().provider;
+        if provider == PROVIDER_SOFT {
+            return Err(crate::Error::Unsupported(
+                "soft endpoints carry a socket address; use Endpoint::from_bytes".into(),
+            ));
+        }
+        Ok(Endpoint {
+            provider,
+            qpn,
+            psn,
+            lid,
+            gid,
+            mtu,
+            addr: Vec::new(),
+        })
     }
 
     /// Allocates a protection domain (`ibv_alloc_pd(3)`).

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use crate::{
-    Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, QpCap, QpState, RecvWr, Result, SendWr,
-    Wc,
+    Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, GidInfo, QpCap, QpState, RecvWr, Result,
+    SendWr, Wc,
 };
 
 /// Provider tag in [`DeviceInfo`] / [`Endpoint`].
@@ -25,6 +25,14 @@ pub(crate) trait ContextImpl: Send + Sync + std::fmt::Debug {
     fn expect_probe(&self, nonce: u64);
     fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>>;
     fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqImpl>>;
+    /// Valid GIDs of the port QPs use; none on devices without GIDs (the soft provider).
+    fn gids(&self) -> Vec<GidInfo> {
+        Vec::new()
+    }
+    /// Index of the source GID of this device's QPs; `None` on devices without GIDs.
+    fn gid_index(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// A protection domain (`ibv_pd`).

@@ -12,7 +12,7 @@ use rdma_mummy_sys as sys;
 use super::gid::{self, GidEntry, LINK_LAYER_ETHERNET};
 use super::{convert, cq::IbvCq, os_err, pd::IbvMr, pd::IbvPd};
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_IBVERBS, PdImpl};
-use crate::{DeviceAttr, DeviceInfo, Error, QpCap, Result};
+use crate::{DeviceAttr, DeviceInfo, Error, GidInfo, QpCap, Result};
 
 /// The port every QP of this provider uses (`port_num` of `ibv_modify_qp(3)`).
 pub(crate) const PORT: u8 = 1;
@@ -54,6 +54,8 @@ pub(crate) struct IbvContext {
     pub(crate) lid: u16,
     /// Source GID and its index.
     pub(crate) gid: GidEntry,
+    /// Every valid GID of the port, as read at open (for `Context::gids`).
+    gid_table: Vec<GidEntry>,
     /// `max_qp_init_rd_atom`, capped: READs this side may have outstanding.
     pub(crate) max_rd_atomic: u8,
     /// `max_qp_rd_atom`, capped: READs a peer may have outstanding here.
@@ -116,6 +118,7 @@ impl IbvContext {
             link_layer: port.link_layer,
             lid: port.lid,
             gid,
+            gid_table: entries,
             max_rd_atomic: clamp(dev.max_qp_init_rd_atom),
             max_dest_rd_atomic: clamp(dev.max_qp_rd_atom),
             mrs: Mutex::new(HashMap::new()),
@@ -375,6 +378,21 @@ impl ContextImpl for IbvContext {
 
     fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>> {
         Ok(IbvPd::alloc(self.arc()?)?)
+    }
+
+    fn gids(&self) -> Vec<GidInfo> {
+        self.gid_table
+            .iter()
+            .map(|e| GidInfo {
+                index: e.index,
+                gid: e.gid,
+                gid_type: e.gid_type,
+            })
+            .collect()
+    }
+
+    fn gid_index(&self) -> Option<u32> {
+        Some(self.gid.index)
     }
 
     fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqImpl>> {
