@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs the tests that need a real rdma-core device inside the Soft-RoCE VM
 # (../shared/rxe-vm/run-in-rxe-vm.sh, or $BX_RXE_VM): builds each VM test binary on the host,
-# then runs it in the guest, where the repository (target/ included) is mounted at the same path.
+# then runs it in the guest, where the repository and cargo's target directory are mounted at the
+# same paths (the VM mounts one folder: their nearest common parent). Every binary runs even when
+# an earlier one fails; the script fails if any did.
+# Needs root, qemu and Debian's apt (the first run builds the guest image, about 80 MB).
 # BX_ALLOW_SKIP containing "vm" skips them, loudly; nothing else does.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,6 +15,14 @@ if [[ ",${BX_ALLOW_SKIP:-}," == *",vm,"* ]]; then
   exit 0
 fi
 [ -x "$vm" ] || { echo "vm-tests: $vm not found (set BX_RXE_VM, or BX_ALLOW_SKIP=vm to skip)" >&2; exit 1; }
+target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import sys,json; print(json.load(sys.stdin)["target_directory"])')
+mount=$repo
+while [[ "$target/" != "$mount/"* ]]; do mount=$(dirname "$mount"); done
+if [ "$mount" = / ]; then
+  echo "vm-tests: the repository ($repo) and cargo's target directory ($target) share no folder but /;" \
+       "the VM mounts one folder: put CARGO_TARGET_DIR under a common parent with the repository" >&2
+  exit 1
+fi
 # package:test-target:features[:environment[:test arguments]]
 # - the conformance suite on rxe0 (BX_PROVIDER=ibverbs), and the rdma-core specifics;
 # - end to end: byteexpress-rpc echo calls with the soft device hidden (BX_SOFT=0), so the
@@ -27,6 +38,7 @@ for t in "${targets[@]}"; do
   IFS=: read -r pkg test feat env args <<<"$t"
   feats=()
   [ -n "$feat" ] && feats=(--features "$feat")
+  echo "vm-tests: building $pkg --test $test ${feat:+(features $feat)}" >&2
   log=$(mktemp)
   bin=$(cargo test -p "$pkg" "${feats[@]}" --test "$test" --no-run --message-format=json 2>"$log" \
         | python3 -c 'import sys,json
@@ -41,9 +53,11 @@ for l in sys.stdin:
   fi
   rm -f "$log"
   bins+=("$bin")
-  runs+=("echo '### $(basename "$bin") $env $args'; env $env '$bin' --test-threads=1 $args")
+  runs+=("echo '### $(basename "$bin") $env $args'; env $env '$bin' --test-threads=1 $args || { rc=1; failed+=' $pkg:$test'; }")
 done
-script="set -e; export BX_PROVIDER=ibverbs; ibv_devices"
+script="cd '$repo'; rc=0; failed=; export BX_PROVIDER=ibverbs; ibv_devices || rc=1"
 for r in "${runs[@]}"; do script+="; $r"; done
-echo "vm-tests: running ${#bins[@]} test binaries in the Soft-RoCE VM" >&2
-RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900} "$vm" "$repo" "$script"
+script+="; [ \$rc = 0 ] || echo \"vm-tests: FAILED in the VM:\$failed\"; exit \$rc"
+echo "vm-tests: running ${#bins[@]} test binaries in the Soft-RoCE VM (mounting $mount)" >&2
+cd "$mount"
+RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900} "$vm" "$mount" "$script"
