@@ -1,10 +1,15 @@
 //! The `bx` command line (clap), as a library function so that the `bx` binary and the
 //! integration tests' copy of it (`integration-tests/src/bin/bx-facade.rs`) run the same code.
 //!
-//! - `bx devices`: the verbs devices this host offers (hardware and soft);
+//! - `bx devices`: the verbs devices this host offers (hardware and soft), their limits and GIDs;
+//! - `bx pingpong [SERVER]`: SEND/RECV ping-pong on one RC QP, interoperating with rdma-core's
+//!   `ibv_rc_pingpong` (see [`pingpong`]);
 //! - `bx ps serve [--addr 127.0.0.1:0] [--dim 64]`: the parameter server (ByteExpress and
 //!   HTTP/2 on one port), printing `LISTENING <addr>` first;
 //! - `bx ps bench`: the parameter-server workload over each transport, side by side.
+
+pub mod devices;
+pub mod pingpong;
 
 use std::process::ExitCode;
 
@@ -21,8 +26,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// List RDMA devices (hardware, then the userspace soft device).
+    /// List RDMA devices (hardware, then the userspace soft device) with limits and GIDs.
     Devices,
+    /// SEND/RECV ping-pong on one RC QP; the other side may be rdma-core's `ibv_rc_pingpong`.
+    Pingpong(pingpong::PingpongArgs),
     /// Parameter-server workload.
     Ps {
         #[command(subcommand)]
@@ -57,35 +64,12 @@ fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
-fn devices() -> ExitCode {
-    if let Err(e) = byteexpress_verbs::ibverbs_devices() {
-        let why = e.to_string();
-        // the verbs error may already say so
-        if why.starts_with("no RDMA device") {
-            println!("{why}")
-        } else {
-            println!("no RDMA device: {why}")
-        }
-    }
-    for d in byteexpress_verbs::devices() {
-        println!(
-            "{}\t{}",
-            d.name(),
-            if d.is_hardware() {
-                "hardware"
-            } else {
-                "soft (userspace)"
-            }
-        );
-    }
-    ExitCode::SUCCESS
-}
-
 /// Parses the process arguments and runs the command; the exit code tells success.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Devices => devices(),
+        Cmd::Devices => devices::main(),
+        Cmd::Pingpong(args) => pingpong::main(&args),
         Cmd::Ps {
             cmd: PsCmd::Serve { args, threads },
         } => match runtime(threads).and_then(|rt| rt.block_on(serve::run(args))) {

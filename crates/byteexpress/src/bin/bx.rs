@@ -1,4 +1,4 @@
-//! `bx`: the ByteExpress command-line tool (`bx devices`, `bx ps serve`, `bx ps bench`); see
+//! `bx`: the ByteExpress command-line tool (`bx devices`, `bx pingpong`, `bx ps serve`, `bx ps bench`); see
 //! [`byteexpress::cli`].
 
 fn main() -> std::process::ExitCode {
