@@ -32,8 +32,9 @@ pub struct Request {
 pub struct Response {
     /// Response metadata.
     pub metadata: Metadata,
-    /// Response message. On RDMA it is a slice of the registered receive buffer it arrived in
-    /// (zero copy); the buffer returns to the pool when the last clone drops.
+    /// Response message. On RDMA, when the answer fit one chunk, it is a slice of the
+    /// registered receive buffer it arrived in (zero copy; the buffer returns to the pool when
+    /// the last clone drops), else a buffer it was reassembled into (one copy).
     pub body: Bytes,
 }
 

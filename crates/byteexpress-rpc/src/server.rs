@@ -26,7 +26,8 @@ pub struct ServerRequest {
     pub method: String,
     /// Request metadata.
     pub metadata: Metadata,
-    /// Request message; on RDMA a slice of the registered receive buffer (zero copy).
+    /// Request message; on RDMA, when the request fit one chunk, a slice of the registered
+    /// receive buffer (zero copy), else a buffer it was reassembled into (one copy).
     pub body: Bytes,
     /// When the client gives up (from its `timeout_us`); the handler is cancelled then.
     pub deadline: Option<tokio::time::Instant>,

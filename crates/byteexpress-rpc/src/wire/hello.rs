@@ -21,8 +21,8 @@
 //!
 //! `grant` is the credit grant each side configured; the link uses the smaller of the two in
 //! both directions (each side posts `grant + 1` receives: `grant` for data, one for credit
-//! updates). `recv_buf` is the receive-buffer size in bytes, the largest message either side may
-//! SEND: the client's, which the server accepts up to its own configured size or refuses. Both
+//! updates). `recv_buf` is the receive-buffer size in bytes, the largest single SEND (a whole
+//! message or one chunk of a larger one) either side may post: the client's, which the server accepts up to its own configured size or refuses. Both
 //! are checked against [`MAX_GRANT`] and [`MAX_RECV_BUF`].
 
 use super::{WireError, err};
