@@ -1,5 +1,5 @@
-//! Safe RDMA verbs for ByteExpress: devices, PD, MR, CQ, RC QP, over two providers chosen at
-//! run time.
+//! Safe RDMA verbs for ByteExpress: devices, PD, MR, CQ, RC QP, SRQ and async events, over two
+//! providers chosen at run time.
 //!
 //! - `ibverbs`: rdma-core's libibverbs, loaded at run time through `rdma-mummy-sys`, so a binary
 //!   built anywhere starts anywhere and reports "no RDMA device" instead of failing to link.
@@ -13,17 +13,22 @@
 
 mod endpoint;
 mod error;
+mod events;
 mod ibverbs;
 mod objects;
 mod provider;
 mod soft;
+mod srq;
 mod types;
 
 pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
+pub use events::AsyncEvents;
 pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem};
+pub use srq::Srq;
 pub use types::{
-    Access, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, Wc, WcOpcode, WrOp,
+    Access, AsyncEvent, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, SrqAttr, Wc,
+    WcOpcode, WrOp,
 };
 
 /// Fault injection for this crate's own tests (feature `test-hooks`); not a stable API.

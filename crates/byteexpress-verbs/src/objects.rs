@@ -143,11 +143,25 @@ impl Pd {
 
     /// Creates an RC QP in RESET (`ibv_create_qp(3)`); `cap` may be rounded up, see [`Qp::cap`].
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cap: QpCap) -> Result<Qp> {
-        let inner = self.inner.create_qp(&send_cq.inner, &recv_cq.inner, cap)?;
+        self.new_qp(send_cq, recv_cq, None, cap)
+    }
+
+    /// [`Pd::create_qp`], optionally attached to `srq` (see [`Pd::create_qp_with_srq`]).
+    pub(crate) fn new_qp(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&crate::Srq>,
+        cap: QpCap,
+    ) -> Result<Qp> {
+        let inner =
+            self.inner
+                .create_qp(&send_cq.inner, &recv_cq.inner, srq.map(|s| &s.inner), cap)?;
         Ok(Qp {
             inner,
             _pd: self.clone(),
             _cqs: [send_cq.clone(), recv_cq.clone()],
+            _srq: srq.cloned(),
         })
     }
 }
@@ -278,12 +292,13 @@ impl Cq {
     }
 }
 
-/// An RC queue pair (`ibv_qp`). Keeps its PD and CQs alive.
+/// An RC queue pair (`ibv_qp`). Keeps its PD, CQs and SRQ alive.
 #[derive(Debug, Clone)]
 pub struct Qp {
     pub(crate) inner: Arc<dyn QpImpl>,
     _pd: Pd,
     _cqs: [Cq; 2],
+    _srq: Option<crate::Srq>,
 }
 
 impl Qp {
@@ -314,7 +329,7 @@ impl Qp {
         self.inner.to_err()
     }
     /// Posts one send-queue WR (`ibv_post_send(3)`). Errors: `QueueFull` (ENOMEM) beyond
-    /// max_send_wr, `InvalidState` before RTS, `InvalidArgument` beyond max_send_sge /
+    /// max_send_wr, `InvalidState` before RTS and in SQD, `InvalidArgument` beyond max_send_sge /
     /// max_inline_data. On error nothing was posted.
     ///
     /// The memory named by the SGEs must stay untouched until the WR's completion (or the

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::events::EventHub;
 use crate::{
     Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, GidInfo, QpCap, QpState, RecvWr, Result,
-    SendWr, Wc,
+    SendWr, SrqAttr, Wc,
 };
 
 /// Provider tag in [`DeviceInfo`] / [`Endpoint`].
@@ -25,6 +26,14 @@ pub(crate) trait ContextImpl: Send + Sync + std::fmt::Debug {
     fn expect_probe(&self, nonce: u64);
     fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>>;
     fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqImpl>>;
+    /// The subscribers of this device's asynchronous events.
+    fn events(&self) -> &EventHub;
+    /// Reads (without waiting) every event the device has queued and raises it in
+    /// [`ContextImpl::events`]; a no-op where events are raised directly.
+    fn pump_events(&self) -> Result<()>;
+    /// A non-blocking fd that becomes readable when [`ContextImpl::pump_events`] has something
+    /// to read (`ibv_context::async_fd`); `None` where events are raised directly.
+    fn async_fd(&self) -> Option<std::os::fd::RawFd>;
     /// Valid GIDs of the port QPs use; none on devices without GIDs (the soft provider).
     fn gids(&self) -> Vec<GidInfo> {
         Vec::new()
@@ -45,12 +54,27 @@ pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
         len: usize,
         access: Access,
     ) -> Result<Arc<dyn MrImpl>>;
+    /// An RC QP; with `srq`, its receives come from that SRQ and `cap.max_recv_*` are ignored.
     fn create_qp(
         &self,
         send_cq: &Arc<dyn CqImpl>,
         recv_cq: &Arc<dyn CqImpl>,
+        srq: Option<&Arc<dyn SrqImpl>>,
         cap: QpCap,
     ) -> Result<Arc<dyn QpImpl>>;
+    fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>>;
+}
+
+/// A shared receive queue (`ibv_srq`).
+pub(crate) trait SrqImpl: Send + Sync + std::fmt::Debug {
+    /// The id [`crate::AsyncEvent`]s name it by.
+    fn id(&self) -> u64;
+    /// Granted attributes (`srq_limit`: the limit as armed at creation).
+    fn attr(&self) -> SrqAttr;
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+    /// `ibv_modify_srq(3)` with `IBV_SRQ_LIMIT`; 0 disarms.
+    fn arm_limit(&self, limit: u32) -> Result<()>;
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Memory that a peer may access (a memfd mapping on the soft provider).
@@ -81,6 +105,8 @@ pub(crate) trait CqImpl: Send + Sync + std::fmt::Debug {
     fn arm(&self) -> Result<bool>;
     /// Consume the event that made [`CqImpl::event_fd`] readable (`ibv_get_cq_event` + ack).
     fn ack_event(&self) -> Result<()>;
+    /// The id [`crate::AsyncEvent`]s name it by.
+    fn id(&self) -> u64;
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
@@ -92,6 +118,10 @@ pub(crate) trait QpImpl: Send + Sync + std::fmt::Debug {
     fn endpoint(&self) -> Endpoint;
     fn connect(&self, remote: &Endpoint, attr: &ConnectAttr) -> Result<()>;
     fn to_err(&self) -> Result<()>;
+    /// RTS→SQD (`ibv_modify_qp(3)`): the send queue drains, new sends are refused.
+    fn to_sqd(&self) -> Result<()>;
+    /// SQD→RTS.
+    fn to_rts(&self) -> Result<()>;
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
 }

@@ -240,3 +240,120 @@ pub struct DeviceAttr {
     /// registered memory will do.
     pub remote_access_needs_shared: bool,
 }
+
+/// Attributes of a shared receive queue (`struct ibv_srq_attr`, `ibv_create_srq(3)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Outstanding receive WRs the SRQ holds. The device may round it up; [`crate::Srq::attr`]
+    /// reports the granted value, at which posting becomes `QueueFull`.
+    pub max_wr: u32,
+    /// SGEs per receive WR.
+    pub max_sge: u32,
+    /// Limit (`ibv_modify_srq(3)`, `IBV_SRQ_LIMIT`): when nonzero, the SRQ is armed at creation
+    /// and raises [`AsyncEvent::SrqLimitReached`] once fewer WRs than this remain in it.
+    /// 0 = not armed (`ibv_create_srq(3)` itself ignores the field; this crate arms it).
+    pub srq_limit: u32,
+}
+
+impl Default for SrqAttr {
+    fn default() -> Self {
+        SrqAttr {
+            max_wr: 256,
+            max_sge: 1,
+            srq_limit: 0,
+        }
+    }
+}
+
+/// An asynchronous event of a device (`struct ibv_async_event`, `ibv_get_async_event(3)`),
+/// naming the object it is about. The numbers of [`AsyncEvent::code`] are those of rdma-core's
+/// `enum ibv_event_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: the CQ overran (more completions than its size); it is unusable.
+    CqErr {
+        /// [`crate::Cq::id`] of the CQ.
+        cq: u64,
+    },
+    /// `IBV_EVENT_QP_FATAL`: an error no completion can report (e.g. a peer wrote garbage into
+    /// shared queue state); the QP is in ERR.
+    QpFatal {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_QP_REQ_ERR`: the responder saw an invalid request; the QP is in ERR.
+    QpReqErr {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_QP_ACCESS_ERR`: a remote access violation at the responder; the QP is in ERR.
+    QpAccessErr {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_COMM_EST`: the first packet arrived on a QP in RTR.
+    CommEst {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`: a QP moved to SQD has no send WR in progress any more.
+    SqDrained {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ went to ERR and will take no
+    /// more WRs from the SRQ.
+    QpLastWqeReached {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_SRQ_ERR`: the SRQ failed.
+    SrqErr {
+        /// [`crate::Srq::id`] of the SRQ.
+        srq: u64,
+    },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer WRs than the armed limit remain in the SRQ; the
+    /// limit is disarmed (`ibv_modify_srq(3)`).
+    SrqLimitReached {
+        /// [`crate::Srq::id`] of the SRQ.
+        srq: u64,
+    },
+    /// `IBV_EVENT_PORT_ACTIVE`
+    PortActive {
+        /// Port number.
+        port: u8,
+    },
+    /// `IBV_EVENT_PORT_ERR`
+    PortErr {
+        /// Port number.
+        port: u8,
+    },
+    /// `IBV_EVENT_DEVICE_FATAL`: the device is unusable.
+    DeviceFatal,
+    /// Any other `enum ibv_event_type` value.
+    Other {
+        /// The `ibv_event_type` number.
+        code: u32,
+    },
+}
+
+impl AsyncEvent {
+    /// The `enum ibv_event_type` number.
+    pub fn code(&self) -> u32 {
+        match self {
+            AsyncEvent::CqErr { .. } => 0,
+            AsyncEvent::QpFatal { .. } => 1,
+            AsyncEvent::QpReqErr { .. } => 2,
+            AsyncEvent::QpAccessErr { .. } => 3,
+            AsyncEvent::CommEst { .. } => 4,
+            AsyncEvent::SqDrained { .. } => 5,
+            AsyncEvent::DeviceFatal => 8,
+            AsyncEvent::PortActive { .. } => 9,
+            AsyncEvent::PortErr { .. } => 10,
+            AsyncEvent::SrqErr { .. } => 14,
+            AsyncEvent::SrqLimitReached { .. } => 15,
+            AsyncEvent::QpLastWqeReached { .. } => 16,
+            AsyncEvent::Other { code } => *code,
+        }
+    }
+}

@@ -11,8 +11,9 @@ use rdma_mummy_sys as sys;
 
 use super::gid::{self, GidEntry, LINK_LAYER_ETHERNET};
 use super::{convert, cq::IbvCq, os_err, pd::IbvMr, pd::IbvPd};
+use crate::events::EventHub;
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_IBVERBS, PdImpl};
-use crate::{DeviceAttr, DeviceInfo, Error, GidInfo, QpCap, Result};
+use crate::{AsyncEvent, DeviceAttr, DeviceInfo, Error, GidInfo, QpCap, Result};
 
 /// The port every QP of this provider uses (`port_num` of `ibv_modify_qp(3)`).
 pub(crate) const PORT: u8 = 1;
@@ -63,6 +64,10 @@ pub(crate) struct IbvContext {
     /// Live MRs by lkey: inline data is read by the CPU at post time, so its SGEs must lie in
     /// registered (hence mapped) memory, as on the soft provider.
     pub(crate) mrs: Mutex<HashMap<u32, Weak<IbvMr>>>,
+    /// Subscribers of the async events.
+    events: EventHub,
+    /// Serialises readers of the async fd, so events are raised in the device's order.
+    event_reader: Mutex<()>,
 }
 
 // SAFETY: an `ibv_context` may be used from any thread (libibverbs serialises its own state;
@@ -93,6 +98,16 @@ impl IbvContext {
         let forced = std::env::var(gid::GID_INDEX_ENV).ok();
         let gid = gid::select(&entries, port.link_layer, forced.as_deref())?;
         let max_inline_data = probe_max_inline(&ctx);
+        // SAFETY: `ctx` is open; its async_fd is an fd of the context, and F_GETFL/F_SETFL only
+        // change its status flags (ibv_get_async_event(3): a non-blocking fd may be used).
+        let nonblock = unsafe {
+            let fd = (*ctx.0).async_fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        if !nonblock {
+            return Err(os_err("fcntl(O_NONBLOCK) on the async event fd", None));
+        }
         let clamp = |v: i32| v.clamp(1, MAX_RD_ATOMIC) as u8;
         let attr = DeviceAttr {
             max_qp_wr: u32::try_from(dev.max_qp_wr).unwrap_or(0),
@@ -122,6 +137,8 @@ impl IbvContext {
             max_rd_atomic: clamp(dev.max_qp_init_rd_atom),
             max_dest_rd_atomic: clamp(dev.max_qp_rd_atom),
             mrs: Mutex::new(HashMap::new()),
+            events: EventHub::default(),
+            event_reader: Mutex::new(()),
         }))
     }
 
@@ -404,7 +421,93 @@ impl ContextImpl for IbvContext {
         }
         Ok(IbvCq::create(self.arc()?, cqe)?)
     }
+
+    fn events(&self) -> &EventHub {
+        &self.events
+    }
+
+    /// `ibv_get_async_event(3)` on the non-blocking fd until EAGAIN; each event is converted,
+    /// acknowledged (`ibv_ack_async_event`) and raised.
+    fn pump_events(&self) -> Result<()> {
+        let _one = self.event_reader.lock();
+        loop {
+            // `ibv_async_event` is read through raw pointers only: its `event_type` is a Rust
+            // enum, and a value this binding does not know would be undefined behaviour.
+            let mut raw = std::mem::MaybeUninit::<[u64; 2]>::zeroed();
+            let ev = raw.as_mut_ptr().cast::<sys::ibv_async_event>();
+            // SAFETY: the context is open; `ev` points to 16 writable, aligned bytes, enough
+            // for an `ibv_async_event` (checked at compile time below).
+            let rc = unsafe { sys::ibv_get_async_event(self.ctx.0, ev) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) => Ok(()),
+                    _ => Err(Error::Os {
+                        what: "ibv_get_async_event",
+                        source: e,
+                    }),
+                };
+            }
+            // SAFETY: the call filled the struct: the type at its offset as a plain u32, the
+            // element union's first 8 bytes as a pointer (or the port number's int).
+            let (code, elem, port) = unsafe {
+                (
+                    std::ptr::addr_of!((*ev).event_type).cast::<u32>().read(),
+                    raw.as_ptr().cast::<usize>().read(),
+                    raw.as_ptr().cast::<i32>().read(),
+                )
+            };
+            // SAFETY: until the event is acknowledged, the object it names stays alive
+            // (ibv_get_async_event(3): destroy waits for the acknowledgement); the pointer is
+            // of the kind `code` says; only plain fields set at creation are read.
+            let event = unsafe {
+                match code {
+                    0 => AsyncEvent::CqErr {
+                        cq: (*(elem as *const sys::ibv_cq)).cq_context as usize as u64,
+                    },
+                    1..=5 | 16 => {
+                        let qp_num = (*(elem as *const sys::ibv_qp)).qp_num;
+                        match code {
+                            1 => AsyncEvent::QpFatal { qp_num },
+                            2 => AsyncEvent::QpReqErr { qp_num },
+                            3 => AsyncEvent::QpAccessErr { qp_num },
+                            4 => AsyncEvent::CommEst { qp_num },
+                            5 => AsyncEvent::SqDrained { qp_num },
+                            _ => AsyncEvent::QpLastWqeReached { qp_num },
+                        }
+                    }
+                    14 | 15 => {
+                        let srq = (*(elem as *const sys::ibv_srq)).srq_context as usize as u64;
+                        if code == 14 {
+                            AsyncEvent::SrqErr { srq }
+                        } else {
+                            AsyncEvent::SrqLimitReached { srq }
+                        }
+                    }
+                    8 => AsyncEvent::DeviceFatal,
+                    9 => AsyncEvent::PortActive {
+                        port: u8::try_from(port).unwrap_or(0),
+                    },
+                    10 => AsyncEvent::PortErr {
+                        port: u8::try_from(port).unwrap_or(0),
+                    },
+                    code => AsyncEvent::Other { code },
+                }
+            };
+            // SAFETY: `ev` is the event just read, acknowledged once.
+            unsafe { sys::ibv_ack_async_event(ev) };
+            self.events.raise(event);
+        }
+    }
+
+    fn async_fd(&self) -> Option<std::os::fd::RawFd> {
+        // SAFETY: the context is open while `self` lives; the field is not written after open.
+        Some(unsafe { (*self.ctx.0).async_fd })
+    }
 }
+
+const _: () = assert!(std::mem::size_of::<sys::ibv_async_event>() <= 16);
+const _: () = assert!(std::mem::align_of::<sys::ibv_async_event>() <= 8);
 
 /// Caps beyond the device's limits are refused before rdma-core sees them.
 pub(crate) fn check_caps(attr: &DeviceAttr, cap: &QpCap) -> Result<()> {

@@ -27,6 +27,7 @@ const BATCH: usize = 16;
 #[derive(Debug)]
 pub(crate) struct IbvCq {
     me: Weak<IbvCq>,
+    id: u64,
     cq: *mut sys::ibv_cq,
     channel: *mut sys::ibv_comp_channel,
     /// epoll set of the channel's fd and `wake`: readable when either is.
@@ -80,8 +81,12 @@ impl IbvCq {
             }
         };
         let n = libc::c_int::try_from(cqe).unwrap_or(libc::c_int::MAX);
-        // SAFETY: the context and channel are valid; no cq_context is used.
-        let cq = unsafe { sys::ibv_create_cq(ctx.raw(), n, std::ptr::null_mut(), channel, 0) };
+        let id = crate::events::next_object_id();
+        // SAFETY: the context and channel are valid; cq_context carries the id (read back
+        // from async events naming this CQ), never dereferenced.
+        let cq = unsafe {
+            sys::ibv_create_cq(ctx.raw(), n, id as usize as *mut libc::c_void, channel, 0)
+        };
         if cq.is_null() {
             let e = os_err("ibv_create_cq", None);
             destroy_channel();
@@ -89,6 +94,7 @@ impl IbvCq {
         }
         Ok(Arc::new_cyclic(|me| IbvCq {
             me: me.clone(),
+            id,
             cq,
             channel,
             epfd,
@@ -274,6 +280,10 @@ impl CqImpl for IbvCq {
         }
         // A completion queued before arming raises no event: look once more.
         Ok(self.pending())
+    }
+
+    fn id(&self) -> u64 {
+        self.id
     }
 
     fn ack_event(&self) -> Result<()> {

@@ -11,7 +11,8 @@
 //!   handed to the device: they are queued here as flushed and complete with WR_FLUSH_ERR right
 //!   after every earlier WR of their queue, so order holds.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -89,6 +90,58 @@ impl Queue {
     }
 }
 
+/// Bit 63 of a device `wr_id`: a WR of an SRQ (the rest is its [`SrqLedger`] number).
+pub(crate) const SRQ_TAG: u64 = 1 << 63;
+
+/// The outstanding WRs of an SRQ: any attached QP may consume any of them, in any order
+/// across QPs, so they are kept by number, not in a queue.
+#[derive(Debug)]
+pub(crate) struct SrqLedger {
+    inner: Mutex<SrqBook>,
+    cap: usize,
+}
+
+#[derive(Debug, Default)]
+struct SrqBook {
+    next: u64,
+    /// Device number → the caller's wr_id.
+    out: HashMap<u64, u64>,
+}
+
+impl SrqLedger {
+    pub(crate) fn new(cap: u32) -> SrqLedger {
+        SrqLedger {
+            inner: Mutex::new(SrqBook::default()),
+            cap: cap as usize,
+        }
+    }
+
+    /// Reserves a device wr_id for `wr_id` and calls `post` with it; the reservation is kept
+    /// only if `post` succeeds. `None` when the SRQ holds its granted capacity.
+    pub(crate) fn post<E>(
+        &self,
+        wr_id: u64,
+        post: impl FnOnce(u64) -> std::result::Result<(), E>,
+    ) -> Option<std::result::Result<(), E>> {
+        let mut b = self.inner.lock();
+        if b.out.len() >= self.cap {
+            return None;
+        }
+        let n = b.next & !SRQ_TAG;
+        let r = post(n | SRQ_TAG);
+        if r.is_ok() {
+            b.next = b.next.wrapping_add(1);
+            b.out.insert(n, wr_id);
+        }
+        Some(r)
+    }
+
+    /// The caller's wr_id of device wr_id `dev` (which is retired); `None` if unknown.
+    fn complete(&self, dev: u64) -> Option<u64> {
+        self.inner.lock().out.remove(&(dev & !SRQ_TAG))
+    }
+}
+
 /// Both work queues of one QP.
 #[derive(Debug)]
 pub(crate) struct Ledger {
@@ -96,15 +149,23 @@ pub(crate) struct Ledger {
     send: Mutex<Queue>,
     recv: Mutex<Queue>,
     in_err: AtomicBool,
+    /// The SRQ the QP's receives come from.
+    srq: Option<Arc<SrqLedger>>,
 }
 
 impl Ledger {
-    pub(crate) fn new(qp_num: u32, send_cap: u32, recv_cap: u32) -> Ledger {
+    pub(crate) fn new(
+        qp_num: u32,
+        send_cap: u32,
+        recv_cap: u32,
+        srq: Option<Arc<SrqLedger>>,
+    ) -> Ledger {
         Ledger {
             qp_num,
             send: Mutex::new(Queue::new(send_cap)),
             recv: Mutex::new(Queue::new(recv_cap)),
             in_err: AtomicBool::new(false),
+            srq,
         }
     }
 
@@ -128,15 +189,29 @@ impl Ledger {
     /// and appends it (and flushed WRs now at the front) to `out`. A completion that names no
     /// outstanding WR is dropped (and logged).
     pub(crate) fn complete(&self, mut wc: Wc, out: &mut VecDeque<Wc>) {
+        if wc.status != WcStatus::Success {
+            self.set_err();
+        }
+        if wc.wr_id & SRQ_TAG != 0 {
+            match self.srq.as_ref().and_then(|s| s.complete(wc.wr_id)) {
+                Some(user) => {
+                    wc.wr_id = user;
+                    out.push_back(wc);
+                }
+                None => tracing::warn!(
+                    "QP {:#x}: completion for unknown SRQ WR {:#x}: dropped",
+                    self.qp_num,
+                    wc.wr_id
+                ),
+            }
+            return;
+        }
         let wq = if wc.wr_id & 1 == 0 {
             Wq::Send
         } else {
             Wq::Recv
         };
         let seq = wc.wr_id >> 1;
-        if wc.status != WcStatus::Success {
-            self.set_err();
-        }
         let mut q = self.queue(wq);
         let Some(pos) = seq
             .checked_sub(q.base)
@@ -181,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_completion_retires_every_earlier_wr_and_returns_the_callers_id() {
-        let l = Ledger::new(9, 3, 3);
+        let l = Ledger::new(9, 3, 3, None);
         let mut ids = Vec::new();
         for user in [100, 101, 102] {
             let mut q = l.queue(Wq::Send);
@@ -200,7 +275,7 @@ mod tests {
 
     #[test]
     fn flushed_wrs_complete_after_the_earlier_ones_in_order() {
-        let l = Ledger::new(9, 8, 8);
+        let l = Ledger::new(9, 8, 8, None);
         let first = l.queue(Wq::Recv).next_device_wr_id(Wq::Recv);
         l.queue(Wq::Recv).push(1, WcOpcode::Recv, false);
         l.set_err();
@@ -217,8 +292,33 @@ mod tests {
     }
 
     #[test]
+    fn srq_completions_from_any_qp_return_the_callers_id_in_any_order() {
+        let srq = Arc::new(SrqLedger::new(2));
+        let a = Ledger::new(1, 1, 0, Some(srq.clone()));
+        let b = Ledger::new(2, 1, 0, Some(srq.clone()));
+        let mut ids = Vec::new();
+        for user in [70, 71] {
+            srq.post(user, |d| {
+                ids.push(d);
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+            .unwrap();
+        }
+        assert!(srq.post(72, |_| Ok::<(), ()>(())).is_none(), "full at cap");
+        assert!(srq.post(73, |_| Err(())).is_none());
+        let mut out = VecDeque::new();
+        b.complete(dev_wc(ids[1], WcStatus::Success), &mut out);
+        a.complete(dev_wc(ids[0], WcStatus::Success), &mut out);
+        assert_eq!(out.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [71, 70]);
+        let failed = srq.post(74, |_| Err(())).unwrap();
+        assert!(failed.is_err());
+        assert!(srq.post(75, |_| Ok::<(), ()>(())).unwrap().is_ok());
+    }
+
+    #[test]
     fn an_error_completion_marks_the_qp_in_err() {
-        let l = Ledger::new(9, 2, 2);
+        let l = Ledger::new(9, 2, 2, None);
         let id = l.queue(Wq::Send).next_device_wr_id(Wq::Send);
         l.queue(Wq::Send).push(5, WcOpcode::Send, false);
         assert!(!l.in_err());

@@ -9,7 +9,9 @@
 //! - [`ledger`]: each QP's outstanding WRs: exact queue capacity, callers' `wr_id`s, and flush
 //!   completions for WRs posted in ERR.
 //! - [`qp`]: RC QPs and their state machine (`ibv_create_qp(3)`, `ibv_modify_qp(3)`);
-//!   [`post`]: `ibv_post_send(3)` / `ibv_post_recv(3)`.
+//!   [`post`]: `ibv_post_send(3)` / `ibv_post_recv(3)`; [`srq`]: shared receive queues
+//!   (`ibv_create_srq(3)`, `ibv_post_srq_recv(3)`).
+//! - Async events (`ibv_get_async_event(3)`) are read in [`context`].
 //!
 //! Thread safety: libibverbs objects may be used from several threads at once; posting to and
 //! polling of one queue are serialised by the provider library itself (`ibv_post_send(3)`:
@@ -27,6 +29,7 @@ mod mem;
 mod pd;
 mod post;
 mod qp;
+mod srq;
 
 use std::ffi::CStr;
 

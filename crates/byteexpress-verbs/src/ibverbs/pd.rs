@@ -8,9 +8,10 @@ use super::context::{IbvContext, check_caps};
 use super::cq::IbvCq;
 use super::mem::AnonMem;
 use super::qp::IbvQp;
+use super::srq::IbvSrq;
 use super::{convert, os_err};
-use crate::provider::{ContextImpl, CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl};
-use crate::{Access, Error, QpCap, Result};
+use crate::provider::{ContextImpl, CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl, SrqImpl};
+use crate::{Access, Error, QpCap, Result, SrqAttr};
 
 /// A protection domain; deallocated when the last MR, QP and handle of it are gone.
 #[derive(Debug)]
@@ -126,6 +127,7 @@ impl PdImpl for IbvPd {
         &self,
         send_cq: &Arc<dyn CqImpl>,
         recv_cq: &Arc<dyn CqImpl>,
+        srq: Option<&Arc<dyn SrqImpl>>,
         cap: QpCap,
     ) -> Result<Arc<dyn QpImpl>> {
         let (Some(scq), Some(rcq)) = (IbvCq::from_dyn(send_cq), IbvCq::from_dyn(recv_cq)) else {
@@ -134,12 +136,36 @@ impl PdImpl for IbvPd {
         if !Arc::ptr_eq(&scq.ctx, &self.ctx) || !Arc::ptr_eq(&rcq.ctx, &self.ctx) {
             return Err(Error::InvalidArgument("CQ of another device".into()));
         }
-        check_caps(&self.ctx.query(), &cap)?;
+        let srq = match srq {
+            None => None,
+            Some(s) => {
+                let s = IbvSrq::from_dyn(s)
+                    .ok_or_else(|| Error::InvalidArgument("SRQ of another provider".into()))?;
+                if !Arc::ptr_eq(&s.pd.ctx, &self.ctx) {
+                    return Err(Error::InvalidArgument("SRQ of another device".into()));
+                }
+                Some(s)
+            }
+        };
+        let mut checked = cap;
+        if srq.is_some() {
+            checked.max_recv_wr = 0;
+            checked.max_recv_sge = 0;
+        }
+        check_caps(&self.ctx.query(), &checked)?;
         let pd = self
             .me
             .upgrade()
             .ok_or_else(|| Error::InvalidState("PD is being destroyed".into()))?;
-        Ok(IbvQp::create(pd, scq, rcq, cap)?)
+        Ok(IbvQp::create(pd, scq, rcq, srq, cap)?)
+    }
+
+    fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>> {
+        let pd = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::InvalidState("PD is being destroyed".into()))?;
+        Ok(IbvSrq::create(pd, attr)?)
     }
 }
 

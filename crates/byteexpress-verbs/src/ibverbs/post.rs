@@ -11,7 +11,7 @@ use rdma_mummy_sys::{self as sys, ibv_send_flags, ibv_wr_opcode};
 
 use super::ledger::Wq;
 use super::os_err;
-use super::qp::{IbvQp, SET_RESET};
+use super::qp::{IbvQp, SET_RESET, SET_SQD};
 use crate::{Error, RecvWr, Result, SendWr, Sge, WcOpcode, WrOp};
 
 /// SGE lists up to this length are built on the stack.
@@ -21,7 +21,7 @@ const STACK_SGES: usize = 8;
 const MAX_MSG_LEN: u64 = 1 << 31;
 
 /// Calls `f` with the list as `ibv_sge`s.
-fn with_sges<R>(list: &[Sge], f: impl FnOnce(*mut sys::ibv_sge, i32) -> R) -> R {
+pub(crate) fn with_sges<R>(list: &[Sge], f: impl FnOnce(*mut sys::ibv_sge, i32) -> R) -> R {
     let conv = |s: &Sge| sys::ibv_sge {
         addr: s.addr,
         length: s.len,
@@ -73,10 +73,14 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
     if total > MAX_MSG_LEN {
         return Err(Error::InvalidArgument(format!("{total} bytes exceed 2^31")));
     }
-    if qp.set_state.load(Ordering::SeqCst) == SET_RESET {
-        return Err(Error::InvalidState(
-            "post_send before connect (needs RTS)".into(),
-        ));
+    match qp.set_state.load(Ordering::SeqCst) {
+        SET_RESET => {
+            return Err(Error::InvalidState(
+                "post_send before connect (needs RTS)".into(),
+            ));
+        }
+        SET_SQD => return Err(Error::InvalidState("post_send in SQD (needs RTS)".into())),
+        _ => {}
     }
     let mut flags = 0u32;
     if wr.signaled {
@@ -188,6 +192,11 @@ pub(crate) fn post_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<()> {
             "{n} SGEs exceed max_recv_sge {}",
             qp.cap.max_recv_sge
         )));
+    }
+    if qp.srq.is_some() {
+        return Err(Error::InvalidArgument(
+            "post_recv on a QP attached to an SRQ: post to the SRQ".into(),
+        ));
     }
     if qp.set_state.load(Ordering::SeqCst) == SET_RESET {
         return Err(Error::InvalidState("post_recv in RESET".into()));

@@ -13,6 +13,7 @@ use super::context::PORT;
 use super::cq::IbvCq;
 use super::ledger::Ledger;
 use super::pd::IbvPd;
+use super::srq::IbvSrq;
 use super::{convert, os_err};
 use crate::provider::{PROVIDER_IBVERBS, QpImpl};
 use crate::{ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr};
@@ -26,6 +27,8 @@ pub(crate) const SET_RESET: u8 = 0;
 pub(crate) const SET_RTS: u8 = 1;
 /// `to_err` ran.
 pub(crate) const SET_ERR: u8 = 2;
+/// `to_sqd` ran (and `to_rts` has not).
+pub(crate) const SET_SQD: u8 = 3;
 
 /// An RC QP; holds its PD and CQs, so it is destroyed before them.
 #[derive(Debug)]
@@ -43,6 +46,8 @@ pub(crate) struct IbvQp {
     pub(crate) pd: Arc<IbvPd>,
     pub(crate) send_cq: Arc<IbvCq>,
     pub(crate) recv_cq: Arc<IbvCq>,
+    /// The SRQ receives come from; destroyed after the QP (a field, dropped after Drop).
+    pub(crate) srq: Option<Arc<IbvSrq>>,
 }
 
 // SAFETY: `ibv_post_send`, `ibv_post_recv`, `ibv_modify_qp` and `ibv_query_qp` are thread-safe
@@ -69,6 +74,7 @@ impl IbvQp {
         pd: Arc<IbvPd>,
         send_cq: Arc<IbvCq>,
         recv_cq: Arc<IbvCq>,
+        srq: Option<Arc<IbvSrq>>,
         cap: QpCap,
     ) -> Result<Arc<IbvQp>> {
         // SAFETY: ibv_qp_init_attr is plain C data; all-zero is a valid value.
@@ -77,11 +83,14 @@ impl IbvQp {
         init.recv_cq = recv_cq.raw();
         init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0;
+        init.srq = srq.as_ref().map_or(std::ptr::null_mut(), |s| s.raw());
+        // With an SRQ, max_recv_* are ignored (`ibv_create_qp(3)`).
+        let recv = |v: u32| if srq.is_some() { 0 } else { v.max(1) };
         init.cap = sys::ibv_qp_cap {
             max_send_wr: cap.max_send_wr.max(1),
-            max_recv_wr: cap.max_recv_wr.max(1),
+            max_recv_wr: recv(cap.max_recv_wr),
             max_send_sge: cap.max_send_sge.max(1),
-            max_recv_sge: cap.max_recv_sge.max(1),
+            max_recv_sge: recv(cap.max_recv_sge),
             max_inline_data: cap.max_inline_data,
         };
         // SAFETY: PD and CQs are alive (held by the QP below); `init` is valid and receives
@@ -108,7 +117,12 @@ impl IbvQp {
         };
         // SAFETY: `qp` was just created and is valid.
         let qpn = unsafe { (*qp).qp_num };
-        let ledger = Arc::new(Ledger::new(qpn, granted.max_send_wr, granted.max_recv_wr));
+        let ledger = Arc::new(Ledger::new(
+            qpn,
+            granted.max_send_wr,
+            granted.max_recv_wr,
+            srq.as_ref().map(|s| s.ledger.clone()),
+        ));
         send_cq.register(qpn, ledger.clone());
         recv_cq.register(qpn, ledger.clone());
         Ok(Arc::new(IbvQp {
@@ -122,6 +136,7 @@ impl IbvQp {
             pd,
             send_cq,
             recv_cq,
+            srq,
         }))
     }
 
@@ -237,6 +252,7 @@ impl QpImpl for IbvQp {
         match self.set_state.load(Ordering::SeqCst) {
             SET_RESET => QpState::Reset,
             SET_RTS => QpState::Rts,
+            SET_SQD => QpState::Sqd,
             _ => QpState::Err,
         }
     }
@@ -305,6 +321,79 @@ impl QpImpl for IbvQp {
         self.set_state.store(SET_ERR, Ordering::SeqCst);
         self.ledger.set_err();
         self.to_state(ibv_qp_state::IBV_QPS_ERR, "ibv_modify_qp(ERR)")
+    }
+
+    /// RTS→SQD with `en_sqd_async_notify`, so the device raises SQ_DRAINED.
+    fn to_sqd(&self) -> Result<()> {
+        let _one = self.connecting.lock();
+        match self.set_state.load(Ordering::SeqCst) {
+            SET_SQD => return Ok(()),
+            SET_RTS => {}
+            _ => {
+                return Err(Error::InvalidState(format!(
+                    "to_sqd in {:?}, needs RTS or SQD",
+                    self.state()
+                )));
+            }
+        }
+        // SAFETY: ibv_qp_attr is plain C data; all-zero is a valid value.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_SQD;
+        a.en_sqd_async_notify = 1;
+        // SAFETY: the QP is valid; `a` is a fully initialised attribute struct.
+        let rc = unsafe {
+            sys::ibv_modify_qp(
+                self.qp,
+                &mut a,
+                (M::IBV_QP_STATE | M::IBV_QP_EN_SQD_ASYNC_NOTIFY).0 as libc::c_int,
+            )
+        };
+        match rc {
+            0 => {}
+            libc::EINVAL => {
+                return Err(Error::InvalidState(format!(
+                    "ibv_modify_qp(SQD) refused in {:?}",
+                    self.state()
+                )));
+            }
+            libc::EOPNOTSUPP | libc::ENOSYS => {
+                return Err(Error::Unsupported("the device has no SQD state".into()));
+            }
+            e => return Err(os_err("ibv_modify_qp(SQD)", Some(e))),
+        }
+        let _ =
+            self.set_state
+                .compare_exchange(SET_RTS, SET_SQD, Ordering::SeqCst, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn to_rts(&self) -> Result<()> {
+        let _one = self.connecting.lock();
+        if self.set_state.load(Ordering::SeqCst) != SET_SQD {
+            return Err(Error::InvalidState(format!(
+                "to_rts in {:?}, needs SQD",
+                self.state()
+            )));
+        }
+        // SAFETY: ibv_qp_attr is plain C data; all-zero is a valid value.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        // SAFETY: the QP is valid; `a` is a fully initialised attribute struct.
+        let rc = unsafe { sys::ibv_modify_qp(self.qp, &mut a, M::IBV_QP_STATE.0 as libc::c_int) };
+        match rc {
+            0 => {}
+            // rxe refuses to leave SQD while the send queue still drains.
+            libc::EINVAL => {
+                return Err(Error::InvalidState(
+                    "ibv_modify_qp(SQD→RTS) refused (still draining?)".into(),
+                ));
+            }
+            e => return Err(os_err("ibv_modify_qp(RTS)", Some(e))),
+        }
+        let _ =
+            self.set_state
+                .compare_exchange(SET_SQD, SET_RTS, Ordering::SeqCst, Ordering::SeqCst);
+        Ok(())
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {

@@ -10,23 +10,30 @@ use parking_lot::Mutex;
 
 use super::qp::SoftQp;
 use super::shm::EventFd;
+use crate::events::EventHub;
 use crate::provider::{CqImpl, QpImpl};
-use crate::{Error, QpState, Result, Wc};
+use crate::{AsyncEvent, Error, QpState, Result, Wc};
 
 /// Queued completions and the QPs whose inbound rings this CQ drains.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct CqState {
     local: VecDeque<Wc>,
     overrun: bool,
     size: usize,
     pub(crate) qps: Vec<Weak<SoftQp>>,
+    id: u64,
+    events: Arc<EventHub>,
 }
 
 impl CqState {
-    /// Queues one completion; more than the CQ's size outstanding is an overrun.
+    /// Queues one completion; more than the CQ's size outstanding is an overrun: the CQ fails
+    /// (every later poll is an error) and CQ_ERR is raised once.
     pub(crate) fn push(&mut self, wc: Wc) {
         if self.local.len() >= self.size {
-            self.overrun = true;
+            if !self.overrun {
+                self.overrun = true;
+                self.events.raise(AsyncEvent::CqErr { cq: self.id });
+            }
             return;
         }
         self.local.push_back(wc);
@@ -40,20 +47,27 @@ pub(crate) struct SoftCq {
     efd: EventFd,
     armed: AtomicBool,
     queued: AtomicUsize,
+    id: u64,
     pub(crate) state: Mutex<CqState>,
 }
 
 impl SoftCq {
-    pub(crate) fn new(size: u32) -> Result<Arc<SoftCq>> {
+    pub(crate) fn new(size: u32, events: Arc<EventHub>) -> Result<Arc<SoftCq>> {
         let efd = EventFd::new()?;
+        let id = crate::events::next_object_id();
         Ok(Arc::new_cyclic(|me| SoftCq {
             me: me.clone(),
             efd,
             armed: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
+            id,
             state: Mutex::new(CqState {
+                local: VecDeque::new(),
+                overrun: false,
                 size: size as usize,
-                ..CqState::default()
+                qps: Vec::new(),
+                id,
+                events,
             }),
         }))
     }
@@ -114,6 +128,7 @@ fn overrun_error() -> Error {
 impl CqImpl for SoftCq {
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         let mut failed: Vec<Arc<SoftQp>> = Vec::new();
+        let mut srq_fed: Vec<Arc<SoftQp>> = Vec::new();
         let mut n = 0;
         for round in 0..2 {
             {
@@ -122,7 +137,10 @@ impl CqImpl for SoftCq {
                     let qps: Vec<_> = Self::live_qps(&st).collect();
                     for qp in qps {
                         if qp.state() != QpState::Err && !qp.drain_into(&mut st) {
-                            failed.push(qp);
+                            failed.push(qp.clone());
+                        }
+                        if qp.srq.is_some() {
+                            srq_fed.push(qp);
                         }
                     }
                 }
@@ -137,6 +155,10 @@ impl CqImpl for SoftCq {
                     n += 1;
                 }
                 self.queued.store(st.local.len(), Ordering::SeqCst);
+            }
+            // Completions freed ring slots: SRQs top the rings up (outside the CQ lock).
+            for qp in srq_fed.drain(..) {
+                qp.refill_from_srq();
             }
             if failed.is_empty() {
                 break;
@@ -176,6 +198,10 @@ impl CqImpl for SoftCq {
     fn ack_event(&self) -> Result<()> {
         self.efd.drain();
         Ok(())
+    }
+
+    fn id(&self) -> u64 {
+        self.id
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

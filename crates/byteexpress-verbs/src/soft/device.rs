@@ -19,7 +19,9 @@ use super::qp::SoftQp;
 use super::ring::{Layout, Ring};
 use super::shm::{EventFd, Mapping};
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
+use super::srq::SoftSrq;
 use super::wire::{ConnectMsg, Msg};
+use crate::events::EventHub;
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_SOFT, PdImpl};
 use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
 
@@ -111,6 +113,11 @@ pub(crate) struct SoftDevice {
     probes: Mutex<HashMap<u64, Instant>>,
     watches: Mutex<Vec<Watch>>,
     timers: Mutex<BinaryHeap<Reverse<Timer>>>,
+    /// Asynchronous events of the device.
+    pub(crate) events: Arc<EventHub>,
+    /// SRQs of the device: woken (refill eventfd = `wake`), the progress thread tops up the
+    /// rings they lend to.
+    pub(crate) srqs: Mutex<Vec<Weak<SoftSrq>>>,
 }
 
 impl SoftDevice {
@@ -140,6 +147,8 @@ impl SoftDevice {
             probes: Mutex::new(HashMap::new()),
             watches: Mutex::new(Vec::new()),
             timers: Mutex::new(BinaryHeap::new()),
+            events: Arc::new(EventHub::default()),
+            srqs: Mutex::new(Vec::new()),
         });
         let d = dev.clone();
         std::thread::Builder::new()
@@ -199,6 +208,24 @@ impl SoftDevice {
         self.wake.signal();
     }
 
+    /// The progress thread's wake eventfd, which peers also ring as the refill eventfd of
+    /// SRQ-fed rings.
+    pub(crate) fn wake_fd(&self) -> RawFd {
+        self.wake.raw()
+    }
+
+    /// Lets every SRQ top up the rings it lends to.
+    fn refill_srqs(&self) {
+        let srqs: Vec<Arc<SoftSrq>> = {
+            let mut s = self.srqs.lock();
+            s.retain(|w| w.strong_count() > 0);
+            s.iter().filter_map(Weak::upgrade).collect()
+        };
+        for srq in srqs {
+            srq.refill_all();
+        }
+    }
+
     fn take_nonce(&self, nonce: u64) -> bool {
         let mut p = self.probes.lock();
         let now = Instant::now();
@@ -254,6 +281,7 @@ impl SoftDevice {
             }
             if pfds[1].revents != 0 {
                 self.wake.drain();
+                self.refill_srqs();
             }
             // Handshakes first (indices refer to the current vector), then new connections.
             let hs_base = 2;
@@ -381,9 +409,14 @@ impl SoftDevice {
         fds: Vec<OwnedFd>,
         sock: &Arc<Sock>,
     ) -> std::result::Result<Arc<SoftQp>, String> {
-        let [ring_fd, bell_fd]: [OwnedFd; 2] = fds
-            .try_into()
-            .map_err(|_| "connect needs 2 fds".to_string())?;
+        if !(2..=3).contains(&fds.len()) {
+            return Err("connect needs 2 or 3 fds".to_string());
+        }
+        let mut fds = fds.into_iter();
+        let (Some(ring_fd), Some(bell_fd)) = (fds.next(), fds.next()) else {
+            return Err("connect needs 2 or 3 fds".to_string());
+        };
+        let refill_fd = fds.next();
         let qp = self
             .qps
             .lock()
@@ -413,6 +446,7 @@ impl SoftDevice {
             c.src_qpn,
             ring,
             EventFd::from_peer(bell_fd),
+            refill_fd.map(EventFd::from_peer),
             Access(c.access),
             sock.clone(),
         );
@@ -487,6 +521,18 @@ impl ContextImpl for SoftDevice {
                 limits::MAX_CQE
             )));
         }
-        Ok(SoftCq::new(cqe.max(1))?)
+        Ok(SoftCq::new(cqe.max(1), self.events.clone())?)
+    }
+
+    fn events(&self) -> &EventHub {
+        &self.events
+    }
+
+    fn pump_events(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn async_fd(&self) -> Option<RawFd> {
+        None
     }
 }

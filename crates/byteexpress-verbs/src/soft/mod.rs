@@ -6,6 +6,7 @@
 //! - [`pd`]: PDs, shared memory (`alloc_shared`, memfd) and MRs, announced to connected peers.
 //! - [`qp`]: QP state machine, connect, receive side; [`send`]: the initiator's copy engine.
 //! - [`cq`]: CQs: local completions plus the inbound rings of their QPs.
+//! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
@@ -18,6 +19,7 @@ mod ring;
 mod send;
 mod shm;
 mod sock;
+mod srq;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 mod timing;

@@ -15,9 +15,10 @@ use super::qp::SoftQp;
 use super::ring::Ring;
 use super::shm::Mapping;
 use super::sock::Sock;
+use super::srq::SoftSrq;
 use super::wire::Msg;
-use crate::provider::{CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl};
-use crate::{Access, Error, QpCap, Result};
+use crate::provider::{CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl, SrqImpl};
+use crate::{Access, Error, QpCap, Result, SrqAttr};
 
 /// A QP's connection to its peer device, used to announce this PD's MRs.
 #[derive(Debug)]
@@ -253,9 +254,22 @@ impl PdImpl for SoftPd {
         &self,
         send_cq: &Arc<dyn CqImpl>,
         recv_cq: &Arc<dyn CqImpl>,
+        srq: Option<&Arc<dyn SrqImpl>>,
         cap: QpCap,
     ) -> Result<Arc<dyn QpImpl>> {
         let pd = self.me.upgrade().expect("a PD in use is alive");
-        Ok(SoftQp::create(pd, send_cq, recv_cq, cap)?)
+        let srq = match srq {
+            None => None,
+            Some(s) => Some(
+                SoftSrq::from_dyn(s)
+                    .ok_or_else(|| Error::InvalidArgument("SRQ of another device".into()))?,
+            ),
+        };
+        Ok(SoftQp::create(pd, send_cq, recv_cq, srq, cap)?)
+    }
+
+    fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>> {
+        let pd = self.me.upgrade().expect("a PD in use is alive");
+        Ok(SoftSrq::create(pd, attr)?)
     }
 }

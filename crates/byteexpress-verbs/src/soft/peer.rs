@@ -41,6 +41,8 @@ pub(crate) struct Peer {
     pub(crate) qpn: u32,
     pub(crate) ring: Ring,
     pub(crate) doorbell: EventFd,
+    /// The peer device's refill eventfd: rung when an SRQ-fed ring of the peer runs low.
+    pub(crate) refill: Option<EventFd>,
     /// Access the peer's QP grants us (`qp_access_flags`).
     pub(crate) access: Access,
     chan: Arc<Sock>,
@@ -60,6 +62,7 @@ impl Peer {
         qpn: u32,
         ring: Ring,
         doorbell: EventFd,
+        refill: Option<EventFd>,
         access: Access,
         chan: Arc<Sock>,
     ) -> Peer {
@@ -68,6 +71,7 @@ impl Peer {
             qpn,
             ring,
             doorbell,
+            refill,
             access,
             chan,
             regions: HashMap::new(),

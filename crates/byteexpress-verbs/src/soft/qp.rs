@@ -18,10 +18,12 @@ use super::ring::{ERR_BIT, Layout, RawSge, Ring};
 use super::send::SendSide;
 use super::shm::Mapping;
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
+use super::srq::SoftSrq;
 use super::wire::{ConnectMsg, Msg};
 use crate::provider::{CqImpl, PROVIDER_IBVERBS, PROVIDER_SOFT, QpImpl};
 use crate::{
-    ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode, WcStatus,
+    AsyncEvent, ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode,
+    WcStatus,
 };
 
 /// How long a failing QP waits for a peer that already claimed one of its receive WQEs to
@@ -52,9 +54,12 @@ fn code_state(c: u8) -> QpState {
 
 /// A posted receive, as only this process knows it (never read back from shared memory).
 #[derive(Debug)]
-struct Posted {
-    wr_id: u64,
-    total: u64,
+pub(crate) struct Posted {
+    pub(crate) wr_id: u64,
+    /// Bytes the SGEs hold.
+    pub(crate) total: u64,
+    /// The SGEs as written to the ring (kept so an SRQ can lend the WQE again).
+    pub(crate) sges: Vec<RawSge>,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +72,8 @@ struct RecvSide {
     comp_cons: u64,
     /// The peer wrote something impossible: its ring is no longer read.
     poisoned: bool,
+    /// Flushed (ERR): an SRQ lends nothing more to this ring.
+    closed: bool,
 }
 
 /// An RC QP.
@@ -89,6 +96,10 @@ pub(crate) struct SoftQp {
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
     connecting: Mutex<()>,
+    /// The SRQ receives come from, if any.
+    pub(crate) srq: Option<Arc<SoftSrq>>,
+    /// SQ_DRAINED was raised for the current stay in SQD.
+    sqd_notified: AtomicBool,
 }
 
 fn check_cap(what: &str, v: u32, max: u32) -> Result<()> {
@@ -105,6 +116,7 @@ impl SoftQp {
         pd: Arc<SoftPd>,
         send_cq: &Arc<dyn CqImpl>,
         recv_cq: &Arc<dyn CqImpl>,
+        srq: Option<Arc<SoftSrq>>,
         cap: QpCap,
     ) -> Result<Arc<SoftQp>> {
         let (Some(send_cq), Some(recv_cq)) = (SoftCq::from_dyn(send_cq), SoftCq::from_dyn(recv_cq))
@@ -112,24 +124,56 @@ impl SoftQp {
             return Err(Error::InvalidArgument("CQ of another device".into()));
         };
         check_cap("max_send_wr", cap.max_send_wr, limits::MAX_QP_WR)?;
-        check_cap("max_recv_wr", cap.max_recv_wr, limits::MAX_QP_WR)?;
         check_cap("max_send_sge", cap.max_send_sge, limits::MAX_SGE)?;
-        check_cap("max_recv_sge", cap.max_recv_sge, limits::MAX_SGE)?;
         check_cap("max_inline_data", cap.max_inline_data, limits::MAX_INLINE)?;
-        let cap = QpCap {
-            max_send_wr: cap.max_send_wr.max(1),
-            max_recv_wr: cap.max_recv_wr.max(1),
-            max_send_sge: cap.max_send_sge.max(1),
-            max_recv_sge: cap.max_recv_sge.max(1),
-            max_inline_data: cap.max_inline_data,
-        };
-        let layout = Layout {
-            cap: cap.max_recv_wr,
-            max_sge: cap.max_recv_sge,
+        if srq.is_none() {
+            check_cap("max_recv_wr", cap.max_recv_wr, limits::MAX_QP_WR)?;
+            check_cap("max_recv_sge", cap.max_recv_sge, limits::MAX_SGE)?;
+        }
+        // With an SRQ the receive queue is the SRQ's (`ibv_create_qp(3)`: max_recv_* ignored);
+        // the ring only holds the WQEs the SRQ lends.
+        let (cap, layout) = match &srq {
+            None => {
+                let cap = QpCap {
+                    max_send_wr: cap.max_send_wr.max(1),
+                    max_recv_wr: cap.max_recv_wr.max(1),
+                    max_send_sge: cap.max_send_sge.max(1),
+                    max_recv_sge: cap.max_recv_sge.max(1),
+                    max_inline_data: cap.max_inline_data,
+                };
+                let layout = Layout {
+                    cap: cap.max_recv_wr,
+                    max_sge: cap.max_recv_sge,
+                };
+                (cap, layout)
+            }
+            Some(srq) => {
+                if !Arc::ptr_eq(&srq.pd, &pd) {
+                    return Err(Error::InvalidArgument(
+                        "the soft device needs the SRQ and the QP in one PD".into(),
+                    ));
+                }
+                let cap = QpCap {
+                    max_send_wr: cap.max_send_wr.max(1),
+                    max_recv_wr: 0,
+                    max_send_sge: cap.max_send_sge.max(1),
+                    max_recv_sge: 0,
+                    max_inline_data: cap.max_inline_data,
+                };
+                let layout = Layout {
+                    cap: srq.ring_cap,
+                    max_sge: srq.max_sge,
+                };
+                (cap, layout)
+            }
         };
         let map = Mapping::create(layout.bytes(), c"bx-soft-ring")?;
         let ring = Ring::new(Arc::new(map), layout)
             .ok_or_else(|| Error::InvalidArgument("ring layout".into()))?;
+        if srq.is_some() {
+            ring.low_water()
+                .store(super::srq::low_water(layout.cap), Ordering::Release);
+        }
         let dev = pd.dev.clone();
         let qpn = dev.alloc_qpn();
         let psn = rand::rng().random::<u32>() & 0xff_ffff;
@@ -150,14 +194,69 @@ impl SoftQp {
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
             connecting: Mutex::new(()),
+            srq: srq.clone(),
+            sqd_notified: AtomicBool::new(false),
         });
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
         recv_cq.add_qp(Arc::downgrade(&qp));
+        if let Some(srq) = &srq {
+            srq.attach(Arc::downgrade(&qp));
+        }
         Ok(qp)
     }
 
-    pub(crate) fn set_state(&self, s: QpState) {
-        self.state.store(state_code(s), Ordering::SeqCst);
+    /// Sets the state; returns the previous one.
+    pub(crate) fn set_state(&self, s: QpState) -> QpState {
+        code_state(self.state.swap(state_code(s), Ordering::SeqCst))
+    }
+
+    /// SRQ: takes WQEs from the front of `queue` into this QP's ring, up to its capacity, if
+    /// the ring is at or below its low-water mark and the QP can receive. Returns how many.
+    /// Called with the SRQ's lock held (lock order: SRQ, then the QP's receive side).
+    pub(crate) fn lend(&self, queue: &mut VecDeque<Posted>) -> usize {
+        if queue.is_empty() || !self.lendable() {
+            return 0;
+        }
+        let mut recv = self.recv.lock();
+        let cap = self.ring.layout.cap as usize;
+        if recv.closed
+            || recv.poisoned
+            || recv.shadow.len() as u64 > super::srq::low_water(self.ring.layout.cap)
+            || !self.lendable()
+        {
+            return 0;
+        }
+        let mut n = 0;
+        while recv.shadow.len() < cap {
+            let Some(p) = queue.pop_front() else { break };
+            self.ring.write_wqe(recv.prod, &p.sges);
+            recv.prod += 1;
+            recv.shadow.push_back(p);
+            n += 1;
+        }
+        if n > 0 {
+            self.ring.recv_prod().store(recv.prod, Ordering::Release);
+        }
+        n
+    }
+
+    /// SRQ: asks the SRQ to top up this QP's ring (after completions freed slots).
+    pub(crate) fn refill_from_srq(&self) {
+        if let Some(srq) = &self.srq {
+            srq.refill_one(self);
+        }
+    }
+
+    /// In SQD with no send WR left: raises SQ_DRAINED once per stay in SQD.
+    pub(crate) fn note_drained(&self, send: &SendSide) {
+        if self.state() == QpState::Sqd
+            && send.pending.is_empty()
+            && !self.sqd_notified.swap(true, Ordering::SeqCst)
+        {
+            self.dev
+                .events
+                .raise(AsyncEvent::SqDrained { qp_num: self.qpn });
+        }
     }
 
     pub(crate) fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Wc {
@@ -275,6 +374,9 @@ impl SoftQp {
                 .shadow
                 .pop_front()
                 .expect("checked against outstanding");
+            if let Some(srq) = &self.srq {
+                srq.consumed(1);
+            }
             let success = status == WcStatus::Success;
             cq.push(Wc {
                 wr_id: posted.wr_id,
@@ -309,20 +411,43 @@ impl SoftQp {
         {
             std::thread::yield_now();
         }
-        self.recv_cq.with(|cq| {
+        let back = self.recv_cq.with(|cq| {
             let mut recv = self.recv.lock();
             self.drain_locked(&mut recv, cq);
-            for p in recv.shadow.drain(..) {
-                cq.push(self.wc(p.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+            recv.closed = true;
+            let mut back = Vec::new();
+            match &self.srq {
+                None => {
+                    for p in recv.shadow.drain(..) {
+                        cq.push(self.wc(p.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+                    }
+                }
+                Some(srq) => {
+                    // WQEs the peer claimed belong to this QP and complete on it, flushed;
+                    // the others were only lent: they go back to the SRQ (not flushed).
+                    let taken = claimed
+                        .saturating_sub(recv.comp_cons)
+                        .min(recv.shadow.len() as u64) as usize;
+                    for p in recv.shadow.drain(..taken) {
+                        cq.push(self.wc(p.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
+                        srq.consumed(1);
+                    }
+                    back.extend(recv.shadow.drain(..));
+                }
             }
             recv.comp_cons = self.ring.comp_prod().load(Ordering::Acquire);
+            back
         });
+        if let Some(srq) = &self.srq {
+            srq.give_back(back);
+            srq.refill_all();
+        }
     }
 
     /// Moves the QP to ERR: `first` (if any) completes the oldest send WR with that status,
     /// every other outstanding WR is flushed, sends first, then receives.
     pub(crate) fn fail_locked(&self, send: &mut SendSide, first: Option<WcStatus>) {
-        self.set_state(QpState::Err);
+        let was = self.set_state(QpState::Err);
         let jobs = std::mem::take(&mut send.pending);
         let mut first = first;
         self.send_cq.with(|cq| {
@@ -332,12 +457,24 @@ impl SoftQp {
             }
         });
         self.flush_recv();
+        if was != QpState::Err && self.srq.is_some() {
+            self.dev
+                .events
+                .raise(AsyncEvent::QpLastWqeReached { qp_num: self.qpn });
+        }
     }
 
-    /// The recv CQ found an error completion or garbage from the peer.
+    /// The recv CQ found an error completion or garbage from the peer. Garbage (the peer broke
+    /// the ring protocol) is an error no completion reports: QP_FATAL.
     pub(crate) fn fail_from_cq(&self) {
         let mut send = self.send.lock();
+        let fatal = self.recv.lock().poisoned && self.state() != QpState::Err;
         self.fail_locked(&mut send, None);
+        if fatal {
+            self.dev
+                .events
+                .raise(AsyncEvent::QpFatal { qp_num: self.qpn });
+        }
     }
 
     /// The peer's process or QP is gone (EOF on a control channel): sends fail with
@@ -359,7 +496,19 @@ impl SoftQp {
 impl Drop for SoftQp {
     fn drop(&mut self) {
         // The peer may claim no more receive WQEs; its sends time out once our channels close.
-        self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+        let old = self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+        if let Some(srq) = &self.srq {
+            // Claimed WQEs were consumed (their completions die with the QP); the others go
+            // back to the SRQ.
+            let recv = self.recv.get_mut();
+            let taken = (old & !ERR_BIT)
+                .saturating_sub(recv.comp_cons)
+                .min(recv.shadow.len() as u64) as usize;
+            recv.shadow.drain(..taken);
+            srq.consumed(taken as u64);
+            srq.give_back(recv.shadow.drain(..).collect());
+            self.dev.wake(); // the progress thread lends them to the other QPs
+        }
         let mut qps = self.dev.qps.lock();
         if qps.get(&self.qpn).is_some_and(|w| w.strong_count() == 0) {
             qps.remove(&self.qpn);
@@ -446,7 +595,11 @@ impl QpImpl for SoftQp {
         });
         sock.send(
             &hello.encode(),
-            &[self.ring.mapping().fd(), self.recv_cq.doorbell_fd()],
+            &[
+                self.ring.mapping().fd(),
+                self.recv_cq.doorbell_fd(),
+                self.dev.wake_fd(),
+            ],
         )
         .map_err(|e| peer_err("connect to", &e))?;
         let mut buf = [0u8; MAX_MSG];
@@ -505,12 +658,56 @@ impl QpImpl for SoftQp {
             .map_err(|s| {
                 Error::InvalidState(format!("QP moved to {:?} during connect", code_state(s)))
             })?;
+        self.refill_from_srq();
         Ok(())
     }
 
     fn to_err(&self) -> Result<()> {
         let mut send = self.send.lock();
         self.fail_locked(&mut send, None);
+        Ok(())
+    }
+
+    fn to_sqd(&self) -> Result<()> {
+        let send = self.send.lock();
+        match self.state() {
+            QpState::Sqd => return Ok(()),
+            QpState::Rts => {}
+            s => {
+                return Err(Error::InvalidState(format!(
+                    "to_sqd in {s:?}, needs RTS or SQD"
+                )));
+            }
+        }
+        self.sqd_notified.store(false, Ordering::SeqCst);
+        self.state
+            .compare_exchange(
+                state_code(QpState::Rts),
+                state_code(QpState::Sqd),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .map_err(|s| Error::InvalidState(format!("QP moved to {:?}", code_state(s))))?;
+        self.note_drained(&send);
+        Ok(())
+    }
+
+    fn to_rts(&self) -> Result<()> {
+        let mut send = self.send.lock();
+        self.state
+            .compare_exchange(
+                state_code(QpState::Sqd),
+                state_code(QpState::Rts),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .map_err(|s| {
+                Error::InvalidState(format!("to_rts in {:?}, needs SQD", code_state(s)))
+            })?;
+        let mut keep = Vec::new();
+        self.run_pending(&mut send, &mut keep);
+        drop(send);
+        drop(keep);
         Ok(())
     }
 
@@ -525,6 +722,11 @@ impl QpImpl for SoftQp {
                 wr.sg_list.len(),
                 self.cap.max_recv_sge
             )));
+        }
+        if self.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "post_recv on a QP attached to an SRQ: post to the SRQ".into(),
+            ));
         }
         if self.state() == QpState::Reset {
             return Err(Error::InvalidState("post_recv in RESET".into()));
@@ -556,6 +758,7 @@ impl QpImpl for SoftQp {
         recv.shadow.push_back(Posted {
             wr_id: wr.wr_id,
             total,
+            sges,
         });
         Ok(())
     }

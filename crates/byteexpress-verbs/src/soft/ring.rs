@@ -12,6 +12,7 @@
 //! | 192 | `comp_cons` | owner (Release) |
 //! | 256 | `armed` u32: owner's CQ sleeps, ring the doorbell | owner sets, peer clears |
 //! | 320 | `announced`: control messages the owner sent after `Connect` | owner (Release) |
+//! | 384 | `low_water`: 0, or (ring fed by an SRQ) the count of unclaimed WQEs at or below which the peer rings the owner's refill eventfd | owner, at creation |
 //! | 512 | `cap` receive WQEs of `16 + 16·max_sge` bytes: `num_sge u32, pad`, then `addr u64, len u32, lkey u32` per SGE | owner |
 //! | … | `cap` completions of 32 bytes: `opcode u32, status u32, byte_len u32, has_imm u32, imm u32` | peer |
 //!
@@ -28,6 +29,7 @@ const OFF_COMP_PROD: usize = 128;
 const OFF_COMP_CONS: usize = 192;
 const OFF_ARMED: usize = 256;
 const OFF_ANNOUNCED: usize = 320;
+const OFF_LOW_WATER: usize = 384;
 const HDR: usize = 512;
 const WQE_HDR: usize = 16;
 const SGE: usize = 16;
@@ -117,6 +119,12 @@ impl Ring {
     /// or deregistered before the call returned is seen by the peer's next operation.
     pub(crate) fn announced(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_ANNOUNCED)
+    }
+
+    /// 0, or for a ring an SRQ lends WQEs to: the number of unclaimed WQEs at or below which
+    /// the peer asks the owner (refill eventfd) for more. Any value is harmless to the peer.
+    pub(crate) fn low_water(&self) -> &AtomicU64 {
+        self.map.u64_at(OFF_LOW_WATER)
     }
 
     /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).

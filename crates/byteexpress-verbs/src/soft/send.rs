@@ -126,6 +126,7 @@ impl SoftQp {
         }
         match self.state() {
             QpState::Rts | QpState::Err => {}
+            // SQD: the send queue drains; new WRs wait for RTS (refused here).
             s => {
                 return Err(Error::InvalidState(format!(
                     "post_send in {s:?}, needs RTS"
@@ -217,7 +218,7 @@ impl SoftQp {
         let mut keep = Vec::new();
         {
             let mut send = self.send.lock();
-            if self.state() != QpState::Rts {
+            if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
                 return;
             }
             if send.dead_deadline.is_some_and(|d| Instant::now() >= d) {
@@ -230,14 +231,16 @@ impl SoftQp {
         drop(keep);
     }
 
-    /// Executes outstanding WRs in order until one has to wait.
-    fn run_pending(&self, send: &mut SendSide, keep: &mut Vec<Arc<SoftMr>>) {
+    /// Executes outstanding WRs in order until one has to wait. In SQD the WRs already posted
+    /// still execute (the send queue drains); once none is left, SQ_DRAINED is raised.
+    pub(crate) fn run_pending(&self, send: &mut SendSide, keep: &mut Vec<Arc<SoftMr>>) {
         let attr = send.attr;
         loop {
-            if self.state() != QpState::Rts {
+            if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
                 return;
             }
             let Some(job) = send.pending.front_mut() else {
+                self.note_drained(send);
                 return;
             };
             let now = Instant::now();
@@ -406,7 +409,13 @@ impl SoftQp {
             );
             return Outcome::Fail(WcStatus::RemOpErr);
         }
+        let low_water = ring.low_water().load(Ordering::Relaxed);
         if prod == cons {
+            if low_water > 0
+                && let Some(r) = &peer.refill
+            {
+                r.signal(); // an SRQ may have WQEs for this ring
+            }
             return Outcome::Rnr;
         }
         let comp_cons = ring.comp_cons().load(Ordering::Acquire);
@@ -461,6 +470,12 @@ impl SoftQp {
             };
         }
         peer.recv_cons = cons + 1;
+        if low_water > 0
+            && prod - (cons + 1) <= low_water
+            && let Some(r) = &peer.refill
+        {
+            r.signal();
+        }
         if verdict.is_none() {
             // SAFETY: `src` lies in live local MRs or the inline copy; every `dst` segment was
             // checked against an MR the peer announced and lies inside our mapping of its
