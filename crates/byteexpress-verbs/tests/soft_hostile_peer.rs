@@ -142,3 +142,27 @@ fn peer_qp_in_err_is_not_written_after_its_flush() {
     assert_eq!(first, [0u8; 16], "the flushed buffer was not written");
     s.second_pair_works();
 }
+
+/// Garbage in the shared ring is an error no completion reports: the QP raises QP_FATAL on the
+/// device's async event stream (`ibv_get_async_event(3)`).
+#[test]
+fn a_peer_writing_garbage_raises_qp_fatal() {
+    let s = setup();
+    let mut events = soft().async_events().unwrap();
+    s.post_recv(0, 1);
+    assert!(corrupt_ring_index(
+        &s.rx_qps[0],
+        RingIndex::InboundCompletionProducer,
+        u64::MAX
+    ));
+    let _ = poll_n(&s.rx_cq, 1, T);
+    let want = byteexpress_verbs::AsyncEvent::QpFatal {
+        qp_num: s.rx_qps[0].qp_num(),
+    };
+    let mut seen = Vec::new();
+    while let Some(e) = events.try_next().unwrap() {
+        seen.push(e);
+    }
+    assert!(seen.contains(&want), "{want:?} in {seen:?}");
+    s.second_pair_works();
+}

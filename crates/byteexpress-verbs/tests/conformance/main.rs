@@ -15,6 +15,8 @@ mod data_path;
 mod errors;
 mod lifecycle;
 mod limits;
+mod srq;
+mod states;
 
 use std::time::Duration;
 
