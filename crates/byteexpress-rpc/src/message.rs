@@ -94,3 +94,30 @@ impl Incoming {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::header::FLAG_MORE;
+
+    #[test]
+    fn parse_refuses_chunks_of_a_larger_message() {
+        let mut first = Header::new(Kind::Request);
+        first.body_len = 100;
+        first.flags = FLAG_MORE;
+        let mut msg = first.encode().to_vec();
+        msg.extend_from_slice(&[0; 10]);
+        assert!(Incoming::parse(Bytes::from(msg)).is_err(), "first chunk");
+        let mut cont = Header::new(Kind::Continuation);
+        cont.body_len = 10;
+        let mut msg = cont.encode().to_vec();
+        msg.extend_from_slice(&[0; 10]);
+        assert!(Incoming::parse(Bytes::from(msg)).is_err(), "continuation");
+        let whole = Outgoing::new(Kind::Request, 1, 2, "/m", &Metadata::new(), "hi".into());
+        let mut msg = whole.final_header().encode().to_vec();
+        msg.extend_from_slice(&whole.meta);
+        msg.extend_from_slice(&whole.body);
+        let parsed = Incoming::parse(Bytes::from(msg)).expect("a whole message");
+        assert_eq!(&parsed.body[..], b"hi");
+    }
+}

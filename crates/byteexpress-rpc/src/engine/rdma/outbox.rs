@@ -248,4 +248,16 @@ mod tests {
         assert_eq!(n.header.call_id, 1);
         assert!(n.last && !n.chunked);
     }
+
+    #[test]
+    fn a_message_of_exactly_one_chunk_is_one_send_and_one_byte_more_is_two() {
+        for (extra, sends) in [(0usize, 1usize), (1, 2)] {
+            let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+            let probe = msg(1, 1, 0);
+            let body = CHUNK - HEADER_LEN - probe.meta.len() + extra;
+            o.push(msg(1, 1, body));
+            let order = drain(&mut o);
+            assert_eq!(order.len(), sends, "body of {body} bytes");
+        }
+    }
 }
