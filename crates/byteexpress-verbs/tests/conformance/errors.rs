@@ -72,6 +72,73 @@ fn rnr_retry_succeeds_when_a_receive_is_posted_later() {
     assert_eq!(a.qp.state(), QpState::Rts);
 }
 
+/// RNR timer code 25: 61.44 ms between RNR retries. With rnr_retry 3 a SEND that finds no
+/// receive is retried for ≈ 3 × 61.44 ms ≈ 184 ms before RNR_RETRY_EXC_ERR.
+fn rnr_budget_attr() -> ConnectAttr {
+    ConnectAttr {
+        rnr_retry: 3,
+        min_rnr_timer: 25,
+        ..ConnectAttr::default()
+    }
+}
+
+const RNR_DELAY: Duration = Duration::from_micros(61_440);
+
+#[test]
+fn rnr_retry_3_succeeds_when_the_receive_comes_within_the_rnr_budget() {
+    let (a, b) = pair(QpCap::default(), rnr_budget_attr());
+    a.write(0, b"in time");
+    let t0 = Instant::now();
+    a.send(1, WrOp::Send, 0, 7, true).unwrap();
+    std::thread::sleep(Duration::from_millis(20)); // < 3 × 61.44 ms
+    assert!(
+        poll_for(&a.send_cq, Duration::ZERO).is_empty(),
+        "nothing completes without a receive"
+    );
+    b.post_recv(10, 0, 64);
+    let tx = poll_n(&a.send_cq, 1, T);
+    let elapsed = t0.elapsed();
+    assert_eq!(
+        tx.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success)],
+        "after {elapsed:?}"
+    );
+    let rx = poll_n(&b.recv_cq, 1, T);
+    assert_eq!(
+        rx.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(10, WcStatus::Success, 7)]
+    );
+    assert_eq!(b.read(0, 7), b"in time");
+    assert_eq!(a.qp.state(), QpState::Rts);
+    // The RNR NAK made the requester wait one RNR timer before it tried again.
+    assert!(elapsed >= RNR_DELAY * 9 / 10, "{elapsed:?}");
+}
+
+#[test]
+fn rnr_retry_3_without_a_receive_fails_after_the_rnr_budget() {
+    let (a, _b) = pair(QpCap::default(), rnr_budget_attr());
+    let t0 = Instant::now();
+    a.send(1, WrOp::Send, 0, 8, true).unwrap();
+    a.send(2, WrOp::Send, 0, 8, true).unwrap();
+    let tx = poll_n(&a.send_cq, 2, T);
+    let elapsed = t0.elapsed();
+    assert_eq!(
+        tx.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    eprintln!(
+        "[{}] RNR_RETRY_EXC_ERR after {elapsed:?}; 3 × RNR timer = {:?}",
+        provider_kind(),
+        RNR_DELAY * 3
+    );
+    // Three retries, each after one RNR timer (9/10: rxe's timers tick in jiffies).
+    assert!(elapsed >= RNR_DELAY * 3 * 9 / 10, "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    assert_eq!(a.qp.state(), QpState::Err);
+}
+
 /// `ibv_poll_cq(3)`: the opcode of a flushed WR is undefined, so only wr_id and status count.
 #[test]
 fn to_err_flushes_every_outstanding_wr_in_order() {

@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cross_process;
 mod data_path;
 mod errors;
 mod lifecycle;
