@@ -133,3 +133,24 @@ fn devices_lists_soft0_with_its_limits_and_says_why_rdma_core_has_none() {
         }
     }
 }
+
+/// rc_pingpong's fields cannot name a soft QP (no socket address): the constructor says so
+/// instead of producing an endpoint that fails later; `bx` sends the full endpoint there.
+#[test]
+fn soft_endpoints_cannot_be_built_from_rc_pingpong_fields() {
+    let ctx = byteexpress_verbs::devices()
+        .into_iter()
+        .find(|d| d.name() == "soft0")
+        .expect("soft0 listed")
+        .open()
+        .expect("soft0 opens");
+    let err = ctx
+        .endpoint_for(0x11, 0xabcdef, 0, [0; 16], 1024)
+        .unwrap_err();
+    assert!(
+        matches!(err, byteexpress_verbs::Error::Unsupported(_)),
+        "{err:?}"
+    );
+    assert_eq!(ctx.gid_index(), None);
+    assert!(ctx.gids().is_empty());
+}
