@@ -24,7 +24,7 @@ mod types;
 pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
 pub use events::AsyncEvents;
-pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem};
+pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem, UserRegion};
 pub use srq::Srq;
 pub use types::{
     Access, AsyncEvent, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, SrqAttr, Wc,

@@ -14,6 +14,7 @@ use crate::{
     Access, ConnectAttr, DeviceAttr, DeviceInfo, Endpoint, GidInfo, QpCap, QpState, RecvWr, Result,
     SendWr, Wc,
 };
+use crate::{Error, Sge};
 
 /// An opened RDMA device (`ibv_open_device(3)`), from [`crate::devices`] / [`crate::Device::open`].
 #[derive(Debug, Clone)]
@@ -141,6 +142,54 @@ impl Pd {
         })
     }
 
+    /// Registers memory this crate did not allocate: all of `region` as one MR with `access`
+    /// (`ibv_reg_mr(3)`). The MR holds `region` (and so its owner): the memory stays mapped
+    /// until the MR and every other clone of the region are dropped.
+    ///
+    /// Errors: `InvalidArgument` for an empty region, a region larger than `max_mr_size`, or
+    /// write access (`LOCAL_WRITE`, `REMOTE_WRITE`) on a read-only region
+    /// ([`UserRegion::new`]); `Unsupported` for remote access (`REMOTE_*`) on a device whose
+    /// [`DeviceAttr::remote_access_needs_shared`] is true (the soft provider: peers can reach only
+    /// memory from [`Pd::alloc_shared`]); `Os` when the device refuses (`ENOMEM`/`EPERM` for
+    /// RLIMIT_MEMLOCK on NICs).
+    ///
+    /// On the soft provider such an MR serves as the source of SEND and RDMA_WRITE and as the
+    /// destination of RDMA_READ (with `LOCAL_WRITE`), but never as a receive buffer, which the
+    /// peer writes into: [`Qp::post_recv`] refuses it with `Unsupported`.
+    pub fn reg_user(&self, region: UserRegion, access: Access) -> Result<Mr> {
+        if region.is_empty() {
+            return Err(Error::InvalidArgument(
+                "empty region (ibv_reg_mr(3) needs length > 0)".into(),
+            ));
+        }
+        let writes = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
+        if access.0 & writes.0 != 0 && !region.inner.writable {
+            return Err(Error::InvalidArgument(format!(
+                "access {access:?} lets the device write into a read-only region \
+                 (UserRegion::new); use UserRegion::new_mut"
+            )));
+        }
+        Ok(Mr {
+            inner: self.inner.reg_user(&region.inner, access)?,
+            mem: SharedMem {
+                inner: region.inner.clone(),
+            },
+        })
+    }
+
+    /// Registers `[addr, addr + len)` of this process as an MR with `access` (`ibv_reg_mr(3)`),
+    /// with no owner: see [`UserRegion::from_raw`] and [`Pd::reg_user`] (same errors).
+    ///
+    /// # Safety
+    /// As for [`UserRegion::from_raw`]: the range must stay mapped, readable (and writable, when
+    /// `access` lets the device write) and unaliased by Rust references the device could write
+    /// through, until the returned MR and every clone of it are dropped.
+    pub unsafe fn reg_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        // SAFETY: forwarded to the caller (this function's contract).
+        let region = unsafe { UserRegion::from_raw(addr, len) };
+        self.reg_user(region, access)
+    }
+
     /// Creates an RC QP in RESET (`ibv_create_qp(3)`); `cap` may be rounded up, see [`Qp::cap`].
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cap: QpCap) -> Result<Qp> {
         self.new_qp(send_cq, recv_cq, None, cap)
@@ -190,6 +239,143 @@ impl SharedMem {
     }
 }
 
+/// Source of unique [`UserRegion::id`]s.
+static NEXT_REGION_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Memory the application owns, for [`Pd::reg_user`]: a `Vec<u8>`, `bytes::Bytes`, `Arc<[u8]>`,
+/// a mapping handle — any owner whose bytes stay put while it lives. The region holds the owner,
+/// and every MR over the region holds the region, so the memory cannot be freed or unmapped
+/// while it is registered. Clones share the owner and the [`UserRegion::id`].
+///
+/// The address is read once, from the owner after it was moved into its final heap place (the
+/// rule `bytes::Bytes::from_owner` relies on), and the owner is never touched again except to
+/// drop it.
+#[derive(Debug, Clone)]
+pub struct UserRegion {
+    pub(crate) inner: Arc<UserMem>,
+}
+
+/// The state behind a [`UserRegion`].
+pub(crate) struct UserMem {
+    ptr: *mut u8,
+    len: usize,
+    /// Registration may grant the device write access ([`UserRegion::new_mut`], `from_raw`).
+    pub(crate) writable: bool,
+    id: u64,
+    /// Dropped only after every MR over the region (they hold Arcs of this).
+    _owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for UserMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserMem")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .field("writable", &self.writable)
+            .field("id", &self.id)
+            .field("owned", &self._owner.is_some())
+            .finish()
+    }
+}
+
+// SAFETY: `ptr` is only passed to the device (registration) and used by the soft provider through
+// raw-pointer copies, like any registered memory; the owner itself is `Send + Sync` and is only
+// dropped, never accessed.
+unsafe impl Send for UserMem {}
+// SAFETY: as for Send.
+unsafe impl Sync for UserMem {}
+
+impl SharedMemImpl for UserMem {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl UserRegion {
+    fn build(
+        ptr: *mut u8,
+        len: usize,
+        writable: bool,
+        owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> UserRegion {
+        UserRegion {
+            inner: Arc::new(UserMem {
+                ptr,
+                len,
+                writable,
+                id: NEXT_REGION_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                _owner: owner,
+            }),
+        }
+    }
+
+    /// A read-only region over the bytes of `owner` (`owner.as_ref()`): it may be the source of
+    /// sends and writes and be read remotely, never written by the device.
+    pub fn new<T: AsRef<[u8]> + Send + Sync + 'static>(owner: T) -> UserRegion {
+        let owner = Box::new(owner);
+        let bytes: &[u8] = (*owner).as_ref();
+        let (ptr, len) = (bytes.as_ptr().cast_mut(), bytes.len());
+        Self::build(ptr, len, false, Some(owner))
+    }
+
+    /// A writable region over the bytes of `owner` (`owner.as_mut()`): registration may also
+    /// grant `LOCAL_WRITE`/`REMOTE_WRITE`. The owner is out of reach from then on, so the device
+    /// writes into memory no Rust reference points at.
+    pub fn new_mut<T: AsMut<[u8]> + Send + Sync + 'static>(owner: T) -> UserRegion {
+        let mut owner = Box::new(owner);
+        let bytes: &mut [u8] = (*owner).as_mut();
+        let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
+        Self::build(ptr, len, true, Some(owner))
+    }
+
+    /// A writable region over `[addr, addr + len)` with no owner.
+    ///
+    /// # Safety
+    /// The range must stay mapped, readable and writable, with no Rust reference to it that a
+    /// device write could invalidate, until every clone of the region and every MR over it are
+    /// dropped.
+    pub unsafe fn from_raw(addr: *mut u8, len: usize) -> UserRegion {
+        Self::build(addr, len, true, None)
+    }
+
+    /// Start address in this process.
+    pub fn addr(&self) -> u64 {
+        self.inner.ptr as u64
+    }
+
+    /// Start of the region, for reading it (or writing, when it is writable and no WR uses it).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// True when the region has no bytes (it cannot be registered).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// True for [`UserRegion::new_mut`] and [`UserRegion::from_raw`] regions.
+    pub fn is_writable(&self) -> bool {
+        self.inner.writable
+    }
+
+    /// Identity of the owner: unique per [`UserRegion::new`] / `new_mut` / `from_raw` call in this
+    /// process and shared by clones, so a different owner at the same address has another id.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+}
+
 /// A registered memory region (`ibv_mr`). Keeps its memory mapped while alive.
 #[derive(Debug, Clone)]
 pub struct Mr {
@@ -218,9 +404,19 @@ impl Mr {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// The memory this MR covers part or all of.
+    /// The memory this MR covers part or all of (for [`Pd::reg_user`] MRs: the user region).
     pub fn memory(&self) -> &SharedMem {
         &self.mem
+    }
+    /// An SGE of `len` bytes at `offset` bytes into this MR; `None` when that range is not
+    /// inside it.
+    pub fn sge(&self, offset: usize, len: u32) -> Option<Sge> {
+        let end = offset.checked_add(len as usize)?;
+        (end <= self.len()).then(|| Sge {
+            addr: self.addr() + offset as u64,
+            len,
+            lkey: self.lkey(),
+        })
     }
 }
 

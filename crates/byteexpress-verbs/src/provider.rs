@@ -54,6 +54,13 @@ pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
         len: usize,
         access: Access,
     ) -> Result<Arc<dyn MrImpl>>;
+    /// Registers all of `region` (`ibv_reg_mr(3)`); the MR holds the region. The caller checked
+    /// that the region is not empty and that write access is asked only of a writable region.
+    fn reg_user(
+        &self,
+        region: &Arc<crate::objects::UserMem>,
+        access: Access,
+    ) -> Result<Arc<dyn MrImpl>>;
     /// An RC QP; with `srq`, its receives come from that SRQ and `cap.max_recv_*` are ignored.
     fn create_qp(
         &self,

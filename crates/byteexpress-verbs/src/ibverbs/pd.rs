@@ -123,6 +123,17 @@ impl PdImpl for IbvPd {
         Ok(out)
     }
 
+    /// A NIC reaches any registered memory, remote access included: `ibv_reg_mr(3)` over the
+    /// region (through [`PdImpl::reg_shared`], which holds the region for the MR's life).
+    fn reg_user(
+        &self,
+        region: &Arc<crate::objects::UserMem>,
+        access: Access,
+    ) -> Result<Arc<dyn MrImpl>> {
+        let mem: Arc<dyn SharedMemImpl> = region.clone();
+        self.reg_shared(&mem, 0, mem.len(), access)
+    }
+
     fn create_qp(
         &self,
         send_cq: &Arc<dyn CqImpl>,

@@ -17,6 +17,7 @@ use super::shm::Mapping;
 use super::sock::Sock;
 use super::srq::SoftSrq;
 use super::wire::Msg;
+use crate::objects::UserMem;
 use crate::provider::{CqImpl, MrImpl, PdImpl, QpImpl, SharedMemImpl, SrqImpl};
 use crate::{Access, Error, QpCap, Result, SrqAttr};
 
@@ -55,14 +56,18 @@ impl Conn {
     }
 
     /// Sends `mr` (and its region's memfd, the first time).
+    /// User memory ([`Backing::User`]) is never announced: peers cannot reach it.
     pub(crate) fn announce(&self, mr: &SoftMr) -> std::io::Result<()> {
+        let Backing::Shared(map) = &mr.backing else {
+            return Ok(());
+        };
         let mut sent = self.sent.lock();
         if !sent.contains(&mr.region) {
             let m = Msg::Region {
                 id: mr.region,
-                len: mr.map.len() as u64,
+                len: map.len() as u64,
             };
-            self.send(&m, &[mr.map.fd()])?;
+            self.send(&m, &[map.fd()])?;
             sent.insert(mr.region);
         }
         let m = Msg::MrAdd {
@@ -94,6 +99,21 @@ pub(crate) struct SoftPd {
 }
 
 impl SoftPd {
+    /// Refuses receive SGEs in user memory (`reg_user`): the peer writes receives straight into
+    /// our memory through its mapping of it, which user memory does not have.
+    pub(crate) fn check_recv_sges(&self, sges: &[crate::Sge]) -> Result<()> {
+        for s in sges {
+            if self.dev.lookup_mr(s.lkey).is_some_and(|mr| mr.is_user()) {
+                return Err(Error::Unsupported(format!(
+                    "soft device: receive buffer {:#x}+{} is user memory (reg_user); receive \
+                     buffers must come from Pd::alloc_shared (DeviceAttr::remote_access_needs_shared)",
+                    s.addr, s.len
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn new(dev: Arc<SoftDevice>) -> Arc<SoftPd> {
         Arc::new_cyclic(|me| SoftPd {
             me: me.clone(),
@@ -123,14 +143,33 @@ impl SharedMemImpl for SoftShm {
     }
 }
 
+/// The memory under a soft MR.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// A memfd region from `alloc_shared`, announced to peers.
+    Shared(Arc<Mapping>),
+    /// Memory the application owns (`reg_user`): local access only, never announced.
+    User(Arc<UserMem>),
+}
+
+impl Backing {
+    fn base(&self) -> *mut u8 {
+        match self {
+            Backing::Shared(m) => m.ptr(),
+            Backing::User(u) => u.as_ptr(),
+        }
+    }
+}
+
 /// A registered memory region (lkey = rkey).
 #[derive(Debug)]
 pub(crate) struct SoftMr {
     pub(crate) key: u32,
     pub(crate) pd: Arc<SoftPd>,
-    /// Id of the region (memfd) it lies in, and that region's mapping (kept alive).
+    /// Id of the region (memfd or user region) it lies in.
     pub(crate) region: u64,
-    pub(crate) map: Arc<Mapping>,
+    /// That region's memory (kept alive).
+    pub(crate) backing: Backing,
     /// Offset in the region.
     pub(crate) offset: usize,
     pub(crate) len: usize,
@@ -147,9 +186,15 @@ impl SoftMr {
             return None;
         }
         let off = self.offset + (addr - self.addr) as usize;
-        // SAFETY: `off + len <= offset + self.len <= map.len()` (checked at registration and
-        // above), so the pointer stays inside the mapping, which this MR keeps alive.
-        Some(unsafe { self.map.ptr().add(off) })
+        // SAFETY: `off + len <= offset + self.len <=` the backing's length (checked at
+        // registration and above), so the pointer stays inside the backing memory, which this
+        // MR keeps alive.
+        Some(unsafe { self.backing.base().add(off) })
+    }
+
+    /// True for memory the application owns (`reg_user`), which peers cannot reach.
+    pub(crate) fn is_user(&self) -> bool {
+        matches!(self.backing, Backing::User(_))
     }
 }
 
@@ -171,6 +216,9 @@ impl MrImpl for SoftMr {
 impl Drop for SoftMr {
     fn drop(&mut self) {
         self.pd.dev.mrs.write().remove(&self.key);
+        if self.is_user() {
+            return; // never announced
+        }
         let mut st = self.pd.state.lock();
         st.mrs.retain(|w| w.strong_count() > 0);
         st.conns.retain(|w| w.strong_count() > 0);
@@ -231,7 +279,7 @@ impl PdImpl for SoftPd {
             key: self.dev.alloc_key(),
             pd,
             region: shm.id,
-            map: shm.map.clone(),
+            backing: Backing::Shared(shm.map.clone()),
             offset,
             len,
             addr: shm.map.ptr() as u64 + offset as u64,
@@ -247,6 +295,44 @@ impl PdImpl for SoftPd {
                 tracing::debug!("soft: announcing MR {:#x} failed: {e}", mr.key);
             }
         }
+        Ok(mr)
+    }
+
+    /// Local access only: the peer process cannot map user memory, so `REMOTE_*` is refused as
+    /// a device capability (`DeviceAttr::remote_access_needs_shared`, DESIGN.md). The MR is not
+    /// announced to peers; the sender copies from it in `post_send`.
+    fn reg_user(&self, region: &Arc<UserMem>, access: Access) -> Result<Arc<dyn MrImpl>> {
+        if access.0 & !Access::ALL.0 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "unknown access flags {:#x}",
+                access.0
+            )));
+        }
+        if access.0 & (Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0) != 0 {
+            return Err(Error::Unsupported(format!(
+                "soft device: remote access ({access:?}) needs memory from Pd::alloc_shared \
+                 (DeviceAttr::remote_access_needs_shared); user memory is local-only"
+            )));
+        }
+        let len = region.len();
+        if len == 0 || len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "MR of {len} bytes: must be 1..={} (max_mr_size)",
+                limits::MAX_MR_SIZE
+            )));
+        }
+        let pd = self.me.upgrade().expect("a PD in use is alive");
+        let mr = Arc::new(SoftMr {
+            key: self.dev.alloc_key(),
+            pd,
+            region: self.dev.alloc_id(),
+            backing: Backing::User(region.clone()),
+            offset: 0,
+            len,
+            addr: region.as_ptr() as u64,
+            access,
+        });
+        self.dev.mrs.write().insert(mr.key, Arc::downgrade(&mr));
         Ok(mr)
     }
 

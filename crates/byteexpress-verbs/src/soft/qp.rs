@@ -731,6 +731,7 @@ impl QpImpl for SoftQp {
         if self.state() == QpState::Reset {
             return Err(Error::InvalidState("post_recv in RESET".into()));
         }
+        self.pd.check_recv_sges(wr.sg_list)?;
         let mut recv = self.recv.lock();
         if self.state() == QpState::Err {
             drop(recv);

@@ -207,6 +207,7 @@ impl SrqImpl for SoftSrq {
                 self.max_sge
             )));
         }
+        self.pd.check_recv_sges(wr.sg_list)?;
         let sges: Vec<RawSge> = wr
             .sg_list
             .iter()

@@ -18,6 +18,7 @@ mod lifecycle;
 mod limits;
 mod srq;
 mod states;
+mod user_memory;
 
 use std::time::Duration;
 
