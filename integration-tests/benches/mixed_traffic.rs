@@ -1,6 +1,6 @@
 //! Small pulls beside bulk pushes on one shared RDMA link: what the scheduler buys.
 //!
-//! `cargo bench -p integration-tests --bench mixed_traffic [-- --secs S]`: starts
+//! `cargo bench -p integration-tests --bench mixed_traffic [-- --secs S] [--grant N]`: starts
 //! `bx-test-server`, opens one soft-RDMA link (`busy_poll` 0: completions through the completion
 //! channel under `AsyncFd`) with two logical connections, and measures:
 //! 1. idle: small pulls alone (256 B request, 4 KiB answer, one in flight), latency in µs;
@@ -33,10 +33,13 @@ const MAX_PUSHES: usize = 8;
 
 fn main() {
     let mut secs = 5u64;
+    let mut grant = 16u32;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--secs" {
-            secs = args.next().and_then(|v| v.parse().ok()).unwrap_or(secs);
+        match a.as_str() {
+            "--secs" => secs = args.next().and_then(|v| v.parse().ok()).unwrap_or(secs),
+            "--grant" => grant = args.next().and_then(|v| v.parse().ok()).unwrap_or(grant),
+            _ => {}
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -44,7 +47,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(Duration::from_secs(secs)));
+    rt.block_on(run(Duration::from_secs(secs), grant));
 }
 
 fn cfg(sched: SchedMode) -> Config {
@@ -162,8 +165,9 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-async fn run(d: Duration) {
-    let server = ServerProc::start(env!("CARGO_BIN_EXE_bx-test-server"), &[]).await;
+async fn run(d: Duration, grant: u32) {
+    let g = grant.to_string();
+    let server = ServerProc::start(env!("CARGO_BIN_EXE_bx-test-server"), &["--grant", &g]).await;
     let fair_pull = Client::connect(&server.addr, &cfg(SchedMode::Fair))
         .await
         .expect("connect");
@@ -203,6 +207,7 @@ async fn run(d: Duration) {
     }
 
     let mib = |b: f64| b / (1 << 20) as f64;
+    println!("grant {grant} credits (receive buffers) per side");
     println!(
         "bulk alone: {:.0} MiB/s (1 MiB pushes, 4 in flight); offered beside pulls: {:.0} MiB/s; \
          one {} KiB chunk: {:.1} µs",
