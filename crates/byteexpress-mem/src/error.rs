@@ -65,6 +65,24 @@ pub enum MemError {
         #[source]
         source: byteexpress_verbs::Error,
     },
+    /// The [`crate::MrCache`] cannot register more without exceeding a limit: every entry is in
+    /// use (drop [`crate::CachedMr`] handles as WRs complete, then retry), or the region alone
+    /// exceeds `max_bytes`.
+    #[error(
+        "MR cache full: {requested} more bytes would exceed the limits ({registered} of {max_bytes} bytes, {entries} of {max_entries} entries registered, all in use)"
+    )]
+    CacheFull {
+        /// Bytes the new registration needs.
+        requested: u64,
+        /// Bytes the cache has registered.
+        registered: u64,
+        /// [`crate::MrCacheConfig::max_bytes`].
+        max_bytes: u64,
+        /// Entries the cache holds.
+        entries: u64,
+        /// [`crate::MrCacheConfig::max_entries`].
+        max_entries: usize,
+    },
     /// A configuration value is out of range; the message names it.
     #[error("invalid pool configuration: {0}")]
     InvalidConfig(String),

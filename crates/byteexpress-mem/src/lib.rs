@@ -21,6 +21,9 @@
 //!   RLIMIT_MEMLOCK says so ([`MemError::Memlock`]).
 //! - [`PoolStats`]: bytes registered, buffers in use per class, cache hits and misses, waits,
 //!   exhaustions.
+//! - [`MrCache`]: MRs for memory the pool did not allocate ([`byteexpress_verbs::UserRegion`]:
+//!   `Vec`, `Bytes`, [`AnonMap`] …): interval lookup keyed by address and owner, LRU bounded in
+//!   bytes and entries, in-use entries pinned by [`CachedMr`] handles, `invalidate(range)`.
 //! - [`BufPool`]: a fixed number of equal buffers, a thin layer over one pool and reserve.
 //!
 //! Invariant (DESIGN.md): memory named in a posted WR belongs to that WR until its completion.
@@ -34,6 +37,8 @@ mod class;
 mod config;
 mod error;
 mod fixed;
+mod mmap;
+mod mr_cache;
 mod pool;
 mod registry;
 mod reserve;
@@ -47,6 +52,8 @@ pub use buf::RegisteredBuf;
 pub use config::{MAX_CLASS_LIMIT, PoolConfig};
 pub use error::{MemError, memlock_limit};
 pub use fixed::{BufPool, PoolBuf};
+pub use mmap::AnonMap;
+pub use mr_cache::{CachedMr, MrCache, MrCacheConfig, MrCacheStats};
 pub use pool::Pool;
 pub use registry::is_pool_memory;
 pub use reserve::RecvReserve;

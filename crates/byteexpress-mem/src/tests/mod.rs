@@ -39,3 +39,6 @@ pub(crate) fn small() -> PoolConfig {
         ..PoolConfig::default()
     }
 }
+
+#[cfg(not(miri))]
+mod mr_cache;
