@@ -27,12 +27,15 @@ fi
 # - the conformance suite on rxe0 (BX_PROVIDER=ibverbs), and the rdma-core specifics;
 # - end to end: byteexpress-rpc echo calls with the soft device hidden (BX_SOFT=0), so the
 #   RDMA link can only be rxe0;
+# - memory the pool did not allocate, through byteexpress-mem's MR cache on rxe0 (MAP_FIXED:
+#   a region unmapped and mapped again at the same address is registered anew);
 # - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0.
 targets=(
   "byteexpress-verbs:conformance:vm-tests"
   "byteexpress-verbs:ibverbs_vm:vm-tests"
   "integration-tests:transport_core::BX_SOFT=0:echo_over_soft_rdma_with_64_in_flight_and_grant_8 --exact"
   "byteexpress:pingpong_vm:vm-tests"
+  "byteexpress-mem:user_memory_vm:"
 )
 bins=()
 runs=()
