@@ -464,3 +464,52 @@ async fn stalled_receiver_backpressures_through_credits_without_rnr_and_keeps_or
     assert_eq!(st.qp_state, Some(QpState::Rts), "{st:?}");
     assert_eq!((st.qp_errors, st.rnr_errors), (0, 0), "{st:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_holding_received_bodies_cannot_stall_the_link() {
+    let server = ServerProc::start(SERVER, &["--grant", "4"]).await;
+    let cfg = Config {
+        transport: TransportPref::Rdma,
+        grant: 4,
+        ..Config::default()
+    };
+    let client = Client::connect(&server.addr, &cfg).await.unwrap();
+    // Hold every answer: the receive pool (3 × (grant + 1) buffers) would run dry without the
+    // copy-out rule, and with it the link keeps one grant of free buffers to re-post.
+    let mut held = Vec::new();
+    for i in 0..40u32 {
+        let r = client
+            .call(echo(Bytes::from(vec![i as u8; 2048])))
+            .await
+            .expect("call while holding bodies");
+        assert_eq!(r.body[0], i as u8);
+        held.push(r.body);
+    }
+    let zero_copy = held
+        .iter()
+        .filter(|b| byteexpress_mem::is_pool_memory(b.as_ptr()))
+        .count();
+    let stats = client.link_stats();
+    assert!(
+        zero_copy >= 1,
+        "the first answers stay in their receive buffers"
+    );
+    // The link's receive pool is 3 × (grant + 1) = 15 buffers with grant + 1 = 5 posted: of the
+    // 10 free, one grant (4) stays in hand, so at most 6 answers may keep their buffers.
+    assert!(
+        zero_copy <= 6,
+        "copy-out must start while a grant of free buffers remains ({zero_copy} kept)"
+    );
+    assert!(
+        stats.copied_out as usize >= 40 - zero_copy,
+        "the rest were copied out: {stats:?}"
+    );
+    assert_eq!(stats.qp_errors + stats.rnr_errors, 0, "{stats:?}");
+    // Once the application lets go, answers are zero copy again.
+    drop(held);
+    let r = client
+        .call(echo(Bytes::from_static(b"again")))
+        .await
+        .unwrap();
+    assert!(byteexpress_mem::is_pool_memory(r.body.as_ptr()));
+}

@@ -68,22 +68,23 @@ impl Engine {
         }
     }
 
-    /// Keeps `grant + 1` receives posted after a single-chunk message landed in `buf`: a fresh
-    /// buffer if the pool has one (the message stays where it landed, zero copy), else the
-    /// message is copied out and `buf` re-posted.
+    /// Keeps `grant + 1` receives posted after a single-chunk message landed in `buf`. While
+    /// more than one grant of free receive buffers remains, a fresh one is posted and the
+    /// message stays where it landed (zero copy); below that, the application is holding on to
+    /// received bodies, so the message is copied out and `buf` re-posted at once (counted in
+    /// `LinkStats::copied_out`). The headroom of one grant means an application that keeps its
+    /// bodies can never stop credits from flowing back to the peer.
     fn keep_or_copy(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<Bytes, Status> {
-        match self.parts.recv_pool.alloc() {
-            Ok(fresh) => {
-                self.repost(fresh, kind)?;
-                Ok(buf.freeze())
-            }
-            Err(_) => {
-                LinkCounters::bump(&self.counters.copied_out);
-                let copy = Bytes::copy_from_slice(buf.as_slice());
-                self.repost(buf, kind)?;
-                Ok(copy)
-            }
+        if self.parts.recv_pool.available() > self.parts.grant as usize
+            && let Ok(fresh) = self.parts.recv_pool.alloc()
+        {
+            self.repost(fresh, kind)?;
+            return Ok(buf.freeze());
         }
+        LinkCounters::bump(&self.counters.copied_out);
+        let copy = Bytes::copy_from_slice(buf.as_slice());
+        self.repost(buf, kind)?;
+        Ok(copy)
     }
 
     /// Posts `buf` as a receive in place of one of `kind` consumed, and counts it for the
