@@ -25,14 +25,13 @@ mod reassembly;
 mod recv;
 mod send;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback};
 use byteexpress_flow::window::Window;
-use byteexpress_mem::{BufPool, PoolBuf};
-use byteexpress_verbs::{Cq, Qp, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOp};
+use byteexpress_mem::{BufPool, PoolBuf, PostedBufs};
+use byteexpress_verbs::{Cq, Qp, Wc, WcOpcode, WcStatus, WrOp};
 use tokio::sync::mpsc;
 
 use super::tcp::Closer;
@@ -74,45 +73,31 @@ pub(crate) struct RdmaParts {
     pub sched: SchedMode,
 }
 
-/// Receives posted on a link's QP: buffer by wr_id, and the next wr_id to use.
-#[derive(Debug, Default)]
-pub(crate) struct Posted {
-    bufs: HashMap<u64, PoolBuf>,
-    next_wr: u64,
-}
+/// Receives posted on a link's QP, each buffer owned by its WR until the completion.
+pub(crate) type Posted = PostedBufs<()>;
+/// wr_id tags (top byte) of the link's receive and send WRs, which share one CQ.
+const RECV_TAG: u8 = 1;
+const SEND_TAG: u8 = 2;
 
 /// Posts the initial `grant + 1` receives (the QP must be past RESET); call before the peer may
 /// send.
 pub(crate) fn post_initial_receives(parts: &RdmaParts) -> Result<Posted, Status> {
-    let mut posted = Posted {
-        bufs: HashMap::new(),
-        next_wr: 1,
-    };
+    let mut posted = Posted::new(RECV_TAG);
     for _ in 0..=parts.grant {
         let buf = parts
             .recv_pool
             .alloc()
             .map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
-        post_recv(&parts.qp, buf, &mut posted.bufs, &mut posted.next_wr)?;
+        post_recv(&parts.qp, buf, &mut posted)?;
     }
     Ok(posted)
 }
 
-fn post_recv(
-    qp: &Qp,
-    buf: PoolBuf,
-    posted: &mut HashMap<u64, PoolBuf>,
-    next_wr: &mut u64,
-) -> Result<(), Status> {
-    let wr_id = *next_wr;
-    *next_wr += 1;
-    qp.post_recv(&RecvWr {
-        wr_id,
-        sg_list: &[buf.recv_sge()],
-    })
-    .map_err(|e| Status::new(Code::Unavailable, format!("post_recv: {e}")))?;
-    posted.insert(wr_id, buf);
-    Ok(())
+fn post_recv(qp: &Qp, buf: PoolBuf, posted: &mut Posted) -> Result<(), Status> {
+    posted
+        .post_recv(qp, buf, ())
+        .map(|_| ())
+        .map_err(|(e, _)| Status::new(Code::Unavailable, format!("post_recv: {e}")))
 }
 
 /// Starts the engine. `ctrl_dead` resolves when the TCP control connection ends.
@@ -136,9 +121,8 @@ pub(crate) fn spawn(
         reassembly: Reassembly::new(parts.max_message),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
-        recv_posted: posted.bufs,
-        send_posted: HashMap::new(),
-        next_wr: posted.next_wr,
+        recv_posted: posted,
+        send_posted: PostedBufs::new(SEND_TAG),
         credits,
         link: link.clone(),
         dispatch,
@@ -151,10 +135,10 @@ pub(crate) fn spawn(
     link
 }
 
-/// A posted SEND: its buffer (owned by the WR until the completion), the bytes charged to the
-/// windows (0 for a credit update, which bypasses them) and when it was posted.
-struct InFlight {
-    _buf: PoolBuf,
+/// What a posted SEND carries besides its buffer (which [`PostedBufs`] keeps until the
+/// completion): the bytes charged to the windows (0 for a credit update, which bypasses them)
+/// and when it was posted.
+struct SendMeta {
     charged: u64,
     posted_at: Instant,
 }
@@ -168,9 +152,8 @@ enum Wait {
 
 struct Engine {
     parts: RdmaParts,
-    recv_posted: HashMap<u64, PoolBuf>,
-    send_posted: HashMap<u64, InFlight>,
-    next_wr: u64,
+    recv_posted: Posted,
+    send_posted: PostedBufs<SendMeta>,
     credits: Credits,
     outbox: Outbox,
     send_slots: usize,
@@ -262,7 +245,7 @@ impl Engine {
         match wc.opcode {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
-                if let Some(f) = self.send_posted.remove(&wc.wr_id) {
+                if let Some((_buf, f)) = self.send_posted.complete(wc) {
                     let rtt_us = f.posted_at.elapsed().as_micros() as u64;
                     self.release(f.charged, rtt_us)?;
                 }
@@ -290,7 +273,7 @@ impl Engine {
 
     /// The link is gone: gives back what its unfinished SENDs hold of the shared device window.
     fn release_windows(&mut self) {
-        let charged: u64 = self.send_posted.values().map(|f| f.charged).sum();
+        let charged: u64 = self.send_posted.data().map(|f| f.charged).sum();
         let _ = self.release(charged, 0);
     }
 
@@ -361,28 +344,17 @@ impl Engine {
 
     /// Posts a SEND of `buf`, which charged `charged` bytes to the windows.
     fn post(&mut self, buf: PoolBuf, charged: u64) -> Result<(), Status> {
-        let wr_id = self.next_wr;
-        self.next_wr += 1;
-        let wr = SendWr {
-            wr_id,
-            op: WrOp::Send,
-            sg_list: &[buf.sge()],
-            signaled: true,
-            inline: false,
+        let meta = SendMeta {
+            charged,
+            posted_at: Instant::now(),
         };
-        let posted_at = Instant::now();
-        if let Err(e) = self.parts.qp.post_send(&wr) {
+        if let Err((e, _buf)) = self
+            .send_posted
+            .post_send(&self.parts.qp, buf, WrOp::Send, meta)
+        {
             let _ = self.release(charged, 0);
             return Err(Status::new(Code::Unavailable, format!("post_send: {e}")));
         }
-        self.send_posted.insert(
-            wr_id,
-            InFlight {
-                _buf: buf,
-                charged,
-                posted_at,
-            },
-        );
         Ok(())
     }
 }

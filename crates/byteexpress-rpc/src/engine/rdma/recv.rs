@@ -19,13 +19,12 @@ fn protocol(e: impl std::fmt::Display) -> Status {
 
 impl Engine {
     pub(super) fn on_receive(&mut self, wc: &Wc) -> Result<(), Status> {
-        let Some(mut buf) = self.recv_posted.remove(&wc.wr_id) else {
+        let Some((buf, ())) = self.recv_posted.complete(wc) else {
             return Err(Status::new(
                 Code::Internal,
                 format!("receive completion for unknown wr {}", wc.wr_id),
             ));
         };
-        buf.set_len(wc.byte_len as usize);
         let h = Header::decode(buf.as_slice()).map_err(protocol)?;
         let kind = if h.kind == Kind::CreditUpdate {
             MsgKind::CreditUpdate
@@ -114,12 +113,7 @@ impl Engine {
     }
 
     fn post_and_count(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
-        post_recv(
-            &self.parts.qp,
-            buf,
-            &mut self.recv_posted,
-            &mut self.next_wr,
-        )?;
+        post_recv(&self.parts.qp, buf, &mut self.recv_posted)?;
         self.credits
             .on_reposted(kind)
             .map_err(|e| Status::new(Code::Internal, format!("credits: {e}")))
