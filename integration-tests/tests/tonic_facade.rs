@@ -177,13 +177,9 @@ async fn echo_and_parameter_server_answer_identically_over_rdma_tcp_and_h2() {
     .expect("push");
     let mut want = Vec::new();
     for &k in &keys {
-        for i in 0..DIM {
+        for (i, g) in grads.iter().enumerate().take(DIM) {
             let init = init_value("emb", k, i as u32);
-            want.push(if k == 77 {
-                init - 0.25 * grads[i]
-            } else {
-                init
-            });
+            want.push(if k == 77 { init - 0.25 * g } else { init });
         }
     }
 

@@ -513,3 +513,37 @@ async fn an_application_holding_received_bodies_cannot_stall_the_link() {
         .unwrap();
     assert!(byteexpress_mem::is_pool_memory(r.body.as_ptr()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnects_when_its_server_comes_back() {
+    for (t, want) in [
+        (TransportPref::Rdma, Transport::Rdma),
+        (TransportPref::Tcp, Transport::Tcp),
+    ] {
+        let mut server = ServerProc::start(SERVER, &[]).await;
+        let addr = server.addr.clone();
+        let client = Client::connect(&addr, &cfg(t)).await.unwrap();
+        client
+            .call(echo(Bytes::from_static(b"before")))
+            .await
+            .unwrap();
+        server.kill().await;
+        // While the server is gone, calls fail (the link died, or reconnecting is refused).
+        let err = client
+            .call(echo(Bytes::from_static(b"gone")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::Unavailable, "{t:?}: {err}");
+        let _server = ServerProc::start(SERVER, &["--addr", &addr]).await;
+        let r = client
+            .call(echo(Bytes::from_static(b"after")))
+            .await
+            .expect("the next call reconnects");
+        assert_eq!(&r.body[..], b"after");
+        assert_eq!(
+            client.transport(),
+            want,
+            "{t:?}: the new link negotiated again"
+        );
+    }
+}

@@ -101,20 +101,67 @@ impl Drop for ClientLink {
 
 /// A logical connection to a server: its own connection id on a link shared with every other
 /// [`Client`] of this process that reaches the same address with the same transport settings.
-/// Cloning shares the connection id.
+/// Cloning shares the connection.
+///
+/// When the link dies (server gone, QP error), calls waiting on it fail with UNAVAILABLE; the
+/// next call sets up a new link (and connection id) and goes on, as tonic's own `Channel`
+/// reconnects. A call is never re-sent by the client on its own.
 #[derive(Clone)]
 pub struct Client {
-    link: Arc<ClientLink>,
-    conn_id: u32,
+    inner: Arc<Conn>,
+}
+
+struct Conn {
+    addr: String,
+    cfg: Config,
+    /// The live link and this connection's id on it.
+    current: Mutex<(Arc<ClientLink>, u32)>,
+    /// Held while a new link is set up, so concurrent calls reconnect once.
+    reconnecting: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("conn_id", &self.conn_id)
+            .field("addr", &self.inner.addr)
+            .field("conn_id", &self.inner.current.lock().1)
             .field("transport", &self.transport())
             .finish()
     }
+}
+
+/// A logical connection on the process's live link to `addr`, setting one up if needed.
+async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), Status> {
+    let key = format!(
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}",
+        cfg.transport,
+        cfg.grant,
+        cfg.recv_buf_size,
+        cfg.max_send_wr,
+        cfg.max_chunk,
+        cfg.max_message,
+        cfg.window_bytes,
+        cfg.sched
+    );
+    let mut links = registry().lock().await;
+    let link = match links.get(&key).and_then(Weak::upgrade) {
+        Some(l) if !l.tx.is_closed() => l,
+        _ => {
+            let calls = Arc::new(Calls::default());
+            let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
+            tracing::info!(addr, transport = %tx.transport(), "link up");
+            let l = Arc::new(ClientLink {
+                tx,
+                calls,
+                next_conn: AtomicU32::new(1),
+                next_call: AtomicU64::new(1),
+            });
+            links.insert(key, Arc::downgrade(&l));
+            l
+        }
+    };
+    let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
+    Ok((link, conn_id))
 }
 
 fn registry() -> &'static tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>> {
@@ -129,53 +176,53 @@ impl Client {
     /// Errors: UNAVAILABLE when the server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
-        let key = format!(
-            "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}",
-            cfg.transport,
-            cfg.grant,
-            cfg.recv_buf_size,
-            cfg.max_send_wr,
-            cfg.max_chunk,
-            cfg.max_message,
-            cfg.window_bytes,
-            cfg.sched
-        );
-        let mut links = registry().lock().await;
-        let link = match links.get(&key).and_then(Weak::upgrade) {
-            Some(l) if !l.tx.is_closed() => l,
-            _ => {
-                let calls = Arc::new(Calls::default());
-                let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
-                tracing::info!(addr, transport = %tx.transport(), "link up");
-                let l = Arc::new(ClientLink {
-                    tx,
-                    calls,
-                    next_conn: AtomicU32::new(1),
-                    next_call: AtomicU64::new(1),
-                });
-                links.insert(key, Arc::downgrade(&l));
-                l
-            }
-        };
-        let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
-        Ok(Client { link, conn_id })
+        let current = open_conn(addr, cfg).await?;
+        Ok(Client {
+            inner: Arc::new(Conn {
+                addr: addr.to_string(),
+                cfg: cfg.clone(),
+                current: Mutex::new(current),
+                reconnecting: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The live link and connection id, setting up a new link if the current one is closed.
+    async fn current(&self) -> Result<(Arc<ClientLink>, u32), Status> {
+        let cur = self.inner.current.lock().clone();
+        if !cur.0.tx.is_closed() {
+            return Ok(cur);
+        }
+        let _one = self.inner.reconnecting.lock().await;
+        let cur = self.inner.current.lock().clone();
+        if !cur.0.tx.is_closed() {
+            return Ok(cur); // another call reconnected meanwhile
+        }
+        tracing::info!(addr = self.inner.addr, "link closed; reconnecting");
+        let fresh = open_conn(&self.inner.addr, &self.inner.cfg).await?;
+        *self.inner.current.lock() = fresh.clone();
+        Ok(fresh)
+    }
+
+    fn link(&self) -> Arc<ClientLink> {
+        self.inner.current.lock().0.clone()
     }
 
     /// The transport this connection's link negotiated.
     pub fn transport(&self) -> Transport {
-        self.link.tx.transport()
+        self.link().tx.transport()
     }
 
     /// Largest request (40-byte header + metadata + body) the link carries, in bytes:
     /// [`Config::max_message`].
     pub fn max_message(&self) -> usize {
-        self.link.tx.max_message()
+        self.link().tx.max_message()
     }
 
     /// Counters of this connection's link (shared by every [`Client`] on it): QP state and
     /// errors, credit and window waits, chunks, copies. See [`LinkStats`](crate::LinkStats).
     pub fn link_stats(&self) -> crate::LinkStats {
-        self.link.tx.stats()
+        self.link().tx.stats()
     }
 
     /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
@@ -183,15 +230,16 @@ impl Client {
     /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
     /// the future cancels the call on the server too.
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
-        let link = &self.link;
+        let (link, conn_id) = self.current().await?;
+        let link = &*link;
         if let Some(why) = link.calls.closed.lock().clone() {
             return Err(why);
         }
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
-        let key = (self.conn_id, call_id);
+        let key = (conn_id, call_id);
         let mut out = Outgoing::new(
             Kind::Request,
-            self.conn_id,
+            conn_id,
             call_id,
             &req.method,
             &req.metadata,

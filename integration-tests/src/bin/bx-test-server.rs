@@ -1,4 +1,5 @@
-//! The test server of the integration tests: `bx-test-server [--grant N] [--transport auto|rdma|tcp]`.
+//! The test server of the integration tests:
+//! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
 use byteexpress_rpc::{Config, Server, parse_transport};
@@ -10,6 +11,7 @@ async fn main() -> std::io::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let mut cfg = Config::default();
+    let mut addr = "127.0.0.1:0".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().unwrap_or_default();
@@ -18,10 +20,11 @@ async fn main() -> std::io::Result<()> {
             "--transport" => {
                 cfg.transport = parse_transport(&v).expect("--transport auto|rdma|tcp")
             }
+            "--addr" => addr = v,
             other => panic!("unknown flag {other}"),
         }
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("LISTENING {}", listener.local_addr()?);
     Server::new(integration_tests::test_service, cfg)
         .serve(listener)
