@@ -1,19 +1,11 @@
 //! `PostedBufs`: a posted WR owns its buffer until its completion hands it back.
 
-use std::time::{Duration, Instant};
+mod common;
+use common::{one_completion, soft};
 
 use byteexpress_mem::{Pool, PoolConfig, PostedBufs};
-use byteexpress_verbs::{ConnectAttr, Context, Cq, Qp, QpCap, Wc, WcStatus, WrOp};
+use byteexpress_verbs::{ConnectAttr, Context, Cq, Qp, QpCap, WcStatus, WrOp};
 use bytes::BufMut;
-
-fn soft() -> Context {
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
-        .expect("soft device")
-        .open()
-        .expect("open")
-}
 
 fn end(ctx: &Context) -> (Pool, Qp, Cq) {
     let pd = ctx.alloc_pd().unwrap();
@@ -28,18 +20,6 @@ fn end(ctx: &Context) -> (Pool, Qp, Cq) {
     )
     .unwrap();
     (pool, qp, cq)
-}
-
-fn one_completion(cq: &Cq) -> Wc {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut wc = [Wc::default(); 1];
-    while Instant::now() < deadline {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        std::thread::yield_now();
-    }
-    panic!("no completion within 5 s");
 }
 
 #[test]

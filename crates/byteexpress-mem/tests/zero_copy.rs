@@ -2,11 +2,12 @@
 //! of this process: encoded in place in registered memory, sent by naming that memory in the
 //! SGE, received into a reserve buffer and handed out as `Bytes` over that same buffer.
 
-use std::time::{Duration, Instant};
+mod common;
+use common::{one_completion, soft};
 
 use byteexpress_mem::{Pool, PoolConfig, is_pool_memory};
 use byteexpress_verbs::{
-    ConnectAttr, Context, Cq, Qp, QpCap, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOp,
+    ConnectAttr, Context, Cq, Qp, QpCap, RecvWr, SendWr, WcOpcode, WcStatus, WrOp,
 };
 use prost::Message;
 
@@ -18,15 +19,6 @@ struct Pull {
     value: bytes::Bytes,
     #[prost(string, tag = "3")]
     table: String,
-}
-
-fn soft() -> Context {
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
-        .expect("soft device")
-        .open()
-        .expect("open soft device")
 }
 
 struct End {
@@ -48,18 +40,6 @@ fn end(ctx: &Context) -> End {
         qp,
         cq,
     }
-}
-
-fn one_completion(cq: &Cq) -> Wc {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut wc = [Wc::default(); 1];
-    while Instant::now() < deadline {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        std::thread::yield_now();
-    }
-    panic!("no completion within 5 s");
 }
 
 #[test]
