@@ -58,8 +58,10 @@ async fn echo_64_in_flight(t: TransportPref, want: Transport, grant: &str) {
     }
 }
 
+/// On the host this runs over the soft device; in the Soft-RoCE VM (`scripts/vm-tests.sh`, with
+/// `BX_SOFT=0`) over rdma-core's rxe0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn echo_over_soft_rdma_with_64_in_flight_and_grant_8() {
+async fn echo_over_rdma_with_64_in_flight_and_grant_8() {
     echo_64_in_flight(TransportPref::Rdma, Transport::Rdma, "8").await;
 }
 
