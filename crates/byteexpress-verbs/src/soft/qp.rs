@@ -742,16 +742,7 @@ impl QpImpl for SoftQp {
         if recv.shadow.len() >= self.cap.max_recv_wr as usize {
             return Err(Error::QueueFull("receive queue (max_recv_wr) full"));
         }
-        let sges: Vec<RawSge> = wr
-            .sg_list
-            .iter()
-            .map(|s| RawSge {
-                addr: s.addr,
-                len: s.len,
-                key: s.lkey,
-            })
-            .collect();
-        let total = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
+        let (sges, total) = RawSge::from_sges(wr.sg_list);
         let seq = recv.prod;
         self.ring.write_wqe(seq, &sges);
         recv.prod += 1;

@@ -46,6 +46,21 @@ pub(crate) struct RawSge {
     pub key: u32,
 }
 
+impl RawSge {
+    /// A receive WR's SGEs as ring entries, and their total length in bytes.
+    pub(crate) fn from_sges(sg_list: &[crate::Sge]) -> (Vec<RawSge>, u64) {
+        let raw = sg_list
+            .iter()
+            .map(|s| RawSge {
+                addr: s.addr,
+                len: s.len,
+                key: s.lkey,
+            })
+            .collect();
+        (raw, sg_list.iter().map(|s| u64::from(s.len)).sum())
+    }
+}
+
 /// An inbound completion entry as stored in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RawComp {

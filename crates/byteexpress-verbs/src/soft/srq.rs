@@ -208,16 +208,7 @@ impl SrqImpl for SoftSrq {
             )));
         }
         self.pd.check_recv_sges(wr.sg_list)?;
-        let sges: Vec<RawSge> = wr
-            .sg_list
-            .iter()
-            .map(|s| RawSge {
-                addr: s.addr,
-                len: s.len,
-                key: s.lkey,
-            })
-            .collect();
-        let total = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
+        let (sges, total) = RawSge::from_sges(wr.sg_list);
         let mut st = self.lock();
         if self.outstanding.load(Ordering::Acquire) >= u64::from(self.max_wr) {
             return Err(Error::QueueFull("shared receive queue (max_wr) full"));
