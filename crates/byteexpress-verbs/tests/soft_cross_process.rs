@@ -5,33 +5,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use byteexpress_verbs::{ConnectAttr, DeviceInfo, Endpoint, QpCap, WcOpcode, WcStatus, WrOp};
+use byteexpress_verbs::{ConnectAttr, DeviceInfo, QpCap, WcOpcode, WcStatus, WrOp};
+use common::peer::{self, get, handshake, put};
 use common::*;
 
-const ROLE: &str = "BX_VERBS_TEST_CHILD_ROLE";
-const PORT: &str = "BX_VERBS_TEST_PARENT_PORT";
 const T: Duration = Duration::from_secs(10);
 const SLOT: usize = 64 * 1024;
 const ROUNDS: usize = 1000;
 const SIZES: [u32; 10] = [0, 1, 8, 63, 64, 1000, 4095, 4096, 4097, 65536];
-
-fn put(s: &mut TcpStream, b: &[u8]) {
-    s.write_all(&(b.len() as u32).to_le_bytes()).unwrap();
-    s.write_all(b).unwrap();
-}
-
-fn get(s: &mut TcpStream) -> Vec<u8> {
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n).unwrap();
-    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
-    s.read_exact(&mut b).unwrap();
-    b
-}
 
 fn pattern(round: usize, dir: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -40,49 +24,11 @@ fn pattern(round: usize, dir: u8, len: usize) -> Vec<u8> {
 }
 
 /// Starts this binary as the peer in `role`; returns it and the TCP control connection.
-fn spawn_child(role: &str) -> (Child, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env(PORT, port.to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let t0 = Instant::now();
-    loop {
-        match listener.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false).unwrap();
-                s.set_read_timeout(Some(T)).unwrap();
-                return (child, s);
-            }
-            Err(_) if t0.elapsed() < T => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => panic!("child did not call back: {e}"),
-        }
-    }
-}
-
-/// Both sides: exchange endpoints, connect, run `then` (post receives), and wait until both
-/// sides did.
-fn handshake(s: &mut TcpStream, me: &Side, attr: ConnectAttr, then: impl FnOnce()) {
-    put(s, &me.qp.endpoint().to_bytes());
-    let peer = Endpoint::from_bytes(&get(s)).unwrap();
-    me.qp.connect(&peer, &attr).unwrap();
-    then();
-    put(s, b"connected");
-    assert_eq!(get(s), b"connected");
-}
-
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, mut s)) = peer::peer_role() else {
         return;
     };
-    let port: u16 = std::env::var(PORT).unwrap().parse().unwrap();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     match role.as_str() {
         "pingpong" => child_pingpong(&mut s),
         other => panic!("unknown role {other}"),
@@ -128,7 +74,7 @@ fn child_pingpong(s: &mut TcpStream) {
 
 #[test]
 fn ping_pong_1000_sends_of_various_sizes_between_two_processes() {
-    let (mut child, mut s) = spawn_child("pingpong");
+    let (mut child, mut s) = peer::spawn_peer("child_entry", "pingpong", T);
     let ctx = soft();
 
     let peer_dev = DeviceInfo::from_bytes(&get(&mut s)).unwrap();

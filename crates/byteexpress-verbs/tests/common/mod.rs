@@ -5,6 +5,8 @@
 //! unavailable provider fails the test; nothing skips.
 #![allow(dead_code)]
 
+pub mod peer;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 

@@ -7,18 +7,14 @@
 //! channel close and gives up after the same timeout × (retry_cnt + 1). Either way the first
 //! outstanding SEND completes with RETRY_EXC_ERR, the rest are flushed in order, the QP is in ERR.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use byteexpress_verbs::{ConnectAttr, Endpoint, QpCap, QpState, WcStatus, WrOp};
+use byteexpress_verbs::{ConnectAttr, QpCap, QpState, WcStatus, WrOp};
 
 use crate::T;
+use crate::common::peer::{self, get, handshake, put};
 use crate::common::*;
-
-const ROLE: &str = "BX_VERBS_CONFORMANCE_PEER_ROLE";
-const PORT: &str = "BX_VERBS_CONFORMANCE_PARENT_PORT";
 
 /// Sends that succeed before the peer is killed.
 const BEFORE: u64 = 3;
@@ -39,71 +35,12 @@ fn give_up_after(attr: &ConnectAttr) -> Duration {
     Duration::from_nanos(4096u64 << attr.timeout) * (u32::from(attr.retry_cnt) + 1)
 }
 
-fn put(s: &mut TcpStream, b: &[u8]) {
-    s.write_all(&(b.len() as u32).to_le_bytes()).unwrap();
-    s.write_all(b).unwrap();
-}
-
-fn get(s: &mut TcpStream) -> Vec<u8> {
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n).unwrap();
-    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
-    s.read_exact(&mut b).unwrap();
-    b
-}
-
-/// Starts this binary as the peer in `role`; returns it and the TCP control connection.
-fn spawn_peer(role: &str) -> (Child, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "cross_process::peer_entry",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE, role)
-        .env(PORT, port.to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let t0 = Instant::now();
-    // Generous: the child's first device open under TCG takes a while.
-    let wait = Duration::from_secs(30);
-    loop {
-        match listener.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false).unwrap();
-                s.set_read_timeout(Some(wait)).unwrap();
-                return (child, s);
-            }
-            Err(_) if t0.elapsed() < wait => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => panic!("peer did not call back: {e}"),
-        }
-    }
-}
-
-/// Both sides: exchange endpoints, connect, run `then` (post receives), and wait until both
-/// sides did.
-fn handshake(s: &mut TcpStream, me: &Side, attr: ConnectAttr, then: impl FnOnce()) {
-    put(s, &me.qp.endpoint().to_bytes());
-    let peer = Endpoint::from_bytes(&get(s)).unwrap();
-    me.qp.connect(&peer, &attr).unwrap();
-    then();
-    put(s, b"connected");
-    assert_eq!(get(s), b"connected");
-}
-
 /// The peer process; a no-op when run as an ordinary test.
 #[test]
 fn peer_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, mut s)) = peer::peer_role() else {
         return;
     };
-    let port: u16 = std::env::var(PORT).unwrap().parse().unwrap();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     match role.as_str() {
         "victim" => peer_victim(&mut s),
         other => panic!("unknown role {other}"),
@@ -134,7 +71,12 @@ fn peer_victim(s: &mut TcpStream) {
 
 #[test]
 fn a_killed_peer_process_fails_the_next_send_with_retry_exceeded_and_flushes_the_rest() {
-    let (mut child, mut s) = spawn_peer("victim");
+    // Generous: the peer's first device open under TCG emulation takes a while.
+    let (mut child, mut s) = peer::spawn_peer(
+        "cross_process::peer_entry",
+        "victim",
+        Duration::from_secs(30),
+    );
     let attr = death_attr();
     let me = side(QpCap::default(), 4096);
     handshake(&mut s, &me, attr, || {});
