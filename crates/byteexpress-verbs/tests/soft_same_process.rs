@@ -77,19 +77,7 @@ fn local_errors_carry_their_own_status() {
 
     let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
     b.post_recv(1, 0, 64);
-    let sge = [byteexpress_verbs::Sge {
-        addr: a.mr.addr(),
-        len: 8,
-        lkey: a.mr.lkey() ^ 0x5555,
-    }];
-    a.qp.post_send(&SendWr {
-        wr_id: 3,
-        op: WrOp::Send,
-        sg_list: &sge,
-        signaled: false,
-        inline: false,
-    })
-    .unwrap();
+    a.send_with_bad_lkey(3);
     assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::LocProtErr);
 }
 

@@ -121,6 +121,24 @@ pub fn fast_attr() -> ConnectAttr {
 }
 
 impl Side {
+    /// Posts an unsignaled SEND `wr_id` of 8 bytes whose SGE names this side's memory with a
+    /// wrong lkey (the send must fail with a local protection error).
+    pub fn send_with_bad_lkey(&self, wr_id: u64) {
+        let sge = [Sge {
+            addr: self.mr.addr(),
+            len: 8,
+            lkey: self.mr.lkey() ^ 0x5555,
+        }];
+        let wr = SendWr {
+            wr_id,
+            op: WrOp::Send,
+            sg_list: &sge,
+            signaled: false,
+            inline: false,
+        };
+        self.qp.post_send(&wr).unwrap();
+    }
+
     pub fn sge(&self, off: usize, len: u32) -> Sge {
         Sge {
             addr: self.mr.addr() + off as u64,

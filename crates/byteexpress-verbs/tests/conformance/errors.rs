@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use byteexpress_verbs::{Access, ConnectAttr, QpCap, QpState, RecvWr, SendWr, WcStatus, WrOp};
+use byteexpress_verbs::{Access, ConnectAttr, QpCap, QpState, RecvWr, WcStatus, WrOp};
 
 use crate::T;
 use crate::common::*;
@@ -200,19 +200,7 @@ fn a_message_longer_than_the_receive_buffer_fails_both_sides() {
 fn a_bad_local_key_fails_with_loc_prot_err() {
     let (a, b) = pair(QpCap::default(), ConnectAttr::default());
     b.post_recv(1, 0, 64);
-    let sge = [byteexpress_verbs::Sge {
-        addr: a.mr.addr(),
-        len: 8,
-        lkey: a.mr.lkey() ^ 0x5555,
-    }];
-    a.qp.post_send(&SendWr {
-        wr_id: 3,
-        op: WrOp::Send,
-        sg_list: &sge,
-        signaled: false,
-        inline: false,
-    })
-    .unwrap();
+    a.send_with_bad_lkey(3);
     let tx = poll_n(&a.send_cq, 1, T);
     assert_eq!(tx[0].wr_id, 3);
     assert!(local_error(tx[0].status, WcStatus::LocProtErr), "{tx:?}");
