@@ -7,9 +7,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use byteexpress_tcp_fallback::{FrameConfig, FrameWriter};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -137,12 +138,10 @@ async fn reject(stream: &mut TcpStream, why: &Status) {
         &Metadata::new(),
         Bytes::new(),
     );
-    let mut frame = Vec::with_capacity(4 + err.wire_len());
-    frame.extend_from_slice(&(err.wire_len() as u32).to_be_bytes());
-    frame.extend_from_slice(&err.final_header().encode());
-    frame.extend_from_slice(&err.meta);
-    let _ = stream.write_all(&frame).await;
-    let _ = stream.shutdown().await;
+    let mut w = FrameWriter::new(stream, FrameConfig::default());
+    let _ = w
+        .close_with_frame(&[&err.final_header().encode(), &err.meta])
+        .await;
 }
 
 /// The handlers running on one link, by (conn_id, call_id).
