@@ -8,7 +8,6 @@ pub(crate) mod rdma;
 pub(crate) mod tcp;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -36,7 +35,6 @@ struct LinkShared {
     tx: mpsc::UnboundedSender<Outgoing>,
     transport: Transport,
     max_message: usize,
-    closed: AtomicBool,
     close_now: CancellationToken,
     counters: Arc<LinkCounters>,
 }
@@ -52,7 +50,6 @@ impl LinkTx {
                 tx,
                 transport,
                 max_message,
-                closed: AtomicBool::new(false),
                 close_now: CancellationToken::new(),
                 counters: Arc::default(),
             }),
@@ -102,17 +99,11 @@ impl LinkTx {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::Acquire)
-    }
-
-    /// Marks the link closed (the engine calls this once it stops).
-    pub(crate) fn mark_closed(&self) {
-        self.inner.closed.store(true, Ordering::Release);
+        self.inner.close_now.is_cancelled()
     }
 
     /// Asks the engine to stop and close its transport.
     pub(crate) fn close(&self) {
-        self.mark_closed();
         self.inner.close_now.cancel();
     }
 
