@@ -66,21 +66,25 @@ impl Credits {
     }
 
     /// Whether a data message may be sent now (at least one send credit).
+    #[inline]
     pub fn can_send(&self) -> bool {
         self.send_credits > 0
     }
 
     /// Send credits available now (unit: credits); never above `grant`.
+    #[inline]
     pub fn send_credits(&self) -> u32 {
         self.send_credits
     }
 
     /// Credits received in a `CREDIT_UPDATE` whose slot is not re-posted yet (unit: credits).
+    #[inline]
     pub fn escrowed_credits(&self) -> u32 {
         self.escrow
     }
 
     /// Re-posted data buffers not yet returned to the peer (unit: credits).
+    #[inline]
     pub fn pending_returns(&self) -> u32 {
         self.pending
     }
@@ -104,6 +108,7 @@ impl Credits {
     /// piggyback to put in its header (all pending returns and an owed `slot_return`, rule 2).
     /// Returns `None` (and counts a block) when no credit is left: queue the message and retry
     /// after the next [`Credits::on_receive`].
+    #[inline]
     pub fn try_send_data(&mut self) -> Option<Piggyback> {
         if self.send_credits == 0 {
             self.stats.blocked += 1;
@@ -119,6 +124,7 @@ impl Credits {
     /// each re-post or receive once nothing more can be sent as data (queue empty or no
     /// credit); liveness relies on it being asked then. On `Some`, send a
     /// `CREDIT_UPDATE` with that piggyback; the slot is then busy until the peer returns it.
+    #[inline]
     pub fn poll_update(&mut self) -> Option<Piggyback> {
         if self.tx_slot_busy || self.pending < self.cfg.update_threshold() {
             return None;
@@ -134,6 +140,7 @@ impl Credits {
     /// # Errors
     /// A [`CreditError`] when the peer broke a rule (module docs, rule 3); the state is then
     /// unchanged and the link should be failed.
+    #[inline]
     pub fn on_receive(&mut self, kind: MsgKind, pb: Piggyback) -> Result<(), CreditError> {
         match kind {
             MsgKind::Data if self.peer_credits == 0 => return Err(CreditError::DataOverrun),
@@ -183,6 +190,7 @@ impl Credits {
     /// # Errors
     /// [`CreditError::NothingToRepost`] when no buffer of that kind is awaiting re-post (caller
     /// bug); the state is then unchanged.
+    #[inline]
     pub fn on_reposted(&mut self, kind: MsgKind) -> Result<(), CreditError> {
         match kind {
             MsgKind::Data => {
@@ -205,6 +213,7 @@ impl Credits {
     }
 
     /// Takes everything owed to the peer for an outgoing header (rule 2).
+    #[inline]
     fn take_piggyback(&mut self) -> Piggyback {
         let credits = std::mem::take(&mut self.pending);
         self.peer_credits += credits;

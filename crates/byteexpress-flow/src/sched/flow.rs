@@ -1,8 +1,17 @@
 //! Per-connection, per-class queues and the DRR round of each class.
+//!
+//! The round of a class is an intrusive FIFO of connection slots: the [`Round`] holds the
+//! head and tail slot indices and each [`Flow`] the index of the next slot in its round, so
+//! joining, rotating and leaving the round are a few index writes with no allocation and no
+//! search (only `close` walks the round). A connection's DRR quantum is added once per turn,
+//! when it becomes the head of its round.
 
 use std::collections::VecDeque;
 
 use super::MsgId;
+
+/// "No slot": the end of a round, or an empty round.
+pub(super) const NIL: u32 = u32::MAX;
 
 /// A queued message, partly sent.
 #[derive(Debug, Clone, Copy)]
@@ -14,48 +23,126 @@ pub(super) struct Pending {
     pub(super) sent: u64,
 }
 
-/// One connection's queue in one class.
-#[derive(Debug, Default)]
+/// One connection's queue in one class. It is in its class's round exactly when its queue is
+/// non-empty.
+#[derive(Debug)]
 pub(super) struct Flow {
     pub(super) queue: VecDeque<Pending>,
-    /// DRR deficit (bytes).
+    /// DRR deficit (bytes); 0 outside the round.
     pub(super) deficit: u64,
-    /// In its class's round (non-empty queue).
-    pub(super) active: bool,
+    /// Next slot in the round ([`NIL`] at the tail or outside the round).
+    pub(super) next: u32,
 }
 
-/// The DRR round of one class: active connection slots in turn order. The front is the
-/// connection whose turn it is; `charged` says its quantum for this turn was added.
+impl Default for Flow {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            deficit: 0,
+            next: NIL,
+        }
+    }
+}
+
+/// A connection slot; `generation` tells reuses apart.
 #[derive(Debug, Default)]
+pub(super) struct Slot {
+    pub(super) generation: u32,
+    pub(super) open: bool,
+    pub(super) flows: [Flow; 2],
+}
+
+/// The DRR round of one class: backlogged connection slots in turn order, as an intrusive
+/// list through [`Flow::next`]. The head is the connection whose turn it is; its quantum for
+/// this turn was added when it became the head.
+#[derive(Debug)]
 pub(super) struct Round {
-    pub(super) order: VecDeque<u32>,
-    pub(super) charged: bool,
+    pub(super) head: u32,
+    pub(super) tail: u32,
+    /// Connections in the round.
+    pub(super) len: u32,
     /// Unsent bytes queued in this class (bytes).
     pub(super) backlog: u64,
 }
 
+impl Default for Round {
+    fn default() -> Self {
+        Self {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+            backlog: 0,
+        }
+    }
+}
+
 impl Round {
-    /// Ends the front connection's turn, moving it to the back.
+    /// Whether no connection of this class has anything queued.
     #[inline]
-    pub(super) fn rotate(&mut self) {
-        if let Some(front) = self.order.pop_front() {
-            self.order.push_back(front);
-        }
-        self.charged = false;
+    pub(super) fn is_empty(&self) -> bool {
+        self.head == NIL
     }
 
-    /// Removes the front connection (its queue emptied).
+    /// Appends `slot` (its queue just became non-empty); a slot joining an empty round
+    /// starts its turn at once.
     #[inline]
-    pub(super) fn leave_front(&mut self) {
-        self.order.pop_front();
-        self.charged = false;
+    pub(super) fn push_back(&mut self, slots: &mut [Slot], c: usize, slot: u32, quantum: u64) {
+        if self.head == NIL {
+            self.head = slot;
+            slots[slot as usize].flows[c].deficit += quantum;
+        } else {
+            slots[self.tail as usize].flows[c].next = slot;
+        }
+        self.tail = slot;
+        self.len += 1;
     }
 
-    /// Removes `slot` wherever it is (connection closed).
-    pub(super) fn remove(&mut self, slot: u32) {
-        if self.order.front() == Some(&slot) {
-            self.charged = false;
+    /// Ends the head's turn, moving it to the back; the new head starts its turn.
+    #[inline]
+    pub(super) fn rotate(&mut self, slots: &mut [Slot], c: usize, quantum: u64) {
+        let head = self.head;
+        if head != self.tail {
+            let next = std::mem::replace(&mut slots[head as usize].flows[c].next, NIL);
+            slots[self.tail as usize].flows[c].next = head;
+            self.tail = head;
+            self.head = next;
         }
-        self.order.retain(|&s| s != slot);
+        slots[self.head as usize].flows[c].deficit += quantum;
+    }
+
+    /// Removes the head (its queue emptied; the caller resets its deficit); the next slot,
+    /// if any, starts its turn.
+    #[inline]
+    pub(super) fn leave_head(&mut self, slots: &mut [Slot], c: usize, quantum: u64) {
+        let next = std::mem::replace(&mut slots[self.head as usize].flows[c].next, NIL);
+        self.head = next;
+        self.len -= 1;
+        if next == NIL {
+            self.tail = NIL;
+        } else {
+            slots[next as usize].flows[c].deficit += quantum;
+        }
+    }
+
+    /// Removes `slot` wherever it is (connection closed): O(connections in the round).
+    pub(super) fn remove(&mut self, slots: &mut [Slot], c: usize, slot: u32, quantum: u64) {
+        if self.head == slot {
+            self.leave_head(slots, c, quantum);
+            return;
+        }
+        let mut prev = self.head;
+        while prev != NIL {
+            let next = slots[prev as usize].flows[c].next;
+            if next == slot {
+                let after = std::mem::replace(&mut slots[slot as usize].flows[c].next, NIL);
+                slots[prev as usize].flows[c].next = after;
+                if self.tail == slot {
+                    self.tail = prev;
+                }
+                self.len -= 1;
+                return;
+            }
+            prev = next;
+        }
     }
 }

@@ -1,21 +1,15 @@
 //! The QP scheduler: DRR per class, capped latency priority, chunking.
 
-use super::flow::{Flow, Pending, Round};
+use super::flow::{Pending, Round, Slot};
 use super::{Chunks, Class, ConnId, Dropped, Grant, MsgId, SchedConfig, SchedError};
-
-/// A connection slot; `generation` tells reuses apart.
-#[derive(Debug, Default)]
-struct Slot {
-    generation: u32,
-    open: bool,
-    flows: [Flow; 2],
-}
 
 /// Schedules the chunks of many logical connections onto one QP. Rules: [module
 /// docs](super).
 ///
-/// Allocation: queues grow on demand and keep their capacity, so a warm scheduler does not
-/// allocate on the hot path (`enqueue` + `next`).
+/// Cost: connections live in a slab addressed by [`ConnId::index`]; each class's round is an
+/// intrusive list of slab indices, so `enqueue` and `next` do no search and no hashing, and
+/// add a connection's quantum once per turn. Queues grow on demand and keep their capacity,
+/// so a warm scheduler does not allocate on the hot path (`enqueue` + `next`).
 #[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedConfig,
@@ -68,19 +62,22 @@ impl Scheduler {
     /// # Errors
     /// [`SchedError::UnknownConn`] when `conn` is not open.
     pub fn close(&mut self, conn: ConnId) -> Result<Dropped, SchedError> {
-        let slot = slot_mut(&mut self.slots, conn)?;
+        slot_mut(&mut self.slots, conn)?;
+        let quantum = u64::from(self.cfg.quantum());
         let mut dropped = Dropped::default();
         for class in Class::ALL {
-            let flow = std::mem::take(&mut slot.flows[class.index()]);
+            let c = class.index();
+            let round = &mut self.rounds[c];
+            if !self.slots[conn.slot as usize].flows[c].queue.is_empty() {
+                round.remove(&mut self.slots, c, conn.slot, quantum);
+            }
+            let flow = std::mem::take(&mut self.slots[conn.slot as usize].flows[c]);
             let bytes: u64 = flow.queue.iter().map(|p| p.len - p.sent).sum();
             dropped.messages += flow.queue.len() as u64;
             dropped.bytes += bytes;
-            let round = &mut self.rounds[class.index()];
             round.backlog -= bytes;
-            if flow.active {
-                round.remove(conn.slot);
-            }
         }
+        let slot = &mut self.slots[conn.slot as usize];
         slot.open = false;
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(conn.slot);
@@ -99,12 +96,13 @@ impl Scheduler {
             return Err(SchedError::EmptyMessage);
         }
         let id = MsgId(self.next_msg);
-        let flow = &mut slot_mut(&mut self.slots, conn)?.flows[class.index()];
-        flow.queue.push_back(Pending { id, len, sent: 0 });
-        let round = &mut self.rounds[class.index()];
-        if !flow.active {
-            flow.active = true;
-            round.order.push_back(conn.slot);
+        let c = class.index();
+        let queue = &mut slot_mut(&mut self.slots, conn)?.flows[c].queue;
+        let joins = queue.is_empty();
+        queue.push_back(Pending { id, len, sent: 0 });
+        let round = &mut self.rounds[c];
+        if joins {
+            round.push_back(&mut self.slots, c, conn.slot, self.cfg.quantum().into());
         }
         round.backlog += len;
         self.next_msg += 1;
@@ -117,9 +115,10 @@ impl Scheduler {
     ///
     /// `can_send` is called at most once; it may also perform the post (charge the window,
     /// take a credit) and answer whether it succeeded.
+    #[inline]
     pub fn next(&mut self, can_send: impl FnOnce(u32) -> bool) -> Option<Grant> {
-        let latency = !self.rounds[0].order.is_empty();
-        let bulk = !self.rounds[1].order.is_empty();
+        let latency = !self.rounds[0].is_empty();
+        let bulk = !self.rounds[1].is_empty();
         let class = if latency && (!bulk || self.latency_streak < self.cfg.latency_burst()) {
             Class::Latency
         } else if bulk {
@@ -141,48 +140,50 @@ impl Scheduler {
         let c = class.index();
         let quantum = u64::from(self.cfg.quantum());
         let max_chunk = self.cfg.max_chunk();
-        // At most two iterations: a freshly charged connection holds a deficit of at least
-        // quantum >= max_chunk, so its head chunk fits.
-        loop {
-            let round = &mut self.rounds[c];
-            let slot = *round.order.front()?;
-            let s = &mut self.slots[slot as usize];
-            let generation = s.generation;
-            let flow = &mut s.flows[c];
-            if !round.charged {
-                flow.deficit += quantum;
-                round.charged = true;
-            }
-            let head = flow.queue.front_mut()?;
-            let chunk = Chunks::at(head.len, head.sent, max_chunk);
-            if u64::from(chunk.len) > flow.deficit {
-                round.rotate();
-                continue;
-            }
-            if !can_send(chunk.len) {
-                return None;
-            }
-            let grant = Grant {
-                conn: ConnId { slot, generation },
-                class,
-                msg: head.id,
-                offset: chunk.offset,
-                len: chunk.len,
-                last: chunk.last,
-            };
-            head.sent += u64::from(chunk.len);
-            flow.deficit -= u64::from(chunk.len);
-            round.backlog -= u64::from(chunk.len);
-            if chunk.last {
-                flow.queue.pop_front();
-                if flow.queue.is_empty() {
-                    flow.deficit = 0;
-                    flow.active = false;
-                    round.leave_front();
-                }
-            }
-            return Some(grant);
+        let round = &mut self.rounds[c];
+        // The head's quantum for this turn is already in its deficit. If its head chunk does
+        // not fit, the next connection's turn starts with a deficit of at least
+        // quantum >= max_chunk, so its head chunk fits: at most one rotation.
+        let mut slot = round.head;
+        let mut flow = &self.slots[slot as usize].flows[c];
+        let mut head = flow.queue.front()?;
+        let mut chunk = Chunks::at(head.len, head.sent, max_chunk);
+        if u64::from(chunk.len) > flow.deficit {
+            round.rotate(&mut self.slots, c, quantum);
+            slot = round.head;
+            flow = &self.slots[slot as usize].flows[c];
+            head = flow.queue.front()?;
+            chunk = Chunks::at(head.len, head.sent, max_chunk);
         }
+        if !can_send(chunk.len) {
+            return None;
+        }
+        let s = &mut self.slots[slot as usize];
+        let flow = &mut s.flows[c];
+        let head = flow.queue.front_mut()?;
+        let grant = Grant {
+            conn: ConnId {
+                slot,
+                generation: s.generation,
+            },
+            class,
+            msg: head.id,
+            offset: chunk.offset,
+            len: chunk.len,
+            last: chunk.last,
+        };
+        let len = u64::from(chunk.len);
+        head.sent += len;
+        flow.deficit -= len;
+        round.backlog -= len;
+        if chunk.last {
+            flow.queue.pop_front();
+            if flow.queue.is_empty() {
+                flow.deficit = 0;
+                round.leave_head(&mut self.slots, c, quantum);
+            }
+        }
+        Some(grant)
     }
 
     /// Unsent bytes queued in `class` over all connections (unit: bytes).
@@ -192,12 +193,12 @@ impl Scheduler {
 
     /// Connections with queued messages in `class`.
     pub fn backlogged(&self, class: Class) -> usize {
-        self.rounds[class.index()].order.len()
+        self.rounds[class.index()].len as usize
     }
 
     /// Whether nothing is queued in any class.
     pub fn is_empty(&self) -> bool {
-        self.rounds.iter().all(|r| r.order.is_empty())
+        self.rounds.iter().all(Round::is_empty)
     }
 
     /// Unsent bytes queued on `conn` in `class` (unit: bytes); 0 for an unknown connection.

@@ -13,6 +13,7 @@ impl Class {
     /// Both classes, latency first.
     pub const ALL: [Class; 2] = [Class::Latency, Class::Bulk];
 
+    #[inline]
     pub(crate) fn index(self) -> usize {
         match self {
             Class::Latency => 0,
@@ -32,6 +33,7 @@ pub struct ConnId {
 impl ConnId {
     /// A dense index (`0..` number of connections ever open at once), for the caller's own
     /// per-connection tables. Reused after `close`.
+    #[inline]
     pub fn index(self) -> usize {
         self.slot as usize
     }

@@ -178,6 +178,7 @@ impl Aimd {
         }
     }
 
+    #[inline]
     pub(super) fn cwnd(&self) -> u64 {
         self.cwnd
     }

@@ -43,11 +43,13 @@ impl DeviceWindow {
     }
 
     /// The cap (unit: bytes).
+    #[inline]
     pub fn cap(&self) -> u64 {
         self.cap
     }
 
     /// Bytes posted on any QP of this device and not yet completed (unit: bytes).
+    #[inline]
     pub fn in_flight(&self) -> u64 {
         self.in_flight
     }
