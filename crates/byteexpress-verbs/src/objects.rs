@@ -449,15 +449,8 @@ impl Cq {
     /// sleeps on its completion channel under tokio. Returns at once if completions are queued.
     /// Call [`Cq::poll`] afterwards; a spurious wake-up returns with nothing queued.
     pub async fn ready(&self, spin: std::time::Duration) -> Result<()> {
-        let t0 = std::time::Instant::now();
-        loop {
-            if self.inner.pending() {
-                return Ok(());
-            }
-            if t0.elapsed() >= spin {
-                break;
-            }
-            std::hint::spin_loop();
+        if self.inner.spin(spin) {
+            return Ok(());
         }
         if self.inner.arm()? {
             return Ok(());

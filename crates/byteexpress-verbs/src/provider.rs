@@ -104,6 +104,21 @@ pub(crate) trait CqImpl: Send + Sync + std::fmt::Debug {
     fn poll(&self, out: &mut [Wc]) -> Result<usize>;
     /// Cheap check for the hybrid-polling spin: may [`CqImpl::poll`] return something now?
     fn pending(&self) -> bool;
+    /// Spins on [`CqImpl::pending`] for up to `budget` (one check when zero); true once it
+    /// holds. This default reads the clock on every turn (for a provider whose check is as dear
+    /// as a clock read); the soft provider reads it every [`SPIN_CLOCK_EVERY`] turns.
+    fn spin(&self, budget: std::time::Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            if self.pending() {
+                return true;
+            }
+            if t0.elapsed() >= budget {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
     /// A file descriptor that becomes readable after [`CqImpl::arm`] once a completion is queued
     /// (the completion channel's fd, an eventfd, or an epoll set of such fds).
     fn event_fd(&self) -> std::os::fd::RawFd;

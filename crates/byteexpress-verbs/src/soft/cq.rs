@@ -3,24 +3,29 @@
 //! turning their entries into receive completions.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::qp::SoftQp;
+use super::ring::Ring;
 use super::shm::EventFd;
 use crate::events::EventHub;
 use crate::provider::{CqImpl, QpImpl};
 use crate::{AsyncEvent, Error, QpState, Result, Wc};
 
-/// Queued completions and the QPs whose inbound rings this CQ drains.
+/// Turns of a hybrid-polling spin between two reads of the clock: a turn is a few loads, so a
+/// spin ends at most a few hundred nanoseconds after its budget.
+const SPIN_CLOCK_EVERY: u32 = 32;
+
+/// Queued completions of a CQ.
 #[derive(Debug)]
 pub(crate) struct CqState {
     local: VecDeque<Wc>,
     overrun: bool,
     size: usize,
-    pub(crate) qps: Vec<Weak<SoftQp>>,
     id: u64,
     events: Arc<EventHub>,
 }
@@ -40,6 +45,54 @@ impl CqState {
     }
 }
 
+/// What a CQ needs of the inbound completion ring of one QP whose recv CQ it is, readable
+/// without a lock: whether the ring holds completions is one load of the peer's producer index
+/// against a private copy of our consumer index.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    qp: Weak<SoftQp>,
+    ring: Ring,
+    /// Completions consumed from the ring: a copy, in private memory the peer cannot write, of
+    /// the QP's receive-side `comp_cons` (updated by the QP after every drain).
+    pub(crate) consumed: AtomicU64,
+    /// Cleared when the QP goes to ERR: its ring is then no longer read.
+    pub(crate) live: AtomicBool,
+    /// The QP takes its receives from an SRQ (topped up after every poll).
+    srq: bool,
+}
+
+impl Inbound {
+    pub(crate) fn new(qp: Weak<SoftQp>, ring: Ring, srq: bool) -> Inbound {
+        Inbound {
+            qp,
+            ring,
+            consumed: AtomicU64::new(0),
+            live: AtomicBool::new(true),
+            srq,
+        }
+    }
+
+    /// The peer published completions we have not consumed (the QP is not in ERR).
+    fn pending(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+            && self.ring.comp_prod().load(Ordering::Acquire)
+                != self.consumed.load(Ordering::Acquire)
+    }
+}
+
+/// The inbound rings of a CQ: an immutable snapshot, rebuilt when a QP attaches or after one
+/// was dropped, so polling and spinning never allocate and a spinner reads it without a lock.
+type Snapshot = Arc<[Arc<Inbound>]>;
+
+/// The locked part of a CQ: queued completions and the snapshot of inbound rings.
+#[derive(Debug)]
+struct Locked {
+    cq: CqState,
+    inbound: Snapshot,
+    /// Some QP of `inbound` takes its receives from an SRQ.
+    any_srq: bool,
+}
+
 /// A completion queue with an eventfd as its completion channel.
 #[derive(Debug)]
 pub(crate) struct SoftCq {
@@ -47,8 +100,12 @@ pub(crate) struct SoftCq {
     efd: EventFd,
     armed: AtomicBool,
     queued: AtomicUsize,
+    /// Bumped whenever the snapshot of inbound rings changes (a spinner re-reads it).
+    generation: AtomicU64,
+    /// A QP whose recv CQ this is was dropped: prune the snapshot at the next poll.
+    qp_gone: AtomicBool,
     id: u64,
-    pub(crate) state: Mutex<CqState>,
+    state: Mutex<Locked>,
 }
 
 impl SoftCq {
@@ -60,14 +117,19 @@ impl SoftCq {
             efd,
             armed: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            qp_gone: AtomicBool::new(false),
             id,
-            state: Mutex::new(CqState {
-                local: VecDeque::new(),
-                overrun: false,
-                size: size as usize,
-                qps: Vec::new(),
-                id,
-                events,
+            state: Mutex::new(Locked {
+                cq: CqState {
+                    local: VecDeque::new(),
+                    overrun: false,
+                    size: size as usize,
+                    id,
+                    events,
+                },
+                inbound: Arc::new([]),
+                any_srq: false,
             }),
         }))
     }
@@ -86,8 +148,8 @@ impl SoftCq {
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut CqState) -> R) -> R {
         let r = {
             let mut st = self.state.lock();
-            let r = f(&mut st);
-            self.queued.store(st.local.len(), Ordering::SeqCst);
+            let r = f(&mut st.cq);
+            self.queued.store(st.cq.local.len(), Ordering::Release);
             r
         };
         self.notify();
@@ -99,22 +161,70 @@ impl SoftCq {
         self.with(|st| st.push(wc));
     }
 
-    /// Wakes the consumer if it armed the CQ (Dekker pairing with `arm`).
+    /// Wakes the consumer if it armed the CQ (Dekker pairing with `arm`: each side stores its
+    /// flag, fences, then loads the other's).
     pub(crate) fn notify(&self) {
         fence(Ordering::SeqCst);
-        if self.queued.load(Ordering::SeqCst) > 0 && self.armed.swap(false, Ordering::SeqCst) {
+        if self.queued.load(Ordering::Relaxed) > 0
+            && self.armed.load(Ordering::Relaxed)
+            && self.armed.swap(false, Ordering::SeqCst)
+        {
             self.efd.signal();
         }
     }
 
-    pub(crate) fn add_qp(&self, qp: Weak<SoftQp>) {
+    /// A QP whose recv CQ this is: its inbound ring joins the snapshot.
+    pub(crate) fn attach(&self, inbound: Arc<Inbound>) {
         let mut st = self.state.lock();
-        st.qps.retain(|w| w.strong_count() > 0);
-        st.qps.push(qp);
+        if self.armed.load(Ordering::SeqCst) {
+            // A consumer sleeps on this CQ: the new ring's peer rings the doorbell too.
+            inbound.ring.armed().store(1, Ordering::SeqCst);
+        }
+        let mut v: Vec<Arc<Inbound>> = st
+            .inbound
+            .iter()
+            .filter(|e| e.qp.strong_count() > 0)
+            .cloned()
+            .collect();
+        v.push(inbound);
+        Self::publish(&mut st, v);
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
-    fn live_qps(st: &CqState) -> impl Iterator<Item = Arc<SoftQp>> + '_ {
-        st.qps.iter().filter_map(Weak::upgrade)
+    /// Called from a QP's drop: its ring leaves the snapshot at the next poll (never under
+    /// this CQ's lock, which a poll may hold while it drops the last handle of a QP).
+    pub(crate) fn qp_dropped(&self) {
+        self.qp_gone.store(true, Ordering::Release);
+    }
+
+    fn publish(st: &mut Locked, v: Vec<Arc<Inbound>>) {
+        st.any_srq = v.iter().any(|e| e.srq);
+        st.inbound = v.into();
+    }
+
+    /// Drops the rings of dropped QPs from the snapshot.
+    fn prune(&self, st: &mut Locked) {
+        if self.qp_gone.swap(false, Ordering::AcqRel) {
+            let v: Vec<Arc<Inbound>> = st
+                .inbound
+                .iter()
+                .filter(|e| e.qp.strong_count() > 0)
+                .cloned()
+                .collect();
+            Self::publish(st, v);
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn snapshot(&self) -> (Snapshot, u64) {
+        let mut st = self.state.lock();
+        self.prune(&mut st);
+        // Read under the lock, which every change of the snapshot holds.
+        (st.inbound.clone(), self.generation.load(Ordering::Acquire))
+    }
+
+    fn pending_in(&self, inbound: &[Arc<Inbound>]) -> bool {
+        self.queued.load(Ordering::Acquire) > 0 || inbound.iter().any(|e| e.pending())
     }
 }
 
@@ -127,38 +237,44 @@ fn overrun_error() -> Error {
 
 impl CqImpl for SoftCq {
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        // Allocates only when a QP fails.
         let mut failed: Vec<Arc<SoftQp>> = Vec::new();
-        let mut srq_fed: Vec<Arc<SoftQp>> = Vec::new();
         let mut n = 0;
         for round in 0..2 {
-            {
-                let mut st = self.state.lock();
+            let srq_fed = {
+                let mut guard = self.state.lock();
+                self.prune(&mut guard);
+                let st = &mut *guard;
                 if round == 0 {
-                    let qps: Vec<_> = Self::live_qps(&st).collect();
-                    for qp in qps {
-                        if qp.state() != QpState::Err && !qp.drain_into(&mut st) {
-                            failed.push(qp.clone());
-                        }
-                        if qp.srq.is_some() {
-                            srq_fed.push(qp);
+                    for e in st.inbound.iter().filter(|e| e.pending()) {
+                        // Dropping a QP's last handle here is fine: its drop does not lock
+                        // this CQ (`qp_dropped`).
+                        let Some(qp) = e.qp.upgrade() else { continue };
+                        if qp.state() != QpState::Err && !qp.drain_into(&mut st.cq) {
+                            failed.push(qp);
                         }
                     }
                 }
-                if st.overrun {
+                if st.cq.overrun {
                     return Err(overrun_error());
                 }
                 while n < out.len() {
-                    let Some(wc) = st.local.pop_front() else {
+                    let Some(wc) = st.cq.local.pop_front() else {
                         break;
                     };
                     out[n] = wc;
                     n += 1;
                 }
-                self.queued.store(st.local.len(), Ordering::SeqCst);
-            }
+                self.queued.store(st.cq.local.len(), Ordering::Release);
+                (round == 0 && st.any_srq).then(|| st.inbound.clone())
+            };
             // Completions freed ring slots: SRQs top the rings up (outside the CQ lock).
-            for qp in srq_fed.drain(..) {
-                qp.refill_from_srq();
+            if let Some(inbound) = srq_fed {
+                for e in inbound.iter().filter(|e| e.srq) {
+                    if let Some(qp) = e.qp.upgrade() {
+                        qp.refill_from_srq();
+                    }
+                }
             }
             if failed.is_empty() {
                 break;
@@ -172,11 +288,36 @@ impl CqImpl for SoftCq {
     }
 
     fn pending(&self) -> bool {
-        if self.queued.load(Ordering::SeqCst) > 0 {
-            return true;
+        let (inbound, _) = self.snapshot();
+        self.pending_in(&inbound)
+    }
+
+    /// Spins without a lock: the snapshot of inbound rings is read once (again only when it
+    /// changed), each turn loads the local queue length and the producer index of every ring.
+    fn spin(&self, budget: Duration) -> bool {
+        let (mut inbound, mut generation) = self.snapshot();
+        if budget.is_zero() {
+            return self.pending_in(&inbound);
         }
-        let st = self.state.lock();
-        Self::live_qps(&st).any(|qp| qp.state() != QpState::Err && qp.inbound_pending())
+        let t0 = Instant::now();
+        let mut turns: u32 = 0;
+        loop {
+            if self.pending_in(&inbound) {
+                return true;
+            }
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(SPIN_CLOCK_EVERY) {
+                if t0.elapsed() >= budget {
+                    return false;
+                }
+                if self.generation.load(Ordering::Acquire) != generation
+                    || self.qp_gone.load(Ordering::Relaxed)
+                {
+                    (inbound, generation) = self.snapshot();
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
     fn event_fd(&self) -> std::os::fd::RawFd {
@@ -185,14 +326,12 @@ impl CqImpl for SoftCq {
 
     fn arm(&self) -> Result<bool> {
         self.armed.store(true, Ordering::SeqCst);
-        {
-            let st = self.state.lock();
-            for qp in Self::live_qps(&st) {
-                qp.arm_inbound();
-            }
+        let (inbound, _) = self.snapshot();
+        for e in inbound.iter() {
+            e.ring.armed().store(1, Ordering::SeqCst);
         }
         fence(Ordering::SeqCst);
-        Ok(self.pending())
+        Ok(self.pending_in(&inbound))
     }
 
     fn ack_event(&self) -> Result<()> {

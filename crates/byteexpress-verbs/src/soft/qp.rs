@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rand::Rng;
 
-use super::cq::{CqState, SoftCq};
+use super::cq::{CqState, Inbound, SoftCq};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
 use super::limits;
 use super::pd::{Conn, SoftPd};
@@ -90,6 +90,8 @@ pub(crate) struct SoftQp {
     state: AtomicU8,
     /// Own ring region (receive WQEs out, completions in).
     pub(crate) ring: Ring,
+    /// The inbound completion ring as the recv CQ watches it.
+    inbound: Arc<Inbound>,
     recv: Mutex<RecvSide>,
     pub(crate) send: Mutex<SendSide>,
     pub(crate) peer: Mutex<Option<Peer>>,
@@ -187,6 +189,7 @@ impl SoftQp {
             send_cq,
             recv_cq: recv_cq.clone(),
             state: AtomicU8::new(state_code(QpState::Reset)),
+            inbound: Arc::new(Inbound::new(me.clone(), ring.clone(), srq.is_some())),
             ring,
             recv: Mutex::new(RecvSide::default()),
             send: Mutex::new(SendSide::new()),
@@ -198,7 +201,7 @@ impl SoftQp {
             sqd_notified: AtomicBool::new(false),
         });
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
-        recv_cq.add_qp(Arc::downgrade(&qp));
+        recv_cq.attach(qp.inbound.clone());
         if let Some(srq) = &srq {
             srq.attach(Arc::downgrade(&qp));
         }
@@ -207,6 +210,9 @@ impl SoftQp {
 
     /// Sets the state; returns the previous one.
     pub(crate) fn set_state(&self, s: QpState) -> QpState {
+        if s == QpState::Err {
+            self.inbound.live.store(false, Ordering::Release);
+        }
         code_state(self.state.swap(state_code(s), Ordering::SeqCst))
     }
 
@@ -303,17 +309,6 @@ impl SoftQp {
 
     // ---- receive side ----
 
-    /// Whether the inbound completion ring has entries (cheap; for `Cq::pending`).
-    pub(crate) fn inbound_pending(&self) -> bool {
-        self.ring.comp_prod().load(Ordering::Acquire)
-            != self.ring.comp_cons().load(Ordering::Relaxed)
-    }
-
-    /// Sets the `armed` flag the peer checks before ringing our doorbell.
-    pub(crate) fn arm_inbound(&self) {
-        self.ring.armed().store(1, Ordering::SeqCst);
-    }
-
     /// Moves inbound completions into `cq` (the recv CQ's locked state), validating every index
     /// and length the peer wrote. False when the QP must fail: the peer wrote something
     /// impossible (the ring is then no longer trusted) or an error completion.
@@ -394,6 +389,9 @@ impl SoftQp {
         }
         self.ring
             .comp_cons()
+            .store(recv.comp_cons, Ordering::Release);
+        self.inbound
+            .consumed
             .store(recv.comp_cons, Ordering::Release);
         ok
     }
@@ -514,6 +512,7 @@ impl Drop for SoftQp {
             qps.remove(&self.qpn);
         }
         drop(qps);
+        self.recv_cq.qp_dropped();
         self.dev.wake();
     }
 }
