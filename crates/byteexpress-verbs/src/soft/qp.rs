@@ -703,7 +703,7 @@ impl QpImpl for SoftQp {
             .map_err(|s| {
                 Error::InvalidState(format!("to_rts in {:?}, needs SQD", code_state(s)))
             })?;
-        let mut keep = Vec::new();
+        let mut keep = super::send::Keep::default();
         self.run_pending(&mut send, &mut keep);
         drop(send);
         drop(keep);
@@ -741,15 +741,15 @@ impl QpImpl for SoftQp {
         if recv.shadow.len() >= self.cap.max_recv_wr as usize {
             return Err(Error::QueueFull("receive queue (max_recv_wr) full"));
         }
-        let (sges, total) = RawSge::from_sges(wr.sg_list);
         let seq = recv.prod;
-        self.ring.write_wqe(seq, &sges);
+        self.ring.write_wqe_sges(seq, wr.sg_list);
         recv.prod += 1;
         self.ring.recv_prod().store(recv.prod, Ordering::Release);
         recv.shadow.push_back(Posted {
             wr_id: wr.wr_id,
-            total,
-            sges,
+            total: wr.sg_list.iter().map(|s| u64::from(s.len)).sum(),
+            // Only WQEs an SRQ lends are written to a ring again.
+            sges: Vec::new(),
         });
         Ok(())
     }

@@ -39,7 +39,7 @@ const COMP: usize = 32;
 pub(crate) const ERR_BIT: u64 = 1 << 63;
 
 /// A receive SGE as stored in the ring (owner's virtual address).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RawSge {
     pub addr: u64,
     pub len: u32,
@@ -144,10 +144,26 @@ impl Ring {
 
     /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).
     pub(crate) fn write_wqe(&self, seq: u64, sges: &[RawSge]) {
+        self.write_wqe_from(seq, sges.iter().copied());
+    }
+
+    /// Owner: stores WQE `seq` from a receive WR's SGEs (no intermediate copy).
+    pub(crate) fn write_wqe_sges(&self, seq: u64, sges: &[crate::Sge]) {
+        self.write_wqe_from(
+            seq,
+            sges.iter().map(|s| RawSge {
+                addr: s.addr,
+                len: s.len,
+                key: s.lkey,
+            }),
+        );
+    }
+
+    fn write_wqe_from(&self, seq: u64, sges: impl ExactSizeIterator<Item = RawSge>) {
         let off = self.layout.wqe_off(seq);
         let n = sges.len().min(self.layout.max_sge as usize);
         self.map.u32_at(off).store(n as u32, Ordering::Relaxed);
-        for (i, s) in sges.iter().take(n).enumerate() {
+        for (i, s) in sges.take(n).enumerate() {
             let o = off + WQE_HDR + i * SGE;
             self.map.u64_at(o).store(s.addr, Ordering::Relaxed);
             self.map.u32_at(o + 8).store(s.len, Ordering::Relaxed);
@@ -155,23 +171,23 @@ impl Ring {
         }
     }
 
-    /// Peer: reads WQE `seq` into `out`; `None` when its SGE count exceeds the layout.
-    pub(crate) fn read_wqe(&self, seq: u64, out: &mut Vec<RawSge>) -> Option<()> {
+    /// Peer: reads WQE `seq` into the front of `out`; returns its SGE count, `None` when that
+    /// exceeds the layout or `out`.
+    pub(crate) fn read_wqe(&self, seq: u64, out: &mut [RawSge]) -> Option<usize> {
         let off = self.layout.wqe_off(seq);
         let n = self.map.u32_at(off).load(Ordering::Relaxed);
-        if n > self.layout.max_sge {
+        if n > self.layout.max_sge || n as usize > out.len() {
             return None;
         }
-        out.clear();
-        for i in 0..n as usize {
+        for (i, slot) in out.iter_mut().take(n as usize).enumerate() {
             let o = off + WQE_HDR + i * SGE;
-            out.push(RawSge {
+            *slot = RawSge {
                 addr: self.map.u64_at(o).load(Ordering::Relaxed),
                 len: self.map.u32_at(o + 8).load(Ordering::Relaxed),
                 key: self.map.u32_at(o + 12).load(Ordering::Relaxed),
-            });
+            };
         }
-        Some(())
+        Some(n as usize)
     }
 
     /// Peer: stores completion `seq` (published by a later Release store of `comp_prod`).
@@ -217,7 +233,7 @@ mod tests {
         let layout = Layout { cap: 3, max_sge: 2 };
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map, layout).unwrap();
-        let mut out = Vec::new();
+        let mut out = [RawSge::default(); 2];
         for seq in 0..7u64 {
             let s = [
                 RawSge {
@@ -232,8 +248,8 @@ mod tests {
                 },
             ];
             ring.write_wqe(seq, &s[..(seq as usize % 2) + 1]);
-            ring.read_wqe(seq, &mut out).unwrap();
-            assert_eq!(out, &s[..(seq as usize % 2) + 1]);
+            let n = ring.read_wqe(seq, &mut out).unwrap();
+            assert_eq!(&out[..n], &s[..(seq as usize % 2) + 1]);
             let c = RawComp {
                 opcode: 128,
                 status: 0,
@@ -251,7 +267,7 @@ mod tests {
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map.clone(), layout).unwrap();
         map.u32_at(HDR).store(1000, Ordering::Relaxed);
-        assert!(ring.read_wqe(0, &mut Vec::new()).is_none());
+        assert!(ring.read_wqe(0, &mut [RawSge::default(); 16]).is_none());
         assert!(
             Ring::new(
                 map,

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
+use super::limits::MAX_SGE;
 use super::pd::SoftMr;
 use super::peer::Peer;
 use super::qp::SoftQp;
-use super::ring::{ERR_BIT, RawComp};
+use super::ring::{ERR_BIT, RawComp, RawSge};
 use super::timing::{ack_timeout, give_up_after, rnr_delay};
 use crate::provider::QpImpl;
 use crate::{
@@ -32,7 +33,8 @@ pub(crate) struct Job {
     signaled: bool,
     /// RNR retries left (`None` = forever).
     rnr_left: Option<u8>,
-    next_try: Instant,
+    /// Not before this instant (`None`: at once).
+    next_try: Option<Instant>,
     /// When the peer first did not answer.
     retry_since: Option<Instant>,
 }
@@ -84,6 +86,68 @@ enum Outcome {
 
 type Seg = (*mut u8, usize);
 
+/// Up to [`MAX_SGE`] segments, on the stack.
+struct Segs {
+    seg: [Seg; MAX_SGE as usize],
+    n: usize,
+}
+
+impl Segs {
+    fn new() -> Segs {
+        Segs {
+            seg: [(std::ptr::null_mut(), 0); MAX_SGE as usize],
+            n: 0,
+        }
+    }
+
+    /// False when full (callers checked their SGE counts against `MAX_SGE` before).
+    #[must_use]
+    fn push(&mut self, s: Seg) -> bool {
+        let Some(slot) = self.seg.get_mut(self.n) else {
+            return false;
+        };
+        *slot = s;
+        self.n += 1;
+        true
+    }
+
+    fn as_slice(&self) -> &[Seg] {
+        &self.seg[..self.n]
+    }
+}
+
+/// The local side of a send WR.
+#[derive(Clone, Copy)]
+enum Local<'a> {
+    /// A queued WR's inline copy.
+    Copy(&'a [u8]),
+    /// Inline data executed at post time, read where it lies (checked, held in `Keep`).
+    Inline(&'a [Seg]),
+    /// SGEs, checked against their lkeys when the WR executes.
+    Sges(&'a [Sge]),
+}
+
+/// MR handles an operation used, dropped by the caller after its locks (dropping the last
+/// handle of an MR takes locks). The first few stay on the stack.
+#[derive(Debug, Default)]
+pub(crate) struct Keep {
+    few: [Option<Arc<SoftMr>>; 4],
+    n: usize,
+    more: Vec<Arc<SoftMr>>,
+}
+
+impl Keep {
+    fn push(&mut self, mr: Arc<SoftMr>) {
+        match self.few.get_mut(self.n) {
+            Some(slot) => {
+                *slot = Some(mr);
+                self.n += 1;
+            }
+            None => self.more.push(mr),
+        }
+    }
+}
+
 /// Copies from the gather list `src` into the scatter list `dst` until either ends.
 ///
 /// # Safety
@@ -111,6 +175,15 @@ unsafe fn scatter_gather(src: &[Seg], dst: &[Seg]) {
     }
 }
 
+/// The bytes of `segs`, copied (a WR's inline data when it has to wait in the queue).
+fn gather(segs: &[Seg]) -> Vec<u8> {
+    let mut data = vec![0u8; segs.iter().map(|s| s.1).sum()];
+    // SAFETY: every segment is valid for reads (checked inline SGEs whose MRs the caller
+    // holds); `data` is exactly as long as all of them.
+    unsafe { scatter_gather(segs, &[(data.as_mut_ptr(), data.len())]) };
+    data
+}
+
 impl SoftQp {
     pub(crate) fn post_send_impl(&self, wr: &SendWr<'_>) -> Result<()> {
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
@@ -133,7 +206,9 @@ impl SoftQp {
                 )));
             }
         }
-        let inline = if wr.inline {
+        let mut keep = Keep::default();
+        let mut inline = Segs::new();
+        if wr.inline {
             if total > u64::from(self.cap.max_inline_data) {
                 return Err(Error::InvalidArgument(format!(
                     "{total} inline bytes exceed max_inline_data {}",
@@ -143,11 +218,8 @@ impl SoftQp {
             if matches!(wr.op, WrOp::Read { .. }) {
                 return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
             }
-            Some(self.copy_inline(wr.sg_list)?)
-        } else {
-            None
-        };
-        let mut keep = Vec::new();
+            self.inline_segments(wr.sg_list, &mut inline, &mut keep)?;
+        }
         {
             let mut send = self.send.lock();
             if self.state() == QpState::Err {
@@ -159,33 +231,62 @@ impl SoftQp {
             if send.pending.len() >= self.cap.max_send_wr as usize {
                 return Err(Error::QueueFull("send queue (max_send_wr) full"));
             }
-            let rnr_retry = send.attr.rnr_retry;
-            send.pending.push_back(Job {
-                wr_id: wr.wr_id,
-                op: wr.op,
-                sges: if inline.is_some() {
-                    Vec::new()
+            // Nothing queued before it (state RTS: post_send refuses SQD and the state does not
+            // change under the send lock): execute it now, without building a job. Only a WR
+            // that has to wait or fails joins the queue.
+            let attempt = (send.pending.is_empty() && self.state() == QpState::Rts).then(|| {
+                let local = if wr.inline {
+                    Local::Inline(inline.as_slice())
                 } else {
-                    wr.sg_list.to_vec()
-                },
-                inline,
-                signaled: wr.signaled,
-                rnr_left: (rnr_retry != 7).then_some(rnr_retry),
-                next_try: Instant::now(),
-                retry_since: None,
+                    Local::Sges(wr.sg_list)
+                };
+                let mut slot = self.peer.lock();
+                self.execute(wr.op, local, &mut slot, &mut keep)
             });
-            if send.pending.len() == 1 {
-                self.run_pending(&mut send, &mut keep);
+            match attempt {
+                Some(Outcome::Done(len)) => {
+                    if wr.signaled {
+                        self.send_cq.push(Wc {
+                            byte_len: len as u32,
+                            ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
+                        });
+                    }
+                }
+                attempt => {
+                    let rnr_retry = send.attr.rnr_retry;
+                    send.pending.push_back(Job {
+                        wr_id: wr.wr_id,
+                        op: wr.op,
+                        sges: if wr.inline {
+                            Vec::new()
+                        } else {
+                            wr.sg_list.to_vec()
+                        },
+                        inline: wr.inline.then(|| gather(inline.as_slice())),
+                        signaled: wr.signaled,
+                        rnr_left: (rnr_retry != 7).then_some(rnr_retry),
+                        next_try: None,
+                        retry_since: None,
+                    });
+                    match attempt {
+                        // It failed, side effects done (an error completion for the peer):
+                        // as `run_pending` would, without executing it again.
+                        Some(Outcome::Fail(st)) => self.fail_locked(&mut send, Some(st)),
+                        // RNR or no answer, nothing happened: the queue takes it from here.
+                        Some(_) => self.run_pending(&mut send, &mut keep),
+                        None if send.pending.len() == 1 => self.run_pending(&mut send, &mut keep),
+                        None => {}
+                    }
+                }
             }
         }
         drop(keep); // MR handles, dropped outside the locks
         Ok(())
     }
 
-    /// Copies inline data at post time. The bytes must lie in memory registered on this
-    /// device (any key): the soft provider reads nothing it cannot vouch for.
-    fn copy_inline(&self, sges: &[Sge]) -> Result<Vec<u8>> {
-        let mut data = Vec::new();
+    /// Inline data at post time: the bytes must lie in memory registered on this device (any
+    /// key): the soft provider reads nothing it cannot vouch for. The MRs go to `keep`.
+    fn inline_segments(&self, sges: &[Sge], out: &mut Segs, keep: &mut Keep) -> Result<()> {
         for s in sges.iter().filter(|s| s.len > 0) {
             let len = u64::from(s.len);
             let mr = self
@@ -198,24 +299,25 @@ impl SoftQp {
                         .filter_map(std::sync::Weak::upgrade)
                         .find(|mr| mr.range(s.addr, len).is_some())
                 });
-            let Some(p) = mr.as_ref().and_then(|mr| mr.range(s.addr, len)) else {
+            let Some((mr, p)) = mr.and_then(|mr| mr.range(s.addr, len).map(|p| (mr, p))) else {
                 return Err(Error::InvalidArgument(format!(
                     "inline SGE {:#x}+{} is not in memory registered on this device",
                     s.addr, s.len
                 )));
             };
-            let at = data.len();
-            data.resize(at + s.len as usize, 0);
-            // SAFETY: `p` points to `len` bytes inside a live MR (held by `mr`); `data` has
-            // room for them at `at`.
-            unsafe { std::ptr::copy(p, data.as_mut_ptr().add(at), s.len as usize) };
+            keep.push(mr);
+            if !out.push((p, s.len as usize)) {
+                return Err(Error::InvalidArgument(format!(
+                    "more than {MAX_SGE} inline SGEs"
+                )));
+            }
         }
-        Ok(data)
+        Ok(())
     }
 
     /// Progress thread: an RNR or retry timer expired, a peer attached or died.
     pub(crate) fn on_timer(&self) {
-        let mut keep = Vec::new();
+        let mut keep = Keep::default();
         {
             let mut send = self.send.lock();
             if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
@@ -233,7 +335,7 @@ impl SoftQp {
 
     /// Executes outstanding WRs in order until one has to wait. In SQD the WRs already posted
     /// still execute (the send queue drains); once none is left, SQ_DRAINED is raised.
-    pub(crate) fn run_pending(&self, send: &mut SendSide, keep: &mut Vec<Arc<SoftMr>>) {
+    pub(crate) fn run_pending(&self, send: &mut SendSide, keep: &mut Keep) {
         let attr = send.attr;
         loop {
             if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
@@ -243,14 +345,17 @@ impl SoftQp {
                 self.note_drained(send);
                 return;
             };
-            let now = Instant::now();
-            if job.next_try > now {
-                self.dev.schedule(job.next_try, self.me.clone());
+            if let Some(at) = job.next_try.filter(|&at| at > Instant::now()) {
+                self.dev.schedule(at, self.me.clone());
                 return;
             }
             let outcome = {
+                let local = match &job.inline {
+                    Some(d) => Local::Copy(d),
+                    None => Local::Sges(&job.sges),
+                };
                 let mut slot = self.peer.lock();
-                self.execute(job, &mut slot, keep)
+                self.execute(job.op, local, &mut slot, keep)
             };
             let fail = match outcome {
                 Outcome::Done(len) => {
@@ -267,27 +372,29 @@ impl SoftQp {
                     Some(0) => WcStatus::RnrRetryExcErr,
                     left => {
                         job.rnr_left = left.map(|n| n - 1);
-                        job.next_try = now + rnr_delay(attr.min_rnr_timer);
-                        self.dev.schedule(job.next_try, self.me.clone());
+                        let at = Instant::now() + rnr_delay(attr.min_rnr_timer);
+                        job.next_try = Some(at);
+                        self.dev.schedule(at, self.me.clone());
                         return;
                     }
                 },
                 Outcome::NoAnswer => {
+                    let now = Instant::now();
                     let since = *job.retry_since.get_or_insert(now);
-                    match give_up_after(attr.timeout, attr.retry_cnt) {
-                        Some(limit) if now >= since + limit => WcStatus::RetryExcErr,
+                    let at = match give_up_after(attr.timeout, attr.retry_cnt) {
+                        Some(limit) if now >= since + limit => {
+                            self.fail_locked(send, Some(WcStatus::RetryExcErr));
+                            return;
+                        }
                         Some(limit) => {
                             let step = ack_timeout(attr.timeout).unwrap_or(IDLE_RETRY);
-                            job.next_try = (now + step).min(since + limit);
-                            self.dev.schedule(job.next_try, self.me.clone());
-                            return;
+                            (now + step).min(since + limit)
                         }
-                        None => {
-                            job.next_try = now + IDLE_RETRY;
-                            self.dev.schedule(job.next_try, self.me.clone());
-                            return;
-                        }
-                    }
+                        None => now + IDLE_RETRY,
+                    };
+                    job.next_try = Some(at);
+                    self.dev.schedule(at, self.me.clone());
+                    return;
                 }
                 Outcome::Fail(st) => st,
             };
@@ -296,32 +403,41 @@ impl SoftQp {
         }
     }
 
-    /// Local SGEs as pointers, each checked against its lkey's MR (same PD, `need` access).
+    /// Local SGEs as pointers into `out`, each checked against its lkey's MR (same PD, `need`
+    /// access).
     fn local_segments(
         &self,
         sges: &[Sge],
         need: Access,
-        keep: &mut Vec<Arc<SoftMr>>,
-    ) -> Option<Vec<Seg>> {
-        let mut out = Vec::with_capacity(sges.len());
+        out: &mut Segs,
+        keep: &mut Keep,
+    ) -> Option<()> {
         for s in sges.iter().filter(|s| s.len > 0) {
             let mr = self.dev.lookup_mr(s.lkey)?;
             if mr.pd.id != self.pd.id || !mr.access.contains(need) {
                 return None;
             }
-            out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize));
+            if !out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize)) {
+                return None;
+            }
             keep.push(mr);
         }
-        Some(out)
+        Some(())
     }
 
-    /// One attempt at `job`.
-    fn execute(&self, job: &Job, slot: &mut Option<Peer>, keep: &mut Vec<Arc<SoftMr>>) -> Outcome {
+    /// One attempt at a WR.
+    fn execute(
+        &self,
+        op: WrOp,
+        local: Local<'_>,
+        slot: &mut Option<Peer>,
+        keep: &mut Keep,
+    ) -> Outcome {
         if self.peer_dead.load(Ordering::SeqCst) {
             return Outcome::NoAnswer;
         }
         let consumes_recv = matches!(
-            job.op,
+            op,
             WrOp::Send | WrOp::SendWithImm(_) | WrOp::WriteWithImm { .. }
         );
         let Some(peer) = slot.as_mut() else {
@@ -335,26 +451,29 @@ impl SoftQp {
         if peer.ring.recv_cons().load(Ordering::Acquire) & ERR_BIT != 0 {
             return Outcome::NoAnswer; // peer QP in ERR or destroyed: it drops our packets
         }
-        let local_need = if matches!(job.op, WrOp::Read { .. }) {
+        let local_need = if matches!(op, WrOp::Read { .. }) {
             Access::LOCAL_WRITE
         } else {
             Access(0)
         };
-        let mut inline_seg = [(std::ptr::null_mut(), 0)];
-        let local: Vec<Seg> = match &job.inline {
-            Some(d) => {
-                inline_seg[0] = (d.as_ptr().cast_mut(), d.len());
-                inline_seg.to_vec()
+        let mut segs = Segs::new();
+        let local: &[Seg] = match local {
+            Local::Copy(d) => {
+                if !segs.push((d.as_ptr().cast_mut(), d.len())) {
+                    return Outcome::Fail(WcStatus::LocProtErr);
+                }
+                segs.as_slice()
             }
-            None => match self.local_segments(&job.sges, local_need, keep) {
-                Some(v) => v,
+            Local::Inline(s) => s,
+            Local::Sges(sges) => match self.local_segments(sges, local_need, &mut segs, keep) {
+                Some(()) => segs.as_slice(),
                 None => return Outcome::Fail(WcStatus::LocProtErr),
             },
         };
         let total: u64 = local.iter().map(|s| s.1 as u64).sum();
-        match job.op {
-            WrOp::Send => self.deliver(peer, &local, total, None, None),
-            WrOp::SendWithImm(imm) => self.deliver(peer, &local, total, Some(imm), None),
+        match op {
+            WrOp::Send => self.deliver(peer, local, total, None, None),
+            WrOp::SendWithImm(imm) => self.deliver(peer, local, total, Some(imm), None),
             WrOp::Write { remote_addr, rkey }
             | WrOp::WriteWithImm {
                 remote_addr, rkey, ..
@@ -363,13 +482,14 @@ impl SoftQp {
                     Ok(p) => p,
                     Err(st) => return Outcome::Fail(st),
                 };
-                if let WrOp::WriteWithImm { imm, .. } = job.op {
-                    return self.deliver(peer, &local, total, Some(imm), Some(dst));
+                if let WrOp::WriteWithImm { imm, .. } = op {
+                    return self.deliver(peer, local, total, Some(imm), Some(dst));
                 }
-                // SAFETY: `local` lies in live local MRs (held in `keep`) or the inline copy;
+                // SAFETY: `local` lies in live local MRs (held in `keep`; inline data read in
+                // place too) or in a queued WR's inline copy;
                 // `dst` is `total` bytes inside our mapping of the peer's region (held by
                 // `peer`, which stays locked).
-                unsafe { scatter_gather(&local, &[(dst, total as usize)]) };
+                unsafe { scatter_gather(local, &[(dst, total as usize)]) };
                 Outcome::Done(total)
             }
             WrOp::Read { remote_addr, rkey } => {
@@ -378,7 +498,7 @@ impl SoftQp {
                     Err(st) => return Outcome::Fail(st),
                 };
                 // SAFETY: as for WRITE, in the other direction.
-                unsafe { scatter_gather(&[(src, total as usize)], &local) };
+                unsafe { scatter_gather(&[(src, total as usize)], local) };
                 Outcome::Done(total)
             }
         }
@@ -395,13 +515,12 @@ impl SoftQp {
         imm: Option<u32>,
         write_to: Option<*mut u8>,
     ) -> Outcome {
-        let ring = peer.ring.clone();
-        let cap = u64::from(ring.layout.cap);
-        let cons = ring.recv_cons().load(Ordering::Acquire);
+        let cap = u64::from(peer.ring.layout.cap);
+        let cons = peer.ring.recv_cons().load(Ordering::Acquire);
         if cons & ERR_BIT != 0 {
             return Outcome::NoAnswer;
         }
-        let prod = ring.recv_prod().load(Ordering::Acquire);
+        let prod = peer.ring.recv_prod().load(Ordering::Acquire);
         if cons != peer.recv_cons || prod < cons || prod - cons > cap {
             tracing::warn!(
                 "soft QP {:#x}: peer's receive ring indices are impossible",
@@ -409,7 +528,7 @@ impl SoftQp {
             );
             return Outcome::Fail(WcStatus::RemOpErr);
         }
-        let low_water = ring.low_water().load(Ordering::Relaxed);
+        let low_water = peer.ring.low_water().load(Ordering::Relaxed);
         if prod == cons {
             if low_water > 0
                 && let Some(r) = &peer.refill
@@ -418,7 +537,7 @@ impl SoftQp {
             }
             return Outcome::Rnr;
         }
-        let comp_cons = ring.comp_cons().load(Ordering::Acquire);
+        let comp_cons = peer.ring.comp_cons().load(Ordering::Acquire);
         if comp_cons > peer.comp_prod || peer.comp_prod - comp_cons >= cap {
             tracing::warn!(
                 "soft QP {:#x}: peer's completion ring indices are impossible",
@@ -426,29 +545,34 @@ impl SoftQp {
             );
             return Outcome::Fail(WcStatus::RemOpErr);
         }
-        let mut wqe = Vec::new();
-        if ring.read_wqe(cons, &mut wqe).is_none() {
+        let mut wqe = [RawSge::default(); MAX_SGE as usize];
+        let Some(nsge) = peer.ring.read_wqe(cons, &mut wqe) else {
             return Outcome::Fail(WcStatus::RemOpErr);
-        }
+        };
+        let wqe = &wqe[..nsge];
         // Where the payload goes, or why the receiver and we fail.
-        let mut dst: Vec<Seg> = Vec::new();
+        let mut dst = Segs::new();
         let mut verdict: Option<(WcStatus, WcStatus)> = None; // (receiver, sender)
         match write_to {
-            Some(p) => dst.push((p, total as usize)),
+            Some(p) => {
+                // One segment always fits.
+                let _ = dst.push((p, total as usize));
+            }
             None => {
                 let room: u64 = wqe.iter().map(|s| u64::from(s.len)).sum();
                 if total > room {
                     verdict = Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr));
                 } else {
                     let mut left = total;
-                    for s in &wqe {
+                    for s in wqe {
                         if left == 0 {
                             break;
                         }
                         let take = left.min(u64::from(s.len));
                         match peer.resolve(s.key, s.addr, take, Access::LOCAL_WRITE) {
-                            Ok(p) => dst.push((p, take as usize)),
-                            Err(_) => {
+                            // At most MAX_SGE: `read_wqe` checked the count.
+                            Ok(p) if dst.push((p, take as usize)) => {}
+                            _ => {
                                 verdict = Some((WcStatus::LocProtErr, WcStatus::RemOpErr));
                                 break;
                             }
@@ -459,10 +583,12 @@ impl SoftQp {
             }
         }
         // Claim the WQE; only the owner's ERR bit may have changed the index meanwhile.
-        if let Err(now) =
-            ring.recv_cons()
-                .compare_exchange(cons, cons + 1, Ordering::AcqRel, Ordering::Acquire)
-        {
+        if let Err(now) = peer.ring.recv_cons().compare_exchange(
+            cons,
+            cons + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             return if now & ERR_BIT != 0 {
                 Outcome::NoAnswer
             } else {
@@ -480,7 +606,7 @@ impl SoftQp {
             // SAFETY: `src` lies in live local MRs or the inline copy; every `dst` segment was
             // checked against an MR the peer announced and lies inside our mapping of its
             // region (held by `peer`, which stays locked).
-            unsafe { scatter_gather(src, &dst) };
+            unsafe { scatter_gather(src, dst.as_slice()) };
         }
         let (rx_status, tx) = match verdict {
             Some((rx, tx)) => (rx, Some(tx)),
@@ -491,7 +617,7 @@ impl SoftQp {
         } else {
             WcOpcode::Recv
         };
-        ring.write_comp(
+        peer.ring.write_comp(
             peer.comp_prod,
             RawComp {
                 opcode: opcode as u32,
@@ -501,10 +627,13 @@ impl SoftQp {
             },
         );
         peer.comp_prod += 1;
-        ring.comp_prod().store(peer.comp_prod, Ordering::Release);
+        peer.ring
+            .comp_prod()
+            .store(peer.comp_prod, Ordering::Release);
         // Dekker with the consumer's arm(): it sets `armed`, fences, re-checks the ring.
         fence(Ordering::SeqCst);
-        if ring.armed().swap(0, Ordering::SeqCst) != 0 {
+        let armed = peer.ring.armed();
+        if armed.load(Ordering::Relaxed) != 0 && armed.swap(0, Ordering::SeqCst) != 0 {
             peer.doorbell.signal();
         }
         match tx {
