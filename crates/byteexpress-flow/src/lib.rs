@@ -2,7 +2,8 @@
 //! (pure, no I/O).
 //!
 //! - [`credit`]: receiver-granted credits for an RDMA RC link, so a sender never posts a SEND
-//!   the receiver has no buffer for (no RNR).
+//!   the receiver has no buffer for (no RNR); send-queue slots and CQ entries
+//!   ([`credit::QueueBudget`]), the second and third credits of a SEND.
 //! - [`window`]: bytes posted and not yet completed, capped per QP and per device; static
 //!   (bandwidth × RTT) or adaptive (delay-based AIMD in the spirit of Swift/Timely).
 //! - [`sched`]: deficit round robin of many logical connections over one QP's credits and

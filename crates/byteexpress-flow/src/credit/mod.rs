@@ -63,16 +63,28 @@
 //! update (rule 5); Y returns a data credit only after re-posting a data buffer and the slot only
 //! after re-posting the slot buffer, so a SEND from X always finds a posted receive at Y.
 //!
-//! These properties are checked by the model-based proptests in `tests/credit_model.rs`.
+//! # Send-queue slots and CQ entries: the second and third credits
+//! A SEND needs a receiver credit **and** a free send-queue slot, whose CQ entry must also be
+//! free ([`QueueBudget`]): the gate of a data SEND is `credits.can_send() &&
+//! queues.can_post_send()`, and of a `CREDIT_UPDATE` `queues.can_post_send()` before
+//! [`Credits::poll_update`] (which commits the update). Slots return when the send's
+//! completion is polled, credits when the peer's message returning them is polled; the two
+//! arrive in either order, and each count moves only on its own event.
+//!
+//! These properties are checked by the model-based proptests in `tests/credit_model.rs`,
+//! whose two endpoints have bounded send queues and one CQ each, and whose CQEs arrive in
+//! random orders.
 
 mod config;
 mod error;
 mod piggyback;
+mod queues;
 mod state;
 mod stats;
 
 pub use config::CreditConfig;
 pub use error::CreditError;
 pub use piggyback::{MsgKind, Piggyback};
+pub use queues::{QueueBudget, QueueConfig, QueueError};
 pub use state::Credits;
 pub use stats::CreditStats;
