@@ -5,6 +5,7 @@
 //! returns) for later ones, and deregistration is announced on drop.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -102,6 +103,10 @@ impl SoftPd {
     /// Refuses receive SGEs in user memory (`reg_user`): the peer writes receives straight into
     /// our memory through its mapping of it, which user memory does not have.
     pub(crate) fn check_recv_sges(&self, sges: &[crate::Sge]) -> Result<()> {
+        // Counted before a user MR is published, so an MR whose key the caller holds counts.
+        if self.dev.user_mrs.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
         for s in sges {
             if self.dev.lookup_mr(s.lkey).is_some_and(|mr| mr.is_user()) {
                 return Err(Error::Unsupported(format!(
@@ -217,6 +222,7 @@ impl Drop for SoftMr {
     fn drop(&mut self) {
         self.pd.dev.mrs.write().remove(&self.key);
         if self.is_user() {
+            self.pd.dev.user_mrs.fetch_sub(1, Ordering::AcqRel);
             return; // never announced
         }
         let mut st = self.pd.state.lock();
@@ -332,6 +338,7 @@ impl PdImpl for SoftPd {
             addr: region.as_ptr() as u64,
             access,
         });
+        self.dev.user_mrs.fetch_add(1, Ordering::AcqRel);
         self.dev.mrs.write().insert(mr.key, Arc::downgrade(&mr));
         Ok(mr)
     }

@@ -14,7 +14,7 @@ use super::wire::Msg;
 use crate::Access;
 
 /// An MR the peer announced.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct RemoteMr {
     region: Arc<Mapping>,
     offset: u64,
@@ -48,6 +48,8 @@ pub(crate) struct Peer {
     chan: Arc<Sock>,
     regions: HashMap<u64, Arc<Mapping>>,
     mrs: HashMap<u32, RemoteMr>,
+    /// The MR `resolve` found last, by key (cleared whenever an announcement is applied).
+    last: Option<(u32, RemoteMr)>,
     /// Our private copies of the indices only we advance in the peer's ring.
     pub(crate) recv_cons: u64,
     pub(crate) comp_prod: u64,
@@ -76,6 +78,7 @@ impl Peer {
             chan,
             regions: HashMap::new(),
             mrs: HashMap::new(),
+            last: None,
             recv_cons: 0,
             comp_prod: 0,
             applied: 0,
@@ -106,6 +109,7 @@ impl Peer {
     }
 
     fn apply(&mut self, b: &[u8], fds: Vec<OwnedFd>) {
+        self.last = None;
         let Some(msg) = Msg::decode(b).filter(|m| m.fds() == fds.len()) else {
             tracing::warn!(
                 "soft: malformed announcement from peer QP {:#x} ignored",
@@ -177,16 +181,24 @@ impl Peer {
         len: u64,
         need: Access,
     ) -> Result<*mut u8, Fault> {
-        if !self.mrs.contains_key(&key)
-            || self
-                .ring
-                .announced()
-                .load(std::sync::atomic::Ordering::Acquire)
-                != self.applied
+        if self
+            .ring
+            .announced()
+            .load(std::sync::atomic::Ordering::Acquire)
+            != self.applied
         {
             self.pump();
         }
-        let mr = self.mrs.get(&key).ok_or(Fault::Key)?;
+        if self.last.as_ref().is_none_or(|(k, _)| *k != key) {
+            if !self.mrs.contains_key(&key) {
+                self.pump();
+            }
+            let mr = self.mrs.get(&key).ok_or(Fault::Key)?;
+            self.last = Some((key, mr.clone()));
+        }
+        let Some((_, mr)) = &self.last else {
+            return Err(Fault::Key);
+        };
         if !mr.access.contains(need) {
             return Err(Fault::Access);
         }
