@@ -53,6 +53,11 @@ pub(crate) struct Peer {
     /// Our private copies of the indices only we advance in the peer's ring.
     pub(crate) recv_cons: u64,
     pub(crate) comp_prod: u64,
+    /// The peer's indices as we last read (and checked) them: `recv_prod` is read again only
+    /// when the ring looks empty, `comp_cons` only when the completion ring looks full, so in
+    /// the steady state the cache lines the peer writes for them stay in its cache.
+    pub(crate) recv_prod_seen: u64,
+    pub(crate) comp_cons_seen: u64,
     /// Announcements received (compared with the peer's `announced` counter).
     applied: u64,
     eof: bool,
@@ -81,6 +86,8 @@ impl Peer {
             last: None,
             recv_cons: 0,
             comp_prod: 0,
+            recv_prod_seen: 0,
+            comp_cons_seen: 0,
             applied: 0,
             eof: false,
         }

@@ -520,7 +520,14 @@ impl SoftQp {
         if cons & ERR_BIT != 0 {
             return Outcome::NoAnswer;
         }
-        let prod = peer.ring.recv_prod().load(Ordering::Acquire);
+        let low_water = peer.ring.low_water().load(Ordering::Relaxed);
+        // WQEs below a producer index we read (Acquire) were published before it; one read
+        // earlier still bounds what we may claim (only we advance `cons`, never past it).
+        // SRQ-fed rings (low water set) are always read afresh: the refill signal needs it.
+        let mut prod = peer.recv_prod_seen;
+        if cons == peer.recv_cons && (prod == cons || low_water > 0) {
+            prod = peer.ring.recv_prod().load(Ordering::Acquire);
+        }
         if cons != peer.recv_cons || prod < cons || prod - cons > cap {
             tracing::warn!(
                 "soft QP {:#x}: peer's receive ring indices are impossible",
@@ -528,7 +535,7 @@ impl SoftQp {
             );
             return Outcome::Fail(WcStatus::RemOpErr);
         }
-        let low_water = peer.ring.low_water().load(Ordering::Relaxed);
+        peer.recv_prod_seen = prod;
         if prod == cons {
             if low_water > 0
                 && let Some(r) = &peer.refill
@@ -537,13 +544,18 @@ impl SoftQp {
             }
             return Outcome::Rnr;
         }
-        let comp_cons = peer.ring.comp_cons().load(Ordering::Acquire);
-        if comp_cons > peer.comp_prod || peer.comp_prod - comp_cons >= cap {
-            tracing::warn!(
-                "soft QP {:#x}: peer's completion ring indices are impossible",
-                self.qpn
-            );
-            return Outcome::Fail(WcStatus::RemOpErr);
+        // Slot `comp_prod` is free once the peer consumed completion `comp_prod - cap`: read
+        // its consumer index (Acquire) only when the last value read does not show that.
+        if peer.comp_prod - peer.comp_cons_seen >= cap {
+            let comp_cons = peer.ring.comp_cons().load(Ordering::Acquire);
+            if comp_cons > peer.comp_prod || peer.comp_prod - comp_cons >= cap {
+                tracing::warn!(
+                    "soft QP {:#x}: peer's completion ring indices are impossible",
+                    self.qpn
+                );
+                return Outcome::Fail(WcStatus::RemOpErr);
+            }
+            peer.comp_cons_seen = comp_cons;
         }
         let mut wqe = [RawSge::default(); MAX_SGE as usize];
         let Some(nsge) = peer.ring.read_wqe(cons, &mut wqe) else {
