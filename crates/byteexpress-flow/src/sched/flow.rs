@@ -13,7 +13,7 @@ use super::MsgId;
 /// "No slot": the end of a round, or an empty round.
 pub(super) const NIL: u32 = u32::MAX;
 
-/// A queued message, partly sent.
+/// A queued message, partly sent. `len == 0` marks "none" (messages have at least 1 byte).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pending {
     pub(super) id: MsgId,
@@ -23,11 +23,26 @@ pub(super) struct Pending {
     pub(super) sent: u64,
 }
 
-/// One connection's queue in one class. It is in its class's round exactly when its queue is
-/// non-empty.
+impl Default for Pending {
+    /// None: `len == 0`.
+    fn default() -> Self {
+        Self {
+            id: MsgId(0),
+            len: 0,
+            sent: 0,
+        }
+    }
+}
+
+/// One connection's queue in one class: its head message inline (what DRR looks at on every
+/// grant, one load from the slab entry), the messages behind it in a `VecDeque`. It is in its
+/// class's round exactly when it is non-empty.
 #[derive(Debug)]
 pub(super) struct Flow {
-    pub(super) queue: VecDeque<Pending>,
+    /// The head message; `len == 0` when the queue is empty.
+    pub(super) head: Pending,
+    /// The messages behind the head, in FIFO order.
+    pub(super) rest: VecDeque<Pending>,
     /// DRR deficit (bytes); 0 outside the round.
     pub(super) deficit: u64,
     /// Next slot in the round ([`NIL`] at the tail or outside the round).
@@ -37,18 +52,61 @@ pub(super) struct Flow {
 impl Default for Flow {
     fn default() -> Self {
         Self {
-            queue: VecDeque::new(),
+            head: Pending::default(),
+            rest: VecDeque::new(),
             deficit: 0,
             next: NIL,
         }
     }
 }
 
-/// A connection slot; `generation` tells reuses apart.
+impl Flow {
+    /// Whether nothing is queued.
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.head.len == 0
+    }
+
+    /// Appends a message; `true` when the queue was empty (the flow joins its round).
+    #[inline]
+    pub(super) fn push(&mut self, msg: Pending) -> bool {
+        if self.head.len == 0 {
+            self.head = msg;
+            true
+        } else {
+            self.rest.push_back(msg);
+            false
+        }
+    }
+
+    /// Drops the head message (fully granted); `true` when the queue is now empty.
+    #[inline]
+    pub(super) fn pop(&mut self) -> bool {
+        match self.rest.pop_front() {
+            Some(next) => {
+                self.head = next;
+                false
+            }
+            None => {
+                self.head.len = 0;
+                true
+            }
+        }
+    }
+
+    /// Queued messages, head first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Pending> {
+        let head = (!self.is_empty()).then_some(&self.head);
+        head.into_iter().chain(self.rest.iter())
+    }
+}
+
+/// A connection slot. `generation` tells reuses apart: `open` hands out the slot's current
+/// generation and `close` bumps it, so exactly the [`ConnId`](super::ConnId) of the latest
+/// `open` of an open slot matches (a closed slot's generation was never handed out).
 #[derive(Debug, Default)]
 pub(super) struct Slot {
     pub(super) generation: u32,
-    pub(super) open: bool,
     pub(super) flows: [Flow; 2],
 }
 
@@ -59,8 +117,6 @@ pub(super) struct Slot {
 pub(super) struct Round {
     pub(super) head: u32,
     pub(super) tail: u32,
-    /// Connections in the round.
-    pub(super) len: u32,
     /// Unsent bytes queued in this class (bytes).
     pub(super) backlog: u64,
 }
@@ -70,7 +126,6 @@ impl Default for Round {
         Self {
             head: NIL,
             tail: NIL,
-            len: 0,
             backlog: 0,
         }
     }
@@ -94,7 +149,6 @@ impl Round {
             slots[self.tail as usize].flows[c].next = slot;
         }
         self.tail = slot;
-        self.len += 1;
     }
 
     /// Ends the head's turn, moving it to the back; the new head starts its turn.
@@ -116,12 +170,22 @@ impl Round {
     pub(super) fn leave_head(&mut self, slots: &mut [Slot], c: usize, quantum: u64) {
         let next = std::mem::replace(&mut slots[self.head as usize].flows[c].next, NIL);
         self.head = next;
-        self.len -= 1;
         if next == NIL {
             self.tail = NIL;
         } else {
             slots[next as usize].flows[c].deficit += quantum;
         }
+    }
+
+    /// Connections in the round: O(connections in the round).
+    pub(super) fn len(&self, slots: &[Slot], c: usize) -> usize {
+        let mut n = 0;
+        let mut at = self.head;
+        while at != NIL {
+            n += 1;
+            at = slots[at as usize].flows[c].next;
+        }
+        n
     }
 
     /// Removes `slot` wherever it is (connection closed): O(connections in the round).
@@ -139,7 +203,6 @@ impl Round {
                 if self.tail == slot {
                     self.tail = prev;
                 }
-                self.len -= 1;
                 return;
             }
             prev = next;

@@ -48,11 +48,9 @@ impl Scheduler {
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 connections")
             }
         };
-        let s = &mut self.slots[slot as usize];
-        s.open = true;
         ConnId {
             slot,
-            generation: s.generation,
+            generation: self.slots[slot as usize].generation,
         }
     }
 
@@ -68,17 +66,16 @@ impl Scheduler {
         for class in Class::ALL {
             let c = class.index();
             let round = &mut self.rounds[c];
-            if !self.slots[conn.slot as usize].flows[c].queue.is_empty() {
+            if !self.slots[conn.slot as usize].flows[c].is_empty() {
                 round.remove(&mut self.slots, c, conn.slot, quantum);
             }
             let flow = std::mem::take(&mut self.slots[conn.slot as usize].flows[c]);
-            let bytes: u64 = flow.queue.iter().map(|p| p.len - p.sent).sum();
-            dropped.messages += flow.queue.len() as u64;
+            let bytes: u64 = flow.iter().map(|p| p.len - p.sent).sum();
+            dropped.messages += flow.iter().count() as u64;
             dropped.bytes += bytes;
             round.backlog -= bytes;
         }
         let slot = &mut self.slots[conn.slot as usize];
-        slot.open = false;
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(conn.slot);
         Ok(dropped)
@@ -97,9 +94,8 @@ impl Scheduler {
         }
         let id = MsgId(self.next_msg);
         let c = class.index();
-        let queue = &mut slot_mut(&mut self.slots, conn)?.flows[c].queue;
-        let joins = queue.is_empty();
-        queue.push_back(Pending { id, len, sent: 0 });
+        let flow = &mut slot_mut(&mut self.slots, conn)?.flows[c];
+        let joins = flow.push(Pending { id, len, sent: 0 });
         let round = &mut self.rounds[c];
         if joins {
             round.push_back(&mut self.slots, c, conn.slot, self.cfg.quantum().into());
@@ -143,45 +139,40 @@ impl Scheduler {
         let round = &mut self.rounds[c];
         // The head's quantum for this turn is already in its deficit. If its head chunk does
         // not fit, the next connection's turn starts with a deficit of at least
-        // quantum >= max_chunk, so its head chunk fits: at most one rotation.
+        // quantum >= max_chunk, so its head chunk fits: at most one rotation. A connection in
+        // the round has a head message (len >= 1).
         let mut slot = round.head;
         let mut flow = &self.slots[slot as usize].flows[c];
-        let mut head = flow.queue.front()?;
-        let mut chunk = Chunks::at(head.len, head.sent, max_chunk);
+        let mut chunk = Chunks::at(flow.head.len, flow.head.sent, max_chunk);
         if u64::from(chunk.len) > flow.deficit {
             round.rotate(&mut self.slots, c, quantum);
             slot = round.head;
             flow = &self.slots[slot as usize].flows[c];
-            head = flow.queue.front()?;
-            chunk = Chunks::at(head.len, head.sent, max_chunk);
+            chunk = Chunks::at(flow.head.len, flow.head.sent, max_chunk);
         }
         if !can_send(chunk.len) {
             return None;
         }
         let s = &mut self.slots[slot as usize];
         let flow = &mut s.flows[c];
-        let head = flow.queue.front_mut()?;
         let grant = Grant {
             conn: ConnId {
                 slot,
                 generation: s.generation,
             },
             class,
-            msg: head.id,
+            msg: flow.head.id,
             offset: chunk.offset,
             len: chunk.len,
             last: chunk.last,
         };
         let len = u64::from(chunk.len);
-        head.sent += len;
+        flow.head.sent += len;
         flow.deficit -= len;
         round.backlog -= len;
-        if chunk.last {
-            flow.queue.pop_front();
-            if flow.queue.is_empty() {
-                flow.deficit = 0;
-                round.leave_head(&mut self.slots, c, quantum);
-            }
+        if chunk.last && flow.pop() {
+            flow.deficit = 0;
+            round.leave_head(&mut self.slots, c, quantum);
         }
         Some(grant)
     }
@@ -191,9 +182,9 @@ impl Scheduler {
         self.rounds[class.index()].backlog
     }
 
-    /// Connections with queued messages in `class`.
+    /// Connections with queued messages in `class` (walks the round: O(that number)).
     pub fn backlogged(&self, class: Class) -> usize {
-        self.rounds[class.index()].len as usize
+        self.rounds[class.index()].len(&self.slots, class.index())
     }
 
     /// Whether nothing is queued in any class.
@@ -204,18 +195,14 @@ impl Scheduler {
     /// Unsent bytes queued on `conn` in `class` (unit: bytes); 0 for an unknown connection.
     pub fn queued_bytes(&self, conn: ConnId, class: Class) -> u64 {
         self.slot(conn).map_or(0, |s| {
-            s.flows[class.index()]
-                .queue
-                .iter()
-                .map(|p| p.len - p.sent)
-                .sum()
+            s.flows[class.index()].iter().map(|p| p.len - p.sent).sum()
         })
     }
 
     fn slot(&self, conn: ConnId) -> Option<&Slot> {
         self.slots
             .get(conn.slot as usize)
-            .filter(|s| s.open && s.generation == conn.generation)
+            .filter(|s| s.generation == conn.generation)
     }
 }
 
@@ -224,6 +211,6 @@ impl Scheduler {
 fn slot_mut(slots: &mut [Slot], conn: ConnId) -> Result<&mut Slot, SchedError> {
     slots
         .get_mut(conn.slot as usize)
-        .filter(|s| s.open && s.generation == conn.generation)
+        .filter(|s| s.generation == conn.generation)
         .ok_or(SchedError::UnknownConn(conn))
 }
