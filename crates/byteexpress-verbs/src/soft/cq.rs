@@ -204,7 +204,7 @@ impl SoftCq {
 
     /// Drops the rings of dropped QPs from the snapshot.
     fn prune(&self, st: &mut Locked) {
-        if self.qp_gone.swap(false, Ordering::AcqRel) {
+        if self.qp_gone.load(Ordering::Acquire) && self.qp_gone.swap(false, Ordering::AcqRel) {
             let v: Vec<Arc<Inbound>> = st
                 .inbound
                 .iter()

@@ -171,21 +171,21 @@ impl Ring {
         }
     }
 
-    /// Peer: reads WQE `seq` into the front of `out`; returns its SGE count, `None` when that
-    /// exceeds the layout or `out`.
-    pub(crate) fn read_wqe(&self, seq: u64, out: &mut [RawSge]) -> Option<usize> {
+    /// Peer: reads WQE `seq`, handing its SGEs to `out`; returns their count, `None` (and
+    /// nothing handed) when it exceeds the layout.
+    pub(crate) fn read_wqe(&self, seq: u64, mut out: impl FnMut(RawSge)) -> Option<usize> {
         let off = self.layout.wqe_off(seq);
         let n = self.map.u32_at(off).load(Ordering::Relaxed);
-        if n > self.layout.max_sge || n as usize > out.len() {
+        if n > self.layout.max_sge {
             return None;
         }
-        for (i, slot) in out.iter_mut().take(n as usize).enumerate() {
+        for i in 0..n as usize {
             let o = off + WQE_HDR + i * SGE;
-            *slot = RawSge {
+            out(RawSge {
                 addr: self.map.u64_at(o).load(Ordering::Relaxed),
                 len: self.map.u32_at(o + 8).load(Ordering::Relaxed),
                 key: self.map.u32_at(o + 12).load(Ordering::Relaxed),
-            };
+            });
         }
         Some(n as usize)
     }
@@ -233,7 +233,6 @@ mod tests {
         let layout = Layout { cap: 3, max_sge: 2 };
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map, layout).unwrap();
-        let mut out = [RawSge::default(); 2];
         for seq in 0..7u64 {
             let s = [
                 RawSge {
@@ -248,8 +247,10 @@ mod tests {
                 },
             ];
             ring.write_wqe(seq, &s[..(seq as usize % 2) + 1]);
-            let n = ring.read_wqe(seq, &mut out).unwrap();
-            assert_eq!(&out[..n], &s[..(seq as usize % 2) + 1]);
+            let mut out = Vec::new();
+            let n = ring.read_wqe(seq, |s| out.push(s)).unwrap();
+            assert_eq!(n, out.len());
+            assert_eq!(out, &s[..(seq as usize % 2) + 1]);
             let c = RawComp {
                 opcode: 128,
                 status: 0,
@@ -267,7 +268,7 @@ mod tests {
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map.clone(), layout).unwrap();
         map.u32_at(HDR).store(1000, Ordering::Relaxed);
-        assert!(ring.read_wqe(0, &mut [RawSge::default(); 16]).is_none());
+        assert!(ring.read_wqe(0, |_| ()).is_none());
         assert!(
             Ring::new(
                 map,

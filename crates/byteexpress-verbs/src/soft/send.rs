@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
-use super::limits::MAX_SGE;
 use super::pd::SoftMr;
 use super::peer::Peer;
 use super::qp::SoftQp;
@@ -86,34 +85,53 @@ enum Outcome {
 
 type Seg = (*mut u8, usize);
 
-/// Up to [`MAX_SGE`] segments, on the stack.
-struct Segs {
-    seg: [Seg; MAX_SGE as usize],
+/// A short list: the first [`FEW`] items on the stack, more (a WR with several SGEs) on the
+/// heap. Callers bound the length by SGE counts checked against the device limits.
+struct Few<T> {
+    few: [T; FEW],
     n: usize,
+    more: Vec<T>,
 }
 
-impl Segs {
-    fn new() -> Segs {
-        Segs {
-            seg: [(std::ptr::null_mut(), 0); MAX_SGE as usize],
+const FEW: usize = 4;
+
+impl<T: Copy> Few<T> {
+    fn new(fill: T) -> Few<T> {
+        Few {
+            few: [fill; FEW],
             n: 0,
+            more: Vec::new(),
         }
     }
 
-    /// False when full (callers checked their SGE counts against `MAX_SGE` before).
-    #[must_use]
-    fn push(&mut self, s: Seg) -> bool {
-        let Some(slot) = self.seg.get_mut(self.n) else {
-            return false;
-        };
-        *slot = s;
-        self.n += 1;
-        true
+    fn push(&mut self, v: T) {
+        if self.more.is_empty()
+            && let Some(slot) = self.few.get_mut(self.n)
+        {
+            *slot = v;
+            self.n += 1;
+            return;
+        }
+        if self.more.is_empty() {
+            self.more.extend_from_slice(&self.few[..self.n]);
+        }
+        self.more.push(v);
     }
 
-    fn as_slice(&self) -> &[Seg] {
-        &self.seg[..self.n]
+    fn as_slice(&self) -> &[T] {
+        if self.more.is_empty() {
+            &self.few[..self.n]
+        } else {
+            &self.more
+        }
     }
+}
+
+/// Segments of a WR.
+type Segs = Few<Seg>;
+
+fn segs() -> Segs {
+    Few::new((std::ptr::null_mut(), 0))
 }
 
 /// The local side of a send WR.
@@ -207,7 +225,7 @@ impl SoftQp {
             }
         }
         let mut keep = Keep::default();
-        let mut inline = Segs::new();
+        let mut inline = segs();
         if wr.inline {
             if total > u64::from(self.cap.max_inline_data) {
                 return Err(Error::InvalidArgument(format!(
@@ -306,11 +324,7 @@ impl SoftQp {
                 )));
             };
             keep.push(mr);
-            if !out.push((p, s.len as usize)) {
-                return Err(Error::InvalidArgument(format!(
-                    "more than {MAX_SGE} inline SGEs"
-                )));
-            }
+            out.push((p, s.len as usize));
         }
         Ok(())
     }
@@ -417,9 +431,7 @@ impl SoftQp {
             if mr.pd.id != self.pd.id || !mr.access.contains(need) {
                 return None;
             }
-            if !out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize)) {
-                return None;
-            }
+            out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize));
             keep.push(mr);
         }
         Some(())
@@ -456,12 +468,10 @@ impl SoftQp {
         } else {
             Access(0)
         };
-        let mut segs = Segs::new();
+        let mut segs = segs();
         let local: &[Seg] = match local {
             Local::Copy(d) => {
-                if !segs.push((d.as_ptr().cast_mut(), d.len())) {
-                    return Outcome::Fail(WcStatus::LocProtErr);
-                }
+                segs.push((d.as_ptr().cast_mut(), d.len()));
                 segs.as_slice()
             }
             Local::Inline(s) => s,
@@ -557,19 +567,16 @@ impl SoftQp {
             }
             peer.comp_cons_seen = comp_cons;
         }
-        let mut wqe = [RawSge::default(); MAX_SGE as usize];
-        let Some(nsge) = peer.ring.read_wqe(cons, &mut wqe) else {
+        let mut wqe = Few::new(RawSge::default());
+        if peer.ring.read_wqe(cons, |s| wqe.push(s)).is_none() {
             return Outcome::Fail(WcStatus::RemOpErr);
-        };
-        let wqe = &wqe[..nsge];
+        }
+        let wqe = wqe.as_slice();
         // Where the payload goes, or why the receiver and we fail.
-        let mut dst = Segs::new();
+        let mut dst = segs();
         let mut verdict: Option<(WcStatus, WcStatus)> = None; // (receiver, sender)
         match write_to {
-            Some(p) => {
-                // One segment always fits.
-                let _ = dst.push((p, total as usize));
-            }
+            Some(p) => dst.push((p, total as usize)),
             None => {
                 let room: u64 = wqe.iter().map(|s| u64::from(s.len)).sum();
                 if total > room {
@@ -582,9 +589,8 @@ impl SoftQp {
                         }
                         let take = left.min(u64::from(s.len));
                         match peer.resolve(s.key, s.addr, take, Access::LOCAL_WRITE) {
-                            // At most MAX_SGE: `read_wqe` checked the count.
-                            Ok(p) if dst.push((p, take as usize)) => {}
-                            _ => {
+                            Ok(p) => dst.push((p, take as usize)),
+                            Err(_) => {
                                 verdict = Some((WcStatus::LocProtErr, WcStatus::RemOpErr));
                                 break;
                             }
