@@ -1,11 +1,13 @@
 //! Per-message cost of the flow-control hot path: credits (`try_send_data` + `on_receive`),
-//! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together.
+//! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together
+//! (`all_one_msg`), and together with the send-slot and CQ-entry accounting of
+//! `QueueBudget` (`all_one_msg_sq_cq`).
 //!
 //! Run: `cargo bench -p byteexpress-flow --bench accounting`
 
 use std::hint::black_box;
 
-use byteexpress_flow::credit::{CreditConfig, Credits, MsgKind};
+use byteexpress_flow::credit::{CreditConfig, Credits, MsgKind, QueueBudget, QueueConfig};
 use byteexpress_flow::sched::{Class, ConnId, SchedConfig, Scheduler};
 use byteexpress_flow::window::{AdaptiveConfig, DeviceWindow, Window};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -121,6 +123,50 @@ fn bench(c: &mut Criterion) {
             let back = pair.b.try_send_data().unwrap();
             pair.a.on_receive(MsgKind::Data, back).unwrap();
             pair.a.on_reposted(MsgKind::Data).unwrap();
+            w.on_complete(&mut dev, t.bytes, 10, now).unwrap()
+        })
+    });
+
+    // The same, with the second and third credits: the SEND also takes a send slot and its
+    // CQ entry; each side's receive completion frees a receive entry and the re-post takes
+    // it again; the send completions free the slots.
+    let (mut s, conns) = warm_sched(8);
+    let mut pair = CreditPair::new();
+    let mut w = adaptive_window();
+    let mut dev = DeviceWindow::new(16 << 20).unwrap();
+    let qcfg = QueueConfig::new(128, 65, 128 + 65).unwrap();
+    let (mut qa, mut qb) = (QueueBudget::new(qcfg), QueueBudget::new(qcfg));
+    for _ in 0..65 {
+        qa.try_post_recv().unwrap();
+        qb.try_post_recv().unwrap();
+    }
+    let mut i = 0usize;
+    let mut now = 0u64;
+    g.bench_function("all_one_msg_sq_cq", |b| {
+        b.iter(|| {
+            i = (i + 1) & 7;
+            now += 1;
+            s.enqueue(conns[i], Class::Bulk, black_box(4096)).unwrap();
+            let grant = s
+                .next(|len| w.can_post(&dev, len.into()) && pair.a.can_send() && qa.can_post_send())
+                .unwrap();
+            let t = w.try_post(&mut dev, grant.len.into()).unwrap();
+            let pb = pair.a.try_send_data().unwrap();
+            qa.try_post_send().unwrap();
+            // Peer polls the receive, re-posts; its next message returns the credit.
+            qb.on_recv_completion().unwrap();
+            pair.b.on_receive(MsgKind::Data, pb).unwrap();
+            qb.try_post_recv().unwrap();
+            pair.b.on_reposted(MsgKind::Data).unwrap();
+            let back = pair.b.try_send_data().unwrap();
+            qb.try_post_send().unwrap();
+            qa.on_recv_completion().unwrap();
+            pair.a.on_receive(MsgKind::Data, back).unwrap();
+            qa.try_post_recv().unwrap();
+            pair.a.on_reposted(MsgKind::Data).unwrap();
+            // Both send completions.
+            qb.on_send_completion().unwrap();
+            qa.on_send_completion().unwrap();
             w.on_complete(&mut dev, t.bytes, 10, now).unwrap()
         })
     });
