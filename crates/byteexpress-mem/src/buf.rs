@@ -1,6 +1,7 @@
 //! [`RegisteredBuf`]: one buffer of registered memory, owned exclusively until dropped.
 
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use byteexpress_verbs::Sge;
@@ -13,8 +14,10 @@ use crate::shared::Shared;
 
 /// Where a buffer goes when dropped.
 pub(crate) enum Home {
-    /// Back to its pool (through the dropping thread's cache).
-    Pool(Arc<Shared>),
+    /// Back to its pool (through the dropping thread's cache). Not an owning reference: the
+    /// buffer's slot holds a lease of the pool (`crate::shared`), which keeps it alive until the
+    /// slot goes back; the pointer comes from `Arc::as_ptr`.
+    Pool(NonNull<Shared>),
     /// Back to the receive reserve it came from.
     Reserve(Arc<ReserveInner>),
 }
@@ -49,13 +52,16 @@ impl fmt::Debug for RegisteredBuf {
 }
 
 // SAFETY: the buffer's bytes are reachable only through this value (the pool hands each slot to
-// one holder at a time), and its home handles are Send + Sync.
+// one holder at a time). Its home is an `Arc` of a Send + Sync reserve, or a pointer to a pool
+// (`Shared`, Send + Sync) kept alive by the slot's lease, which any thread may give back.
 unsafe impl Send for RegisteredBuf {}
 // SAFETY: `&RegisteredBuf` only reads (`as_slice`, keys); writing needs `&mut`.
 unsafe impl Sync for RegisteredBuf {}
 
 impl RegisteredBuf {
-    /// `cap <= size of class` (callers check it).
+    /// `cap <= size of class` (callers check it). With `Home::Pool`, `slot` holds a lease of that
+    /// pool, which the buffer gives back when dropped.
+    #[inline]
     pub(crate) fn new(slot: Slot, cap: usize, class: usize, home: Home) -> Self {
         RegisteredBuf {
             slot,
@@ -128,7 +134,8 @@ impl RegisteredBuf {
     /// The filled bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `[ptr, ptr + len)` lies inside this buffer (len <= cap <= class size), in a
-        // live chunk (the home handle keeps the pool alive), reachable only through `self`.
+        // live chunk (the home handle or the slot's lease keeps the pool alive), reachable only
+        // through `self`.
         // Chunks are zero-filled at allocation, so every byte is initialised.
         unsafe { std::slice::from_raw_parts(self.slot.ptr.as_ptr(), self.len) }
     }
@@ -176,9 +183,12 @@ impl AsRef<[u8]> for RegisteredBuf {
 }
 
 impl Drop for RegisteredBuf {
+    #[inline]
     fn drop(&mut self) {
         match &self.home {
-            Home::Pool(shared) => crate::cache::free(shared, self.class, self.slot),
+            // SAFETY: `p` came from `Arc::as_ptr` of the pool (`Pool::try_alloc`, `alloc`) and the slot
+            // holds a lease of it, handed over here: the slot is never used again by this value.
+            Home::Pool(p) => unsafe { crate::cache::free(*p, self.class, self.slot) },
             Home::Reserve(r) => r.give_back(self.slot),
         }
     }

@@ -31,6 +31,7 @@ impl Classes {
 
     /// The smallest class holding `len` bytes, or `None` when `len` exceeds the largest class.
     /// A zero length gets the smallest class.
+    #[inline]
     pub(crate) fn index(&self, len: usize) -> Option<usize> {
         let shift = if len <= 1 {
             0

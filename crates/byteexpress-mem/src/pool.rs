@@ -15,10 +15,31 @@ use crate::{MemError, PoolConfig, PoolStats, RecvReserve};
 /// Registered memory in power-of-two size classes, carved from chunks registered once and grown
 /// on demand up to [`PoolConfig::limit`] bytes, with thread-local caches in front (see the crate
 /// docs). Cloning shares the pool; the memory is deregistered when the last handle, reserve and
-/// buffer are gone.
-#[derive(Debug, Clone)]
+/// buffer are gone (buffers other threads cache for it go back at those threads' next use of any
+/// pool, or at their exit).
+#[derive(Debug)]
 pub struct Pool {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl Clone for Pool {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Ordering::Relaxed);
+        Pool {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // No allocation can come through a thread cache any more: caches hand back what
+            // they hold, so the pool goes once its buffers and reserves are gone.
+            self.shared.orphaned.store(true, Ordering::Release);
+            crate::cache::orphaned();
+        }
+    }
 }
 
 /// Counts a waiting task for as long as it waits (also when its future is dropped).
@@ -62,7 +83,25 @@ impl Pool {
     /// A buffer of capacity `len` bytes, now or never. Errors: [`MemError::TooLarge`],
     /// [`MemError::Exhausted`] (counted in [`PoolStats::exhaustions`]), [`MemError::Memlock`]
     /// or [`MemError::Verbs`] when growing fails.
+    #[inline]
     pub fn try_alloc(&self, len: usize) -> Result<RegisteredBuf, MemError> {
+        // The hot path: a buffer this thread caches, handed over with its lease.
+        if let Some(class) = self.shared.classes.index(len)
+            && let Some(slot) = crate::cache::pop(&self.shared, class)
+        {
+            return Ok(RegisteredBuf::new(
+                slot,
+                len,
+                class,
+                Home::Pool(Shared::raw(&self.shared)),
+            ));
+        }
+        self.try_alloc_slow(len)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn try_alloc_slow(&self, len: usize) -> Result<RegisteredBuf, MemError> {
         let r = self.alloc_now(len);
         if let Err(MemError::Exhausted { .. }) = r {
             bump_shared(&self.shared.counters.exhaustions);
@@ -71,17 +110,26 @@ impl Pool {
     }
 
     fn alloc_now(&self, len: usize) -> Result<RegisteredBuf, MemError> {
-        let class = self.shared.classes.index(len).ok_or(MemError::TooLarge {
-            len,
-            max: self.shared.classes.max_size(),
-        })?;
+        let Some(class) = self.shared.classes.index(len) else {
+            return Err(self.too_large(len));
+        };
         let slot = crate::cache::alloc(&self.shared, class)?;
+        // The slot carries a lease of the pool (`cache::alloc`), which the buffer now holds.
         Ok(RegisteredBuf::new(
             slot,
             len,
             class,
-            Home::Pool(self.shared.clone()),
+            Home::Pool(Shared::raw(&self.shared)),
         ))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn too_large(&self, len: usize) -> MemError {
+        MemError::TooLarge {
+            len,
+            max: self.shared.classes.max_size(),
+        }
     }
 
     /// A buffer of capacity `len` bytes, waiting while the pool is exhausted until memory comes
@@ -155,6 +203,7 @@ impl Pool {
     }
 
     /// Bytes per buffer of the class that serves `len`, or `None` when too large.
+    #[inline]
     pub fn class_size(&self, len: usize) -> Option<usize> {
         self.shared
             .classes

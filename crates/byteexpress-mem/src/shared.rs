@@ -1,7 +1,24 @@
 //! The state every handle of one pool shares: per-class free lists, the chunks, the limit, the
-//! waiters of exhausted allocations and the counters.
+//! waiters of exhausted allocations, the counters, and the leases that keep it alive.
+//!
+//! # Leases
+//! A buffer of the pool does not hold an `Arc<Shared>` (a reference-count increment and decrement
+//! per buffer would be most of the cost of a cached allocation). Instead every slot that is off
+//! the pool's free lists and outside receive reserves — in a thread cache or held by a
+//! [`crate::RegisteredBuf`] — carries one *lease*, and the leases together hold one strong count
+//! of the `Arc<Shared>` while there is at least one. A slot moving between a thread cache and a
+//! buffer carries its lease along without touching any counter, so the cached path is free of
+//! atomic read-modify-writes; leases are taken and given back in batches, on refill and flush.
+//! Whoever holds a lease may use a raw pointer to the `Shared` until it gives the lease back.
+//!
+//! Cached slots would keep a pool alive after its last handle: when the last [`crate::Pool`]
+//! handle drops, the pool is marked orphaned and every thread flushes its cache of it at its next
+//! allocation or free in any pool, or at its exit (`crate::cache`).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -45,6 +62,14 @@ pub(crate) struct Shared {
     pub waiters: AtomicUsize,
     pub notify: Notify,
     pub counters: Counters,
+    /// Slots off the free lists and outside reserves (module docs); while non-zero they hold one
+    /// strong count of the `Arc<Shared>`.
+    leases: AtomicUsize,
+    /// [`crate::Pool`] handles alive; the pool is orphaned when it reaches 0.
+    pub handles: AtomicUsize,
+    /// Set when the last [`crate::Pool`] handle dropped: no allocation can come through a thread
+    /// cache any more, so caches hand their slots back and frees bypass them.
+    pub orphaned: AtomicBool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -71,7 +96,71 @@ impl Shared {
             notify: Notify::new(),
             counters: Counters::new(classes.count()),
             cfg,
+            leases: AtomicUsize::new(0),
+            handles: AtomicUsize::new(1),
+            orphaned: AtomicBool::new(false),
         })
+    }
+
+    /// The pointer buffers hold (from [`Arc::as_ptr`], so it can name the `Arc` again).
+    #[inline]
+    pub(crate) fn raw(self: &Arc<Self>) -> NonNull<Shared> {
+        // SAFETY: `Arc::as_ptr` never returns null.
+        unsafe { NonNull::new_unchecked(Arc::as_ptr(self).cast_mut()) }
+    }
+
+    /// Takes `n` leases, one per slot just taken off the free lists by the caller, before any of
+    /// those slots is handed on. The caller holds a strong reference (or a lease), so `self`
+    /// stays alive meanwhile.
+    pub(crate) fn lease(self: &Arc<Self>, n: usize) {
+        if n > 0 && self.leases.fetch_add(n, Ordering::Relaxed) == 0 {
+            // SAFETY: the pointer comes from a live `Arc` (the caller's), so the strong count is
+            // at least one. This increment belongs to the lease count leaving zero; the matching
+            // decrement in `release` runs when it returns to zero, which needs these `n` leases
+            // back, and they are handed on only after this call returns, so the increment always
+            // precedes its decrement.
+            unsafe { Arc::increment_strong_count(Arc::as_ptr(self)) };
+        }
+    }
+
+    /// Gives back `n` leases of the pool at `ptr`, whose slots the caller has just put back on
+    /// the free lists.
+    ///
+    /// # Safety
+    /// The caller owns `n` leases of this pool. Unless it also holds a strong reference of its
+    /// own, it must not touch `*ptr` afterwards: this may free the pool.
+    pub(crate) unsafe fn release(ptr: NonNull<Shared>, n: usize) {
+        if n == 0 {
+            return;
+        }
+        // SAFETY: the caller's leases keep the pool alive up to this decrement. The place
+        // expression borrows only the atomic (interior-mutable, as `Arc::drop` does), not the
+        // whole `Shared`. AcqRel orders every use of the pool before a possible free below.
+        let before = unsafe { (*ptr.as_ptr()).leases.fetch_sub(n, Ordering::AcqRel) };
+        debug_assert!(before >= n, "more leases given back than taken");
+        if before == n {
+            // SAFETY: the lease count went back to zero: this drops the strong count that the
+            // leases held since it left zero (`lease`), on the pointer `lease` took it from.
+            unsafe { Arc::decrement_strong_count(ptr.as_ptr().cast_const()) };
+        }
+    }
+
+    /// The `Arc` a lease keeps alive, borrowed without touching the reference count.
+    ///
+    /// # Safety
+    /// The caller owns a lease of the pool at `ptr` (which came from [`Arc::as_ptr`]) for as long
+    /// as it uses the result.
+    #[inline(always)]
+    pub(crate) unsafe fn leased(ptr: NonNull<Shared>) -> ManuallyDrop<Arc<Shared>> {
+        // SAFETY: the leases hold a strong count of this very `Arc` (`lease`), so it is live;
+        // `ManuallyDrop` keeps this borrowed `Arc` from decrementing the count it does not own.
+        ManuallyDrop::new(unsafe { Arc::from_raw(ptr.as_ptr().cast_const()) })
+    }
+
+    /// Slots leased right now (in thread caches or buffers).
+    #[cfg(test)]
+    pub(crate) fn leases(&self) -> usize {
+        self.leases.load(Ordering::Relaxed)
     }
 
     /// Bytes registered so far.

@@ -2,7 +2,9 @@
 //!
 //! Hot-path counters live in each thread's cache and are written by that thread alone (a plain
 //! load and store, no locked instruction); a snapshot adds them up. Under concurrent use a
-//! snapshot is approximate; once every thread is quiet it is exact.
+//! snapshot is approximate; once every thread is quiet it is exact. A cache hit bumps one
+//! counter only: hits are the cache's allocations minus its misses (every allocation through a
+//! cache is one or the other).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +16,7 @@ use crate::shared::Shared;
 /// Counters of one thread cache (or of the uncached paths, then updated with atomic adds).
 #[derive(Debug)]
 pub(crate) struct CacheCounters {
-    pub hits: AtomicU64,
+    /// Allocations that refilled the cache (the others of `allocs` were hits).
     pub misses: AtomicU64,
     /// Buffers handed out per class.
     pub allocs: Box<[AtomicU64]>,
@@ -25,7 +27,6 @@ pub(crate) struct CacheCounters {
 impl CacheCounters {
     pub(crate) fn new(classes: usize) -> Self {
         CacheCounters {
-            hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             allocs: (0..classes).map(|_| AtomicU64::new(0)).collect(),
             frees: (0..classes).map(|_| AtomicU64::new(0)).collect(),
@@ -34,11 +35,13 @@ impl CacheCounters {
 }
 
 /// Adds one to a counter only the current thread writes (readers may see the old value).
+#[inline]
 pub(crate) fn bump_owned(c: &AtomicU64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
 /// Adds one to a counter several threads write.
+#[inline]
 pub(crate) fn bump_shared(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
@@ -52,12 +55,21 @@ struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, c: &CacheCounters) {
+    /// Adds the counters of a thread cache (`cached`: its allocations are hits or misses) or of
+    /// the uncached paths.
+    fn add(&mut self, c: &CacheCounters, cached: bool) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        self.hits += get(&c.hits);
-        self.misses += get(&c.misses);
+        let misses = get(&c.misses);
+        let mut allocs = 0u64;
+        self.misses += misses;
         for (t, a) in self.allocs.iter_mut().zip(c.allocs.iter()) {
-            *t += get(a);
+            let n = get(a);
+            allocs = allocs.wrapping_add(n);
+            *t += n;
+        }
+        if cached {
+            // Read apart from `misses`, so only approximate while the cache's thread runs.
+            self.hits += allocs.saturating_sub(misses);
         }
         for (t, a) in self.frees.iter_mut().zip(c.frees.iter()) {
             *t += get(a);
@@ -115,7 +127,7 @@ impl Counters {
     /// Folds the counters of an ending thread cache into the totals.
     pub(crate) fn retire(&self, c: &Arc<CacheCounters>) {
         let mut reg = self.caches.lock();
-        reg.retired.add(c);
+        reg.retired.add(c, true);
         reg.live.retain(|x| !Arc::ptr_eq(x, c));
     }
 
@@ -128,9 +140,9 @@ impl Counters {
             frees: reg.retired.frees.clone(),
         };
         for c in &reg.live {
-            t.add(c);
+            t.add(c, true);
         }
-        t.add(&self.uncached);
+        t.add(&self.uncached, false);
         t
     }
 }

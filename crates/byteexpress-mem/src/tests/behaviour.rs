@@ -240,3 +240,76 @@ async fn a_wait_gives_up_at_its_deadline_with_a_typed_error() {
         "the waiter unregistered"
     );
 }
+
+#[test]
+fn a_buffer_outlives_its_pool_handles_and_the_pool_goes_with_the_last_buffer() {
+    let p = pool(small());
+    let weak = std::sync::Arc::downgrade(&p.shared);
+    let mut buf = p.try_alloc(1000).unwrap();
+    let cached: Vec<_> = (0..3).map(|_| p.try_alloc(1000).unwrap()).collect();
+    drop(cached);
+    assert!(p.shared.leases() >= 4, "cached and held slots are leased");
+    drop(p);
+    assert!(weak.upgrade().is_some(), "a live buffer keeps its pool");
+    assert_eq!(
+        weak.upgrade().unwrap().leases(),
+        1,
+        "the last handle's thread handed its cached slots back"
+    );
+    buf.put_slice(b"still registered");
+    assert_eq!(buf.as_slice(), b"still registered");
+    drop(buf);
+    assert!(weak.upgrade().is_none(), "the last buffer freed the pool");
+}
+
+#[test]
+fn another_thread_hands_back_the_cached_buffers_of_an_orphaned_pool_at_its_next_use() {
+    let p = pool(small());
+    let other = pool(small());
+    let weak = std::sync::Arc::downgrade(&p.shared);
+    let bufs: Vec<_> = (0..4).map(|_| p.try_alloc(4096).unwrap()).collect();
+    let (to_freer, freer_rx) = std::sync::mpsc::channel::<()>();
+    let (freed_tx, freed) = std::sync::mpsc::channel::<()>();
+    let freer = std::thread::spawn(move || {
+        drop(bufs); // into this thread's cache of `p`
+        freed_tx.send(()).unwrap();
+        freer_rx.recv().unwrap();
+        // Any use of any pool looks for orphaned pools first.
+        drop(other.try_alloc(100).unwrap());
+        freed_tx.send(()).unwrap();
+        freer_rx.recv().unwrap();
+    });
+    freed.recv().unwrap();
+    assert_eq!(p.stats().in_use(), 0);
+    drop(p);
+    assert!(
+        weak.upgrade().is_some(),
+        "the other thread still caches its buffers"
+    );
+    to_freer.send(()).unwrap();
+    freed.recv().unwrap();
+    assert!(
+        weak.upgrade().is_none(),
+        "handed back at that thread's next use"
+    );
+    to_freer.send(()).unwrap();
+    freer.join().unwrap();
+}
+
+#[test]
+fn frees_of_an_orphaned_pool_bypass_caches_and_stats_stay_exact() {
+    let p = pool(small());
+    let r = p.reserve(256, 2).unwrap();
+    let bufs: Vec<_> = (0..5).map(|_| p.try_alloc(2000).unwrap()).collect();
+    let weak = std::sync::Arc::downgrade(&p.shared);
+    drop(p);
+    let s = r.stats();
+    assert_eq!((s.classes[3].in_use, s.classes[0].reserved), (5, 2));
+    std::thread::spawn(move || drop(bufs)).join().unwrap();
+    let shared = weak.upgrade().unwrap();
+    assert_eq!(shared.leases(), 0, "every slot went straight home");
+    drop(shared);
+    assert_eq!(r.stats().in_use(), 0);
+    drop(r);
+    assert!(weak.upgrade().is_none(), "the reserve was the last holder");
+}
