@@ -96,6 +96,25 @@ impl Layout {
     }
 }
 
+/// Stores `v` unless the word already holds it. A ring slot is reused every `cap` entries,
+/// often with the same contents (the same receive buffer posted again, the same kind of
+/// completion); its cache line was last read by the other process, so a store would have to
+/// take the line back from that CPU, and the next locked instruction or fence here would
+/// wait for that. Skipping an equal store changes nothing the other side can read: the
+/// Release store of the index that publishes the slot still orders it.
+fn put32(w: &AtomicU32, v: u32) {
+    if w.load(Ordering::Relaxed) != v {
+        w.store(v, Ordering::Relaxed);
+    }
+}
+
+/// See [`put32`].
+fn put64(w: &AtomicU64, v: u64) {
+    if w.load(Ordering::Relaxed) != v {
+        w.store(v, Ordering::Relaxed);
+    }
+}
+
 /// A view of one ring region (own or a peer's mapping).
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
@@ -162,12 +181,12 @@ impl Ring {
     fn write_wqe_from(&self, seq: u64, sges: impl ExactSizeIterator<Item = RawSge>) {
         let off = self.layout.wqe_off(seq);
         let n = sges.len().min(self.layout.max_sge as usize);
-        self.map.u32_at(off).store(n as u32, Ordering::Relaxed);
+        put32(self.map.u32_at(off), n as u32);
         for (i, s) in sges.take(n).enumerate() {
             let o = off + WQE_HDR + i * SGE;
-            self.map.u64_at(o).store(s.addr, Ordering::Relaxed);
-            self.map.u32_at(o + 8).store(s.len, Ordering::Relaxed);
-            self.map.u32_at(o + 12).store(s.key, Ordering::Relaxed);
+            put64(self.map.u64_at(o), s.addr);
+            put32(self.map.u32_at(o + 8), s.len);
+            put32(self.map.u32_at(o + 12), s.key);
         }
     }
 
@@ -193,17 +212,11 @@ impl Ring {
     /// Peer: stores completion `seq` (published by a later Release store of `comp_prod`).
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
         let off = self.layout.comp_off(seq);
-        self.map.u32_at(off).store(c.opcode, Ordering::Relaxed);
-        self.map.u32_at(off + 4).store(c.status, Ordering::Relaxed);
-        self.map
-            .u32_at(off + 8)
-            .store(c.byte_len, Ordering::Relaxed);
-        self.map
-            .u32_at(off + 12)
-            .store(c.imm.is_some() as u32, Ordering::Relaxed);
-        self.map
-            .u32_at(off + 16)
-            .store(c.imm.unwrap_or(0), Ordering::Relaxed);
+        put32(self.map.u32_at(off), c.opcode);
+        put32(self.map.u32_at(off + 4), c.status);
+        put32(self.map.u32_at(off + 8), c.byte_len);
+        put32(self.map.u32_at(off + 12), c.imm.is_some() as u32);
+        put32(self.map.u32_at(off + 16), c.imm.unwrap_or(0));
     }
 
     /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1.
