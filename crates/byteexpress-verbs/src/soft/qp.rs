@@ -325,13 +325,10 @@ impl SoftQp {
         if prod == recv.comp_cons {
             return true;
         }
-        let claimed = self.ring.recv_cons().load(Ordering::Acquire) & !ERR_BIT;
+        // That the peer claimed each WQE it completes is checked per entry (its tag), not by
+        // reading `recv_cons`: that line stays with the peer, whose claims are then cheap.
         let outstanding = recv.shadow.len() as u64;
-        if prod < recv.comp_cons
-            || prod - recv.comp_cons > outstanding
-            || prod > claimed
-            || claimed > recv.prod
-        {
+        if prod < recv.comp_cons || prod - recv.comp_cons > outstanding {
             tracing::warn!(
                 "soft QP {:#x}: peer wrote impossible ring indices",
                 self.qpn

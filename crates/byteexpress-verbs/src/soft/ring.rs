@@ -14,7 +14,7 @@
 //! | 320 | `announced`: control messages the owner sent after `Connect` | owner (Release) |
 //! | 384 | `low_water`: 0, or (ring fed by an SRQ) the count of unclaimed WQEs at or below which the peer rings the owner's refill eventfd | owner, at creation |
 //! | 512 | `cap` receive WQEs of `16 + 16·max_sge` bytes: `num_sge u32, pad`, then `addr u64, len u32, lkey u32` per SGE | owner |
-//! | … | `cap` completions of 32 bytes: `opcode u32, status u32, byte_len u32, has_imm u32, imm u32` | peer |
+//! | … | `cap` completions of 32 bytes: `opcode u32, status u32, byte_len u32, has_imm u32, imm u32, pad u32, tag u64` (tag = the completion's counter + 1: it completes the receive WQE of that counter, which the peer claimed) | peer |
 //!
 //! Both sides validate every value the other side wrote before using it.
 
@@ -217,11 +217,16 @@ impl Ring {
         put32(self.map.u32_at(off + 8), c.byte_len);
         put32(self.map.u32_at(off + 12), c.imm.is_some() as u32);
         put32(self.map.u32_at(off + 16), c.imm.unwrap_or(0));
+        put64(self.map.u64_at(off + 24), seq.wrapping_add(1));
     }
 
-    /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1.
+    /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
+    /// does not name `seq` (the peer did not write this completion for the WQE it claimed).
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
         let off = self.layout.comp_off(seq);
+        if self.map.u64_at(off + 24).load(Ordering::Relaxed) != seq.wrapping_add(1) {
+            return None;
+        }
         let has_imm = self.map.u32_at(off + 12).load(Ordering::Relaxed);
         let imm = self.map.u32_at(off + 16).load(Ordering::Relaxed);
         Some(RawComp {
@@ -272,6 +277,9 @@ mod tests {
             };
             ring.write_comp(seq, c);
             assert_eq!(ring.read_comp(seq), Some(c));
+            // The same slot a lap later or earlier: not written for that completion.
+            assert_eq!(ring.read_comp(seq + 3), None);
+            assert_eq!(ring.read_comp(seq.wrapping_sub(3)), None);
         }
     }
 
