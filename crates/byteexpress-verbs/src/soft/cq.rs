@@ -74,9 +74,14 @@ impl Inbound {
 
     /// The peer published completions we have not consumed (the QP is not in ERR).
     fn pending(&self) -> bool {
-        self.live.load(Ordering::Acquire)
-            && self.ring.comp_prod().load(Ordering::Acquire)
-                != self.consumed.load(Ordering::Acquire)
+        if !self.live.load(Ordering::Acquire) {
+            return false;
+        }
+        let consumed = self.consumed.load(Ordering::Acquire);
+        // Also load the entry the next completion goes to: a spinner then has its line back
+        // at about the time it sees the producer index move, instead of fetching it after.
+        std::hint::black_box(self.ring.comp_tag(consumed).load(Ordering::Relaxed));
+        self.ring.comp_prod().load(Ordering::Acquire) != consumed
     }
 }
 

@@ -220,11 +220,16 @@ impl Ring {
         put64(self.map.u64_at(off + 24), seq.wrapping_add(1));
     }
 
+    /// The tag word of completion `seq` (see the layout).
+    pub(crate) fn comp_tag(&self, seq: u64) -> &AtomicU64 {
+        self.map.u64_at(self.layout.comp_off(seq) + 24)
+    }
+
     /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
     /// does not name `seq` (the peer did not write this completion for the WQE it claimed).
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
         let off = self.layout.comp_off(seq);
-        if self.map.u64_at(off + 24).load(Ordering::Relaxed) != seq.wrapping_add(1) {
+        if self.comp_tag(seq).load(Ordering::Relaxed) != seq.wrapping_add(1) {
             return None;
         }
         let has_imm = self.map.u32_at(off + 12).load(Ordering::Relaxed);
