@@ -183,7 +183,7 @@ impl AsRef<[u8]> for RegisteredBuf {
 }
 
 impl Drop for RegisteredBuf {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         match &self.home {
             // SAFETY: `p` came from `Arc::as_ptr` of the pool (`Pool::try_alloc`, `alloc`) and the slot

@@ -11,12 +11,13 @@
 //!
 //! Cached slots carry leases that keep their pool alive (`crate::shared`). When a pool's last
 //! handle drops it is orphaned: the dropping thread flushes its cache of it at once, every other
-//! thread at its next allocation or free in any pool (a global count of orphanings, compared on
-//! each call, tells it to look) or at its exit, and frees of the orphan's buffers bypass caches.
+//! thread at its next free, cache refill or switch to another pool's cache (a global count of
+//! orphanings, compared there, tells it to look) or at its exit, and frees of the orphan's
+//! buffers bypass caches.
 //!
 //! The hot path: one thread-local access, a check that the most recently used cache is this
-//! pool's and no pool was orphaned since the thread last looked, then a pop or push on the
-//! class's stack. No atomic read-modify-write, no search.
+//! pool's (and, on free, that no pool was orphaned since the thread last looked), then a pop or
+//! push on the class's stack. No atomic read-modify-write, no search.
 
 use std::cell::RefCell;
 use std::ptr::NonNull;

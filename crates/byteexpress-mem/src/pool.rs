@@ -15,8 +15,8 @@ use crate::{MemError, PoolConfig, PoolStats, RecvReserve};
 /// Registered memory in power-of-two size classes, carved from chunks registered once and grown
 /// on demand up to [`PoolConfig::limit`] bytes, with thread-local caches in front (see the crate
 /// docs). Cloning shares the pool; the memory is deregistered when the last handle, reserve and
-/// buffer are gone (buffers other threads cache for it go back at those threads' next use of any
-/// pool, or at their exit).
+/// buffer are gone (buffers other threads cache for it go back at those threads' next free or
+/// cache refill in any pool, or at their exit).
 #[derive(Debug)]
 pub struct Pool {
     pub(crate) shared: Arc<Shared>,
@@ -83,7 +83,7 @@ impl Pool {
     /// A buffer of capacity `len` bytes, now or never. Errors: [`MemError::TooLarge`],
     /// [`MemError::Exhausted`] (counted in [`PoolStats::exhaustions`]), [`MemError::Memlock`]
     /// or [`MemError::Verbs`] when growing fails.
-    #[inline]
+    #[inline(always)]
     pub fn try_alloc(&self, len: usize) -> Result<RegisteredBuf, MemError> {
         // The hot path: a buffer this thread caches, handed over with its lease.
         if let Some(class) = self.shared.classes.index(len)

@@ -13,7 +13,7 @@
 //!
 //! Cached slots would keep a pool alive after its last handle: when the last [`crate::Pool`]
 //! handle drops, the pool is marked orphaned and every thread flushes its cache of it at its next
-//! allocation or free in any pool, or at its exit (`crate::cache`).
+//! free or cache refill in any pool, or at its exit (`crate::cache`).
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
