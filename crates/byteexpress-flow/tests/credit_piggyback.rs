@@ -47,6 +47,35 @@ fn sends_stop_at_zero_credits_and_count_blocks() {
 }
 
 #[test]
+fn bulk_holds_at_most_the_update_threshold_and_leaves_the_rest_to_small_messages() {
+    for (grant, bulk) in [(1, 1), (2, 1), (8, 4), (9, 4)] {
+        let mut c = link(grant);
+        assert_eq!(c.config().latency_reserve(), grant - bulk);
+        for _ in 0..bulk {
+            assert!(c.can_send_bulk());
+            c.try_send_data().unwrap();
+        }
+        assert!(!c.can_send_bulk(), "grant {grant}: bulk took {bulk}");
+        assert_eq!(c.can_send(), grant > bulk, "grant {grant}: the reserve is left");
+    }
+}
+
+#[test]
+fn bulk_alone_at_its_cap_unblocks_through_an_explicit_update() {
+    // Sender A sends only bulk; B, with nothing to send, must still return the credits.
+    let (mut a, mut b) = (link(8), link(8));
+    while a.can_send_bulk() {
+        a.try_send_data().unwrap();
+        b.on_receive(MsgKind::Data, NONE).unwrap();
+        b.on_reposted(MsgKind::Data).unwrap();
+    }
+    let pb = b.poll_update().expect("B owes the update threshold");
+    a.on_receive(MsgKind::CreditUpdate, pb).unwrap();
+    a.on_reposted(MsgKind::CreditUpdate).unwrap();
+    assert!(a.can_send_bulk(), "credits back: {}", a.send_credits());
+}
+
+#[test]
 fn data_carries_all_pending_returns_and_clears_them() {
     let mut c = link(8);
     receive_and_repost(&mut c, 3);

@@ -130,6 +130,21 @@ fn latency_class_takes_at_most_burst_turns_while_bulk_is_backlogged() {
 }
 
 #[test]
+fn peek_class_names_the_class_of_every_next_grant() {
+    let mut s = sched(1000, 1000, 3);
+    assert_eq!(s.peek_class(), None);
+    let (l, b) = (s.open(), s.open());
+    for _ in 0..7 {
+        s.enqueue(l, Class::Latency, 100).unwrap();
+    }
+    s.enqueue(b, Class::Bulk, 5000).unwrap();
+    while let Some(class) = s.peek_class() {
+        assert_eq!(s.next(yes).unwrap().class, class);
+    }
+    assert!(s.is_empty());
+}
+
+#[test]
 fn latency_class_is_uncapped_when_bulk_is_idle() {
     let mut s = sched(1000, 1000, 2);
     let l = s.open();

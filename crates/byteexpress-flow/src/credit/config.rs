@@ -37,6 +37,15 @@ impl CreditConfig {
         (self.grant / 2).max(1)
     }
 
+    /// Credits the bulk class leaves to the latency class: `grant - update_threshold()`
+    /// (unit: credits). Bulk traffic may hold at most `update_threshold()` credits unreturned,
+    /// so a small message finds a credit at once and waits at the receiver behind at most
+    /// that many chunks; bulk still uses enough credits for the receiver's explicit update to
+    /// fire, so it never stalls (liveness).
+    pub fn latency_reserve(&self) -> u32 {
+        self.grant - self.update_threshold()
+    }
+
     /// Receives to post for this peer: `grant + 1` (data buffers plus the update slot),
     /// saturating at `u32::MAX`.
     pub fn posted_receives(&self) -> u32 {

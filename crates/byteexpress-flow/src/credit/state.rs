@@ -71,6 +71,13 @@ impl Credits {
         self.send_credits > 0
     }
 
+    /// Whether a bulk chunk may take a credit now: more than
+    /// [`CreditConfig::latency_reserve`] credits are left, so bulk never holds more than the
+    /// update threshold unreturned and small messages always find a credit.
+    pub fn can_send_bulk(&self) -> bool {
+        self.send_credits > self.cfg.latency_reserve()
+    }
+
     /// Send credits available now (unit: credits); never above `grant`.
     #[inline]
     pub fn send_credits(&self) -> u32 {

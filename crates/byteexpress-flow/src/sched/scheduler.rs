@@ -113,21 +113,32 @@ impl Scheduler {
     /// take a credit) and answer whether it succeeded.
     #[inline]
     pub fn next(&mut self, can_send: impl FnOnce(u32) -> bool) -> Option<Grant> {
-        let latency = !self.rounds[0].is_empty();
+        let class = self.peek_class()?;
         let bulk = !self.rounds[1].is_empty();
-        let class = if latency && (!bulk || self.latency_streak < self.cfg.latency_burst()) {
-            Class::Latency
-        } else if bulk {
-            Class::Bulk
-        } else {
-            return None;
-        };
         let grant = self.drr_next(class, can_send)?;
         self.latency_streak = match class {
             Class::Latency if bulk => self.latency_streak + 1,
             _ => 0,
         };
         Some(grant)
+    }
+
+    /// The class whose chunk [`Scheduler::next`] designates now, `None` when nothing is
+    /// queued: latency while it has messages and has not used its burst beside a bulk
+    /// backlog, else bulk. Lets a gate apply a per-class limit (such as
+    /// [`Credits::can_send_bulk`](crate::credit::Credits::can_send_bulk)) before the chunk is
+    /// dequeued.
+    #[inline]
+    pub fn peek_class(&self) -> Option<Class> {
+        let latency = !self.rounds[0].is_empty();
+        let bulk = !self.rounds[1].is_empty();
+        if latency && (!bulk || self.latency_streak < self.cfg.latency_burst()) {
+            Some(Class::Latency)
+        } else if bulk {
+            Some(Class::Bulk)
+        } else {
+            None
+        }
     }
 
     /// DRR step in one non-empty class.
