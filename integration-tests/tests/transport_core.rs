@@ -268,7 +268,7 @@ async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_caps_chunks_in_flight_and_zero_means_unlimited() {
     let server = ServerProc::start(SERVER, &[]).await;
-    for (window_bytes, want_waits) in [(1, true), (0, false)] {
+    for (window_bytes, capped) in [(1, true), (0, false)] {
         let client = Client::connect(
             &server.addr,
             &Config {
@@ -283,13 +283,15 @@ async fn window_caps_chunks_in_flight_and_zero_means_unlimited() {
         let resp = client.call(echo(body.clone())).await.expect("echo");
         assert!(resp.body == body);
         let st = client.link_stats();
-        // A 1-byte window admits one chunk at a time (the single-chunk escape), so the 17
-        // chunks of the request wait on each other's completions.
-        assert_eq!(
-            st.window_blocked > 0,
-            want_waits,
-            "window {window_bytes}: {st:?}"
-        );
+        // A 1-byte window admits a chunk only when nothing is in flight (the single-chunk
+        // escape): each of the 17 chunks of the request went alone. Unlimited: none waited.
+        if capped {
+            assert_eq!(st.window_escapes, st.chunks_sent, "window 1: {st:?}");
+            assert!(st.chunks_sent >= 17, "{st:?}");
+        } else {
+            assert_eq!(st.window_escapes, 0, "window 0: {st:?}");
+            assert_eq!(st.window_blocked, 0, "window 0: {st:?}");
+        }
         assert_eq!(st.qp_errors, 0);
     }
 }
@@ -464,6 +466,58 @@ async fn stalled_receiver_backpressures_through_credits_without_rnr_and_keeps_or
         "the client waited for credits: {st:?}"
     );
     assert_eq!(st.qp_state, Some(QpState::Rts), "{st:?}");
+    assert_eq!((st.qp_errors, st.rnr_errors), (0, 0), "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_call_passes_a_bulk_message_that_used_up_its_credit_share() {
+    // Grant 8: bulk may hold 4 credits unreturned (the update threshold), 4 stay for small
+    // calls. While the server re-posts nothing, a 1 MiB echo (17 chunks) stops after 4 chunks
+    // and a small call still goes through at once on the reserved credits.
+    const STALL_MS: u64 = 1500;
+    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+        .await
+        .unwrap();
+    client
+        .call(Request {
+            method: "/test.Test/StallReposts".into(),
+            body: STALL_MS.to_string().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let stalled_at = Instant::now();
+    let before = client.link_stats();
+    let body: Bytes = (0..(1usize << 20)).map(|j| (j % 253) as u8).collect();
+    let bulk = tokio::spawn({
+        let (client, body) = (client.clone(), body.clone());
+        async move { client.call(echo(body)).await }
+    });
+    while client.link_stats().credit_blocked == 0 {
+        assert!(stalled_at.elapsed() < Duration::from_millis(STALL_MS / 2));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let small = client
+        .call(echo(Bytes::from_static(b"small")))
+        .await
+        .unwrap();
+    assert_eq!(&small.body[..], b"small");
+    assert!(
+        stalled_at.elapsed() < Duration::from_millis(STALL_MS * 2 / 3),
+        "the small call waited for the stall to end: {:?}",
+        stalled_at.elapsed()
+    );
+    assert!(!bulk.is_finished(), "the bulk call waits for credits");
+    let st = client.link_stats();
+    assert_eq!(
+        st.chunks_sent - before.chunks_sent,
+        4 + 1,
+        "4 bulk chunks, then the small call: {st:?}"
+    );
+    let r = bulk.await.unwrap().expect("bulk echo after the stall");
+    assert!(r.body == body);
+    let st = client.link_stats();
     assert_eq!((st.qp_errors, st.rnr_errors), (0, 0), "{st:?}");
 }
 

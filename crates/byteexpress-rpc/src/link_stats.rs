@@ -18,6 +18,9 @@ pub struct LinkStats {
     pub credit_blocked: u64,
     /// Times the chunk due next waited because the QP or device window was full.
     pub window_blocked: u64,
+    /// Chunks larger than the whole window, posted alone once nothing else was in flight
+    /// (the window's single-chunk escape, so a window below `max_chunk` cannot block forever).
+    pub window_escapes: u64,
     /// Data SENDs posted (one per chunk; a message that fits one chunk is one SEND).
     pub chunks_sent: u64,
     /// Messages sent in more than one chunk.
@@ -38,6 +41,7 @@ pub(crate) struct LinkCounters {
     pub rnr_errors: AtomicU64,
     pub credit_blocked: AtomicU64,
     pub window_blocked: AtomicU64,
+    pub window_escapes: AtomicU64,
     pub chunks_sent: AtomicU64,
     pub messages_chunked: AtomicU64,
     pub messages_reassembled: AtomicU64,
@@ -61,6 +65,7 @@ impl LinkCounters {
             rnr_errors: g(&self.rnr_errors),
             credit_blocked: g(&self.credit_blocked),
             window_blocked: g(&self.window_blocked),
+            window_escapes: g(&self.window_escapes),
             chunks_sent: g(&self.chunks_sent),
             messages_chunked: g(&self.messages_chunked),
             messages_reassembled: g(&self.messages_reassembled),

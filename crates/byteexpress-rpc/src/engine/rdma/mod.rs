@@ -8,7 +8,10 @@
 //! Outgoing messages wait in an [`Outbox`] (`byteexpress_flow::sched`: fair among logical
 //! connections, single-chunk messages first). A chunk is posted when the scheduler designates it
 //! and the gate admits it: a send credit, a free send-queue slot and send buffer, and room in
-//! the QP's [`Window`] and in its device's shared window ([`device_window`]). Both windows are
+//! the QP's [`Window`] and in its device's shared window ([`device_window`]). A bulk chunk
+//! leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds at most the update
+//! threshold (half the grant) unreturned: a small message never waits for a credit, and waits
+//! at the receiver behind at most that many chunks. Both windows are
 //! charged the chunk's wire bytes on post and released on its send completion, with the
 //! completion's RTT (µs since post).
 //!
@@ -29,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback};
+use byteexpress_flow::sched::Class;
 use byteexpress_flow::window::Window;
 use byteexpress_mem::{BufPool, PoolBuf, PostedBufs};
 use byteexpress_verbs::{Cq, Qp, Wc, WcOpcode, WcStatus, WrOp};
@@ -119,6 +123,7 @@ pub(crate) fn spawn(
     let engine = Engine {
         send_slots: parts.qp.cap().max_send_wr as usize,
         reassembly: Reassembly::new(parts.max_message),
+        chunks: Vec::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
         recv_posted: posted,
@@ -160,6 +165,9 @@ struct Engine {
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
     reassembly: Reassembly,
+    /// Chunks of the CQ batch being handled, copied after its single-chunk messages
+    /// ([`Engine::copy_chunks`]).
+    chunks: Vec<(PoolBuf, Header, byteexpress_flow::credit::MsgKind)>,
     counters: Arc<LinkCounters>,
     /// Origin of the µs clock passed to the window.
     epoch: Instant,
@@ -224,10 +232,8 @@ impl Engine {
         for wc in &wcs[..n] {
             self.on_completion(wc)?;
         }
-        while let Ok(m) = rx.try_recv() {
-            self.outbox.push(m);
-        }
-        let sent = self.send_queued()?;
+        self.copy_chunks()?;
+        let sent = self.send_queued(rx)?;
         Ok(n > 0 || sent || released)
     }
 
@@ -279,17 +285,31 @@ impl Engine {
 
     /// Posts chunks as the scheduler designates them while the gate admits them (credit, SQ
     /// slot, send buffer, windows), then an explicit credit update if one is due.
-    fn send_queued(&mut self) -> Result<bool, Status> {
+    ///
+    /// Messages the callers queued meanwhile join the outbox before every chunk, so a small
+    /// call that arrives while a bulk message is being posted goes out next; and it returns
+    /// after each chunk of a large message, so the CQ is polled between two chunk copies.
+    fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
         let mut sent = false;
-        while !self.outbox.is_empty()
-            && self.send_posted.len() < self.send_slots
-            && self.parts.send_pool.available() > 0
-        {
+        loop {
+            while let Ok(m) = rx.try_recv() {
+                self.outbox.push(m);
+            }
+            if self.outbox.is_empty()
+                || self.send_posted.len() >= self.send_slots
+                || self.parts.send_pool.available() == 0
+            {
+                break;
+            }
             let mut dev = self.parts.device_window.lock();
             let mut wait = None;
             let (credits, window) = (&self.credits, &self.parts.window);
-            let next = self.outbox.next(|len| {
-                wait = if !credits.can_send() {
+            let next = self.outbox.next(|len, class| {
+                let credit = match class {
+                    Class::Latency => credits.can_send(),
+                    Class::Bulk => credits.can_send_bulk(),
+                };
+                wait = if !credit {
                     Some(Wait::Credit)
                 } else if !window.can_post(&dev, len.into()) {
                     Some(Wait::Window)
@@ -328,7 +348,15 @@ impl Engine {
             }
             self.post(buf, ticket.bytes)?;
             LinkCounters::bump(&self.counters.chunks_sent);
+            if ticket.over_cap {
+                LinkCounters::bump(&self.counters.window_escapes);
+            }
             sent = true;
+            if n.chunked {
+                // One chunk of a large message per round: completions (a small call's
+                // answer among them) are polled before the next one is copied.
+                break;
+            }
         }
         if self.send_posted.len() < self.send_slots
             && self.parts.send_pool.available() > 0

@@ -104,10 +104,11 @@ impl Outbox {
         self.msgs.insert(id, msg);
     }
 
-    /// The chunk the scheduler designates, if `gate(wire bytes)` admits it; `None` when nothing
-    /// waits or the gate refused (the same chunk is designated next time).
-    pub(super) fn next(&mut self, gate: impl FnOnce(u32) -> bool) -> Option<Next> {
-        let g = self.sched.next(gate)?;
+    /// The chunk the scheduler designates, if `gate(wire bytes, class)` admits it; `None` when
+    /// nothing waits or the gate refused (the same chunk is designated next time).
+    pub(super) fn next(&mut self, gate: impl FnOnce(u32, Class) -> bool) -> Option<Next> {
+        let class = self.sched.peek_class()?;
+        let g = self.sched.next(|len| gate(len, class))?;
         let msg = self
             .msgs
             .get_mut(&g.msg)
@@ -173,7 +174,7 @@ mod tests {
     /// Takes every chunk the outbox grants (the gate always admits); returns (call_id, kind).
     fn drain(o: &mut Outbox) -> Vec<(u64, Kind)> {
         let mut out = Vec::new();
-        while let Some(n) = o.next(|len| {
+        while let Some(n) = o.next(|len, _| {
             assert!(len as usize <= CHUNK);
             true
         }) {
@@ -221,7 +222,7 @@ mod tests {
         o.push(m);
         let mut next_off = 0;
         let mut more = Vec::new();
-        while let Some(n) = o.next(|_| true) {
+        while let Some(n) = o.next(|_, _| true) {
             assert_eq!(n.off, next_off, "payload in order, no gap");
             next_off += n.len;
             more.push(n.header.more());
@@ -243,8 +244,8 @@ mod tests {
     fn a_refused_chunk_is_offered_again_and_nothing_is_lost() {
         let mut o = Outbox::new(SchedMode::Fair, CHUNK);
         o.push(msg(1, 1, 10));
-        assert!(o.next(|_| false).is_none());
-        let n = o.next(|_| true).expect("offered again");
+        assert!(o.next(|_, _| false).is_none());
+        let n = o.next(|_, _| true).expect("offered again");
         assert_eq!(n.header.call_id, 1);
         assert!(n.last && !n.chunked);
     }

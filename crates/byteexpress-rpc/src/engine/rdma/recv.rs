@@ -38,25 +38,45 @@ impl Engine {
         self.credits
             .on_receive(kind, pb)
             .map_err(|e| protocol(format!("credits: {e}")))?;
-        let msg = if h.more() || h.kind == Kind::Continuation {
-            // A chunk: copied into its message's buffer; its receive buffer goes back at once.
+        if h.more() || h.kind == Kind::Continuation {
+            // A chunk: copied after the single-chunk messages of this batch.
+            self.chunks.push((buf, h, kind));
+            return Ok(());
+        }
+        if !matches!(h.kind, Kind::Request | Kind::Response) {
+            // A cancel or an error may refer to a chunked message: keep their order.
+            self.copy_chunks()?;
+        }
+        let msg = self.keep_or_copy(buf, kind)?;
+        self.deliver(Incoming::parse(msg).map_err(protocol)?)
+    }
+
+    /// Copies the chunks received in this batch into their messages, in arrival order,
+    /// re-posts their buffers and delivers each message completed. Runs after the batch's
+    /// single-chunk messages were delivered, so a small call does not wait for the copies of
+    /// bulk chunks that arrived just before it (the receive side of the latency class).
+    pub(super) fn copy_chunks(&mut self) -> Result<(), Status> {
+        let mut chunks = std::mem::take(&mut self.chunks);
+        for (buf, h, kind) in chunks.drain(..) {
             let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
             self.repost(buf, kind)?;
             match done {
                 Ok(Some(msg)) => {
                     LinkCounters::bump(&self.counters.messages_reassembled);
-                    msg
+                    self.deliver(msg)?;
                 }
-                Ok(None) => return Ok(()),
+                Ok(None) => {}
                 Err(e @ ReassemblyError::TooLarge { .. }) => {
                     return Err(Status::new(Code::ResourceExhausted, e.to_string()));
                 }
                 Err(e) => return Err(protocol(e)),
             }
-        } else {
-            let msg = self.keep_or_copy(buf, kind)?;
-            Incoming::parse(msg).map_err(protocol)?
-        };
+        }
+        self.chunks = chunks; // keeps its capacity
+        Ok(())
+    }
+
+    fn deliver(&mut self, msg: Incoming) -> Result<(), Status> {
         match msg.header.kind {
             Kind::CreditUpdate => Ok(()),
             Kind::Error => Err(peer_error(&msg)),
