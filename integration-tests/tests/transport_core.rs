@@ -266,6 +266,35 @@ async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_queue_of_one_slot_carries_64_calls_in_flight_without_overrun() {
+    // Each SEND needs a free SQ slot and CQ entry besides a credit; posting past max_send_wr
+    // would fail with ENOMEM and take the link down.
+    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+    let client = Client::connect(
+        &server.addr,
+        &Config {
+            max_send_wr: 1,
+            ..cfg(TransportPref::Rdma)
+        },
+    )
+    .await
+    .unwrap();
+    let calls = (0..64usize).map(|i| {
+        let client = client.clone();
+        async move {
+            let body: Bytes = (0..(i * 4099) % 200_000).map(|j| (i + j) as u8).collect();
+            let resp = client.call(echo(body.clone())).await.expect("echo");
+            assert!(resp.body == body, "call {i}");
+        }
+    });
+    futures::future::join_all(calls).await;
+    let st = client.link_stats();
+    assert_eq!(st.qp_state, Some(QpState::Rts), "{st:?}");
+    assert_eq!(st.qp_errors, 0, "{st:?}");
+    assert!(st.messages_chunked > 0, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_caps_chunks_in_flight_and_zero_means_unlimited() {
     let server = ServerProc::start(SERVER, &[]).await;
     for (window_bytes, capped) in [(1, true), (0, false)] {

@@ -56,7 +56,11 @@ fn bulk_holds_at_most_the_update_threshold_and_leaves_the_rest_to_small_messages
             c.try_send_data().unwrap();
         }
         assert!(!c.can_send_bulk(), "grant {grant}: bulk took {bulk}");
-        assert_eq!(c.can_send(), grant > bulk, "grant {grant}: the reserve is left");
+        assert_eq!(
+            c.can_send(),
+            grant > bulk,
+            "grant {grant}: the reserve is left"
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use byteexpress_flow::credit::QueueConfig;
 use byteexpress_flow::window::Window;
 use byteexpress_mem::BufPool;
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
@@ -104,15 +105,16 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
     };
     let pd = ctx.alloc_pd().map_err(v)?;
     let recv_count = (cfg.grant as usize + 1) * 3;
-    let cq = ctx
-        .create_cq(cfg.max_send_wr + recv_count as u32)
-        .map_err(v)?;
+    let cq_size = cfg.max_send_wr + recv_count as u32;
+    let cq = ctx.create_cq(cq_size).map_err(v)?;
     let cap = QpCap {
         max_send_wr: cfg.max_send_wr,
         max_recv_wr: cfg.grant + 1,
         ..QpCap::default()
     };
     let qp = pd.create_qp(&cq, &cq, cap).map_err(v)?;
+    let queues = QueueConfig::new(qp.cap().max_send_wr, cfg.grant + 1, cq_size)
+        .map_err(|e| Status::new(Code::InvalidArgument, format!("RDMA queues: {e}")))?;
     let recv_pool = BufPool::new(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
     let send_pool = BufPool::new(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
@@ -125,6 +127,7 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
     Ok(RdmaParts {
         qp,
         cq,
+        queues,
         recv_pool,
         send_pool,
         grant: cfg.grant,

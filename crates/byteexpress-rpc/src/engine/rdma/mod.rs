@@ -7,13 +7,13 @@
 //!
 //! Outgoing messages wait in an [`Outbox`] (`byteexpress_flow::sched`: fair among logical
 //! connections, single-chunk messages first). A chunk is posted when the scheduler designates it
-//! and the gate admits it: a send credit, a free send-queue slot and send buffer, and room in
-//! the QP's [`Window`] and in its device's shared window ([`device_window`]). A bulk chunk
-//! leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds at most the update
-//! threshold (half the grant) unreturned: a small message never waits for a credit, and waits
-//! at the receiver behind at most that many chunks. Both windows are
-//! charged the chunk's wire bytes on post and released on its send completion, with the
-//! completion's RTT (µs since post).
+//! and the gate admits it: a send credit, a free send-queue slot and CQ entry
+//! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
+//! and in its device's shared window ([`device_window`]). Both windows are charged the chunk's
+//! wire bytes on post and released on its send completion, with the completion's RTT (µs since
+//! post). A bulk chunk leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds
+//! at most the update threshold (half the grant) unreturned: a small message never waits for a
+//! credit, and waits at the receiver behind at most that many chunks.
 //!
 //! Receive buffers come from a pool registered once; a single-chunk message reaches the
 //! application as a slice of its receive buffer (zero copy) and the buffer returns to the pool
@@ -31,7 +31,7 @@ mod send;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback};
+use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback, QueueBudget, QueueConfig};
 use byteexpress_flow::sched::Class;
 use byteexpress_flow::window::Window;
 use byteexpress_mem::{BufPool, PoolBuf, PostedBufs};
@@ -54,6 +54,9 @@ use reassembly::Reassembly;
 pub(crate) struct RdmaParts {
     pub qp: Qp,
     pub cq: Cq,
+    /// Depths of the QP's queues and size of its CQ (as asked for at creation; the device may
+    /// round them up), for the [`QueueBudget`].
+    pub queues: QueueConfig,
     /// Receive buffers: at least `grant + 1` posted, the rest for the application to hold.
     pub recv_pool: BufPool,
     /// Send buffers, each as large as the peer's receive buffers.
@@ -121,7 +124,7 @@ pub(crate) fn spawn(
             .unwrap_or_else(|_| CreditConfig::new(1).expect("grant 1 is valid")),
     );
     let engine = Engine {
-        send_slots: parts.qp.cap().max_send_wr as usize,
+        queues: queue_budget(parts.queues, &posted),
         reassembly: Reassembly::new(parts.max_message),
         chunks: Vec::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
@@ -138,6 +141,16 @@ pub(crate) fn spawn(
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer));
     link
+}
+
+/// The send slots and CQ entries left once `posted` receives are on the QP.
+fn queue_budget(cfg: QueueConfig, posted: &Posted) -> QueueBudget {
+    let mut queues = QueueBudget::new(cfg);
+    for _ in 0..posted.len() {
+        let taken = queues.try_post_recv();
+        debug_assert!(taken.is_ok(), "grant + 1 receives fit the RQ");
+    }
+    queues
 }
 
 /// What a posted SEND carries besides its buffer (which [`PostedBufs`] keeps until the
@@ -161,7 +174,9 @@ struct Engine {
     send_posted: PostedBufs<SendMeta>,
     credits: Credits,
     outbox: Outbox,
-    send_slots: usize,
+    /// Send-queue slots and CQ entries: the second and third credits (a SEND needs a free
+    /// slot and a CQ entry for its completion besides a receiver credit).
+    queues: QueueBudget,
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
     reassembly: Reassembly,
@@ -248,6 +263,12 @@ impl Engine {
                 format!("RDMA completion {:?} on wr {}", wc.status, wc.wr_id),
             ));
         }
+        // (The opcode is valid only on success: an error fails the link above.)
+        let freed = match wc.opcode {
+            WcOpcode::Recv => self.queues.on_recv_completion(),
+            _ => self.queues.on_send_completion(),
+        };
+        freed.map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
         match wc.opcode {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
@@ -296,7 +317,7 @@ impl Engine {
                 self.outbox.push(m);
             }
             if self.outbox.is_empty()
-                || self.send_posted.len() >= self.send_slots
+                || !self.queues.can_post_send()
                 || self.parts.send_pool.available() == 0
             {
                 break;
@@ -358,7 +379,7 @@ impl Engine {
                 break;
             }
         }
-        if self.send_posted.len() < self.send_slots
+        if self.queues.can_post_send()
             && self.parts.send_pool.available() > 0
             && let Some(pb) = self.credits.poll_update()
         {
@@ -372,6 +393,10 @@ impl Engine {
 
     /// Posts a SEND of `buf`, which charged `charged` bytes to the windows.
     fn post(&mut self, buf: PoolBuf, charged: u64) -> Result<(), Status> {
+        if let Err(e) = self.queues.try_post_send() {
+            let _ = self.release(charged, 0);
+            return Err(Status::new(Code::Internal, format!("queues: {e}")));
+        }
         let meta = SendMeta {
             charged,
             posted_at: Instant::now(),

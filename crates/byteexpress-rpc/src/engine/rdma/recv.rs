@@ -133,6 +133,9 @@ impl Engine {
     }
 
     fn post_and_count(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
+        self.queues
+            .try_post_recv()
+            .map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
         post_recv(&self.parts.qp, buf, &mut self.recv_posted)?;
         self.credits
             .on_reposted(kind)
