@@ -37,6 +37,9 @@ enum Cqe {
 #[derive(Debug)]
 struct Side {
     credits: Credits,
+    /// Sends only bulk chunks: takes a credit only through `can_send_bulk`, leaving the
+    /// latency reserve.
+    bulk: bool,
     queues: QueueBudget,
     queue: VecDeque<u64>,
     next_id: u64,
@@ -124,6 +127,7 @@ impl Model {
             }
             Side {
                 credits: Credits::new(cfg),
+                bulk: false,
                 queues,
                 queue: VecDeque::new(),
                 next_id: 0,
@@ -181,7 +185,12 @@ impl Model {
     /// Whether side `s` may post a data SEND now: a receiver credit and a send slot.
     fn can_send_data(&self, s: usize) -> bool {
         let side = &self.sides[s];
-        side.credits.can_send() && side.queues.can_post_send()
+        let credit = if side.bulk {
+            side.credits.can_send_bulk()
+        } else {
+            side.credits.can_send()
+        };
+        credit && side.queues.can_post_send()
     }
 
     fn send_data(&mut self, s: usize) -> bool {
@@ -335,6 +344,13 @@ impl Model {
 
     fn check_invariants(&self) {
         for (s, side) in self.sides.iter().enumerate() {
+            if side.bulk {
+                let reserve = side.credits.config().latency_reserve();
+                assert!(
+                    side.credits.send_credits() >= reserve,
+                    "side {s}: bulk dipped into the latency reserve of {reserve}"
+                );
+            }
             let c = &side.credits;
             assert!(
                 c.send_credits() + c.escrowed_credits() <= self.grant,
@@ -429,13 +445,18 @@ proptest! {
     /// within the grant, never more SENDs outstanding than SQ slots, never more CQEs owed
     /// than the CQ holds and no CQ overrun, the queue budget equal to the model's count.
     /// Then liveness: a fair scheduler drains every queue in bounded rounds, every queued
-    /// message posted and received once, in FIFO order.
+    /// message posted and received once, in FIFO order. Either side may send only bulk, which
+    /// leaves the latency reserve of credits untouched and must still drain.
     #[test]
     fn random_interleavings_never_rnr_and_always_drain(
         (grant, qcfg) in sizes(),
+        bulk in any::<[bool; 2]>(),
         events in prop::collection::vec(event(), 0..300),
     ) {
         let mut m = Model::new(grant, qcfg);
+        for (side, bulk) in m.sides.iter_mut().zip(bulk) {
+            side.bulk = bulk;
+        }
         for ev in events {
             m.step(ev);
         }
