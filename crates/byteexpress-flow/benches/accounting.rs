@@ -1,7 +1,8 @@
 //! Per-message cost of the flow-control hot path: credits (`try_send_data` + `on_receive`),
 //! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together
-//! (`all_one_msg`), and together with the send-slot and CQ-entry accounting of
-//! `QueueBudget` (`all_one_msg_sq_cq`).
+//! (`all_one_msg`, where the peer's data message returns each credit, and
+//! `all_one_msg_one_way`, where explicit updates do), and together with the send-slot and
+//! CQ-entry accounting of `QueueBudget` (`all_one_msg_sq_cq`).
 //!
 //! Run: `cargo bench -p byteexpress-flow --bench accounting`
 
@@ -126,6 +127,40 @@ fn bench(c: &mut Criterion) {
             w.on_complete(&mut dev, t.bytes, 10, now).unwrap()
         })
     });
+
+    // One-way bulk traffic, as on a push: the same hot path for one message, but the credit
+    // comes back the way the protocol returns it when the receiver has nothing to send, in an
+    // explicit update every `update_threshold` messages (its cost shared by those messages),
+    // instead of on a data message of the peer's that `all_one_msg` charges to this one.
+    let (mut s, conns) = warm_sched(8);
+    let CreditPair {
+        a: mut tx,
+        b: mut rx,
+    } = CreditPair::new();
+    let mut w = adaptive_window();
+    let mut dev = DeviceWindow::new(16 << 20).unwrap();
+    let mut i = 0usize;
+    let mut now = 0u64;
+    g.bench_function("all_one_msg_one_way", |b| {
+        b.iter(|| {
+            i = (i + 1) & 7;
+            now += 1;
+            s.enqueue(conns[i], Class::Bulk, black_box(4096)).unwrap();
+            let grant = s
+                .next(|len| w.can_post(&dev, len.into()) && tx.can_send())
+                .unwrap();
+            let t = w.try_post(&mut dev, grant.len.into()).unwrap();
+            let pb = tx.try_send_data().unwrap();
+            rx.on_receive(MsgKind::Data, pb).unwrap();
+            rx.on_reposted(MsgKind::Data).unwrap();
+            if let Some(update) = rx.poll_update() {
+                tx.on_receive(MsgKind::CreditUpdate, update).unwrap();
+                tx.on_reposted(MsgKind::CreditUpdate).unwrap();
+            }
+            w.on_complete(&mut dev, t.bytes, 10, now).unwrap()
+        })
+    });
+    assert!(rx.stats().updates_sent > 0, "credits came back in updates");
 
     // The same, with the second and third credits: the SEND also takes a send slot and its
     // CQ entry; each side's receive completion frees a receive entry and the re-post takes
