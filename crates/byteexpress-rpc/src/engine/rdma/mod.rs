@@ -28,6 +28,7 @@ mod reassembly;
 mod recv;
 mod send;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,6 +83,8 @@ pub(crate) struct RdmaParts {
 
 /// Receives posted on a link's QP, each buffer owned by its WR until the completion.
 pub(crate) type Posted = PostedBufs<()>;
+/// Received chunks copied per round of the engine, between two polls of the CQ.
+const CHUNK_COPIES_PER_ROUND: usize = 2;
 /// wr_id tags (top byte) of the link's receive and send WRs, which share one CQ.
 const RECV_TAG: u8 = 1;
 const SEND_TAG: u8 = 2;
@@ -126,7 +129,7 @@ pub(crate) fn spawn(
     let engine = Engine {
         queues: queue_budget(parts.queues, &posted),
         reassembly: Reassembly::new(parts.max_message),
-        chunks: Vec::with_capacity(32),
+        chunks: VecDeque::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
         recv_posted: posted,
@@ -180,9 +183,9 @@ struct Engine {
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
     reassembly: Reassembly,
-    /// Chunks of the CQ batch being handled, copied after its single-chunk messages
+    /// Chunks received and not yet copied into their messages, oldest first
     /// ([`Engine::copy_chunks`]).
-    chunks: Vec<(PoolBuf, Header, byteexpress_flow::credit::MsgKind)>,
+    chunks: VecDeque<(PoolBuf, Header, byteexpress_flow::credit::MsgKind)>,
     counters: Arc<LinkCounters>,
     /// Origin of the µs clock passed to the window.
     epoch: Instant,
@@ -247,9 +250,9 @@ impl Engine {
         for wc in &wcs[..n] {
             self.on_completion(wc)?;
         }
-        self.copy_chunks()?;
+        self.copy_chunks(CHUNK_COPIES_PER_ROUND)?;
         let sent = self.send_queued(rx)?;
-        Ok(n > 0 || sent || released)
+        Ok(n > 0 || sent || released || !self.chunks.is_empty())
     }
 
     fn on_completion(&mut self, wc: &Wc) -> Result<(), Status> {

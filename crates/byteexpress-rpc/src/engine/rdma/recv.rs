@@ -39,25 +39,29 @@ impl Engine {
             .on_receive(kind, pb)
             .map_err(|e| protocol(format!("credits: {e}")))?;
         if h.more() || h.kind == Kind::Continuation {
-            // A chunk: copied after the single-chunk messages of this batch.
-            self.chunks.push((buf, h, kind));
+            // A chunk: copied after the single-chunk messages polled with it.
+            self.chunks.push_back((buf, h, kind));
             return Ok(());
         }
         if !matches!(h.kind, Kind::Request | Kind::Response) {
             // A cancel or an error may refer to a chunked message: keep their order.
-            self.copy_chunks()?;
+            self.copy_chunks(usize::MAX)?;
         }
         let msg = self.keep_or_copy(buf, kind)?;
         self.deliver(Incoming::parse(msg).map_err(protocol)?)
     }
 
-    /// Copies the chunks received in this batch into their messages, in arrival order,
-    /// re-posts their buffers and delivers each message completed. Runs after the batch's
-    /// single-chunk messages were delivered, so a small call does not wait for the copies of
-    /// bulk chunks that arrived just before it (the receive side of the latency class).
-    pub(super) fn copy_chunks(&mut self) -> Result<(), Status> {
-        let mut chunks = std::mem::take(&mut self.chunks);
-        for (buf, h, kind) in chunks.drain(..) {
+    /// Copies up to `limit` received chunks into their messages, oldest first, re-posts their
+    /// buffers and delivers each message completed; the rest wait for the next round. Chunks
+    /// are taken off the CQ with everything else, but copied only after the single-chunk
+    /// messages polled with them were delivered, and a few per round, so a small call waits
+    /// at the receiver behind at most a few chunk copies (the receive side of the latency
+    /// class), not behind every chunk that arrived before it.
+    pub(super) fn copy_chunks(&mut self, limit: usize) -> Result<(), Status> {
+        for _ in 0..limit {
+            let Some((buf, h, kind)) = self.chunks.pop_front() else {
+                break;
+            };
             let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
             self.repost(buf, kind)?;
             match done {
@@ -72,7 +76,6 @@ impl Engine {
                 Err(e) => return Err(protocol(e)),
             }
         }
-        self.chunks = chunks; // keeps its capacity
         Ok(())
     }
 
