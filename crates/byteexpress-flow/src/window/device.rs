@@ -60,9 +60,10 @@ impl DeviceWindow {
         admits(self.in_flight, self.cap, bytes)
     }
 
+    /// Sets the bytes in flight after an admitted post (the sum the admission computed).
     #[inline]
-    pub(super) fn charge(&mut self, bytes: u64) {
-        self.in_flight = self.in_flight.saturating_add(bytes);
+    pub(super) fn set_in_flight(&mut self, bytes: u64) {
+        self.in_flight = bytes;
     }
 
     #[inline]
@@ -75,4 +76,18 @@ impl DeviceWindow {
 #[inline]
 pub(super) fn admits(in_flight: u64, cap: u64, bytes: u64) -> bool {
     in_flight == 0 || in_flight.checked_add(bytes).is_some_and(|v| v <= cap)
+}
+
+/// The admission rule for one account, deciding the post too: `None` when refused, else the
+/// bytes in flight after the post (no overflow: it fits under the cap, or the account was
+/// empty) and whether that is over the cap (single-chunk escape).
+#[inline]
+pub(super) fn admit(in_flight: u64, cap: u64, bytes: u64) -> Option<(u64, bool)> {
+    if in_flight == 0 {
+        return Some((bytes, bytes > cap));
+    }
+    match in_flight.checked_add(bytes) {
+        Some(sum) if sum <= cap => Some((sum, false)),
+        _ => None,
+    }
 }

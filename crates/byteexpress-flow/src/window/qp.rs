@@ -1,7 +1,7 @@
 //! The per-QP window.
 
 use super::adaptive::Aimd;
-use super::device::admits;
+use super::device::{admit, admits};
 use super::{AdaptiveConfig, Adjust, DeviceWindow, Limit, WindowError, WindowStats, bdp_bytes};
 
 /// Proof of an admitted post: what was charged (bytes) and whether it went through the
@@ -28,17 +28,15 @@ pub struct Blocked {
     pub cap: u64,
 }
 
-#[derive(Debug, Clone)]
-enum Mode {
-    Static(u64),
-    Adaptive(Aimd),
-}
-
 /// Bytes in flight on one QP, capped statically or adaptively; posts also charge the
 /// device's [`DeviceWindow`]. Rules: [module docs](super).
 #[derive(Debug, Clone)]
 pub struct Window {
-    mode: Mode,
+    /// The cap now (bytes): the static cap, or the adaptive controller's window, copied
+    /// after each completion so admission reads one field.
+    cap: u64,
+    /// The adaptive controller; `None` for a static window.
+    aimd: Option<Aimd>,
     in_flight: u64,
     stats: WindowStats,
 }
@@ -52,7 +50,7 @@ impl Window {
         if cap == 0 {
             return Err(WindowError::ZeroCap);
         }
-        Ok(Self::with_mode(Mode::Static(cap)))
+        Ok(Self::with_mode(cap, None))
     }
 
     /// A static window sized to the bandwidth-delay product: `bytes_per_sec` (bytes/s) ×
@@ -67,12 +65,13 @@ impl Window {
     /// An adaptive, delay-based window (AIMD on completion RTT), starting at
     /// `cfg.initial()`.
     pub fn adaptive(cfg: AdaptiveConfig) -> Self {
-        Self::with_mode(Mode::Adaptive(Aimd::new(cfg)))
+        Self::with_mode(cfg.initial(), Some(Aimd::new(cfg)))
     }
 
-    fn with_mode(mode: Mode) -> Self {
+    fn with_mode(cap: u64, aimd: Option<Aimd>) -> Self {
         Self {
-            mode,
+            cap,
+            aimd,
             in_flight: 0,
             stats: WindowStats::default(),
         }
@@ -81,18 +80,12 @@ impl Window {
     /// The current cap (unit: bytes): the static cap, or the adaptive window in `[min, max]`.
     #[inline]
     pub fn cap(&self) -> u64 {
-        match &self.mode {
-            Mode::Static(cap) => *cap,
-            Mode::Adaptive(aimd) => aimd.cwnd(),
-        }
+        self.cap
     }
 
     /// The adaptive parameters, `None` for a static window.
     pub fn adaptive_config(&self) -> Option<&AdaptiveConfig> {
-        match &self.mode {
-            Mode::Static(_) => None,
-            Mode::Adaptive(aimd) => Some(aimd.config()),
-        }
+        self.aimd.as_ref().map(Aimd::config)
     }
 
     /// Bytes posted on this QP and not yet completed (unit: bytes).
@@ -114,7 +107,7 @@ impl Window {
     /// Whether [`Window::try_post`] of `bytes` would be admitted now (both caps). Pure.
     #[inline]
     pub fn can_post(&self, dev: &DeviceWindow, bytes: u64) -> bool {
-        admits(self.in_flight, self.cap(), bytes) && dev.admits(bytes)
+        admits(self.in_flight, self.cap, bytes) && dev.admits(bytes)
     }
 
     /// Posts `bytes` if both this QP's cap and `dev`'s cap admit it (or the account is empty:
@@ -126,27 +119,26 @@ impl Window {
     /// device limited).
     #[inline]
     pub fn try_post(&mut self, dev: &mut DeviceWindow, bytes: u64) -> Result<Ticket, Blocked> {
-        let cap = self.cap();
-        if !admits(self.in_flight, cap, bytes) {
+        let cap = self.cap;
+        let Some((qp_sum, qp_over)) = admit(self.in_flight, cap, bytes) else {
             self.stats.blocked += 1;
             return Err(Blocked {
                 limit: Limit::Qp,
                 in_flight: self.in_flight,
                 cap,
             });
-        }
-        if !dev.admits(bytes) {
+        };
+        let Some((dev_sum, dev_over)) = admit(dev.in_flight(), dev.cap(), bytes) else {
             self.stats.blocked += 1;
             return Err(Blocked {
                 limit: Limit::Device,
                 in_flight: dev.in_flight(),
                 cap: dev.cap(),
             });
-        }
-        let over_cap = self.in_flight.saturating_add(bytes) > cap
-            || dev.in_flight().saturating_add(bytes) > dev.cap();
-        self.in_flight = self.in_flight.saturating_add(bytes);
-        dev.charge(bytes);
+        };
+        let over_cap = qp_over | dev_over;
+        self.in_flight = qp_sum;
+        dev.set_in_flight(dev_sum);
         self.stats.posted += 1;
         self.stats.posted_bytes = self.stats.posted_bytes.saturating_add(bytes);
         self.stats.escapes += u64::from(over_cap);
@@ -185,9 +177,13 @@ impl Window {
         self.in_flight -= bytes;
         dev.release(bytes);
         self.stats.completed_bytes = self.stats.completed_bytes.saturating_add(bytes);
-        let adjust = match &mut self.mode {
-            Mode::Static(_) => Adjust::Hold,
-            Mode::Adaptive(aimd) => aimd.on_complete(bytes, rtt_us, now_us),
+        let adjust = match &mut self.aimd {
+            None => Adjust::Hold,
+            Some(aimd) => {
+                let adjust = aimd.on_complete(bytes, rtt_us, now_us);
+                self.cap = aimd.cwnd();
+                adjust
+            }
         };
         match adjust {
             Adjust::Increased => self.stats.increases += 1,
