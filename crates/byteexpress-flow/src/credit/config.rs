@@ -27,12 +27,14 @@ impl CreditConfig {
     }
 
     /// Data buffers granted to the peer (unit: buffers); at least 1.
+    #[inline]
     pub fn grant(&self) -> u32 {
         self.grant
     }
 
     /// Pending returns that trigger an explicit `CREDIT_UPDATE` when idle:
     /// `max(1, grant / 2)` (unit: credits); always in `1..=grant`.
+    #[inline]
     pub fn update_threshold(&self) -> u32 {
         (self.grant / 2).max(1)
     }
@@ -42,6 +44,7 @@ impl CreditConfig {
     /// so a small message finds a credit at once and waits at the receiver behind at most
     /// that many chunks; bulk still uses enough credits for the receiver's explicit update to
     /// fire, so it never stalls (liveness).
+    #[inline]
     pub fn latency_reserve(&self) -> u32 {
         self.grant - self.update_threshold()
     }

@@ -74,6 +74,7 @@ impl Credits {
     /// Whether a bulk chunk may take a credit now: more than
     /// [`CreditConfig::latency_reserve`] credits are left, so bulk never holds more than the
     /// update threshold unreturned and small messages always find a credit.
+    #[inline]
     pub fn can_send_bulk(&self) -> bool {
         self.send_credits > self.cfg.latency_reserve()
     }

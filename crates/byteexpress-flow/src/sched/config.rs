@@ -39,16 +39,19 @@ impl SchedConfig {
     }
 
     /// DRR quantum (unit: bytes per turn).
+    #[inline]
     pub fn quantum(&self) -> u32 {
         self.quantum
     }
 
     /// Largest chunk (unit: bytes).
+    #[inline]
     pub fn max_chunk(&self) -> u32 {
         self.max_chunk
     }
 
     /// Latency chunks allowed in a row while bulk is backlogged (unit: chunks).
+    #[inline]
     pub fn latency_burst(&self) -> u32 {
         self.latency_burst
     }

@@ -138,19 +138,6 @@ impl Round {
         self.head == NIL
     }
 
-    /// Appends `slot` (its queue just became non-empty); a slot joining an empty round
-    /// starts its turn at once.
-    #[inline]
-    pub(super) fn push_back(&mut self, slots: &mut [Slot], c: usize, slot: u32, quantum: u64) {
-        if self.head == NIL {
-            self.head = slot;
-            slots[slot as usize].flows[c].deficit += quantum;
-        } else {
-            slots[self.tail as usize].flows[c].next = slot;
-        }
-        self.tail = slot;
-    }
-
     /// Ends the head's turn, moving it to the back; the new head starts its turn.
     #[inline]
     pub(super) fn rotate(&mut self, slots: &mut [Slot], c: usize, quantum: u64) {
@@ -169,6 +156,13 @@ impl Round {
     #[inline]
     pub(super) fn leave_head(&mut self, slots: &mut [Slot], c: usize, quantum: u64) {
         let next = std::mem::replace(&mut slots[self.head as usize].flows[c].next, NIL);
+        self.pass_turn(slots, c, next, quantum);
+    }
+
+    /// The head left (its `next` link, already taken and reset to [`NIL`], was `next`); `next`
+    /// starts its turn.
+    #[inline]
+    pub(super) fn pass_turn(&mut self, slots: &mut [Slot], c: usize, next: u32, quantum: u64) {
         self.head = next;
         if next == NIL {
             self.tail = NIL;

@@ -1,6 +1,6 @@
 //! The QP scheduler: DRR per class, capped latency priority, chunking.
 
-use super::flow::{Pending, Round, Slot};
+use super::flow::{NIL, Pending, Round, Slot};
 use super::{Chunks, Class, ConnId, Dropped, Grant, MsgId, SchedConfig, SchedError};
 
 /// Schedules the chunks of many logical connections onto one QP. Rules: [module
@@ -95,10 +95,18 @@ impl Scheduler {
         let id = MsgId(self.next_msg);
         let c = class.index();
         let flow = &mut slot_mut(&mut self.slots, conn)?.flows[c];
-        let joins = flow.push(Pending { id, len, sent: 0 });
         let round = &mut self.rounds[c];
-        if joins {
-            round.push_back(&mut self.slots, c, conn.slot, self.cfg.quantum().into());
+        if flow.push(Pending { id, len, sent: 0 }) {
+            // Joins the round (its deficit is 0 outside it); into an empty round it starts
+            // its turn at once, through the borrow already held.
+            debug_assert_eq!(flow.deficit, 0);
+            if round.is_empty() {
+                flow.deficit = self.cfg.quantum().into();
+                round.head = conn.slot;
+            } else {
+                self.slots[round.tail as usize].flows[c].next = conn.slot;
+            }
+            round.tail = conn.slot;
         }
         round.backlog += len;
         self.next_msg += 1;
@@ -153,18 +161,17 @@ impl Scheduler {
         // quantum >= max_chunk, so its head chunk fits: at most one rotation. A connection in
         // the round has a head message (len >= 1).
         let mut slot = round.head;
-        let mut flow = &self.slots[slot as usize].flows[c];
-        let mut chunk = Chunks::at(flow.head.len, flow.head.sent, max_chunk);
-        if u64::from(chunk.len) > flow.deficit {
+        let mut s = &mut self.slots[slot as usize];
+        let mut chunk = Chunks::at(s.flows[c].head.len, s.flows[c].head.sent, max_chunk);
+        if u64::from(chunk.len) > s.flows[c].deficit {
             round.rotate(&mut self.slots, c, quantum);
             slot = round.head;
-            flow = &self.slots[slot as usize].flows[c];
-            chunk = Chunks::at(flow.head.len, flow.head.sent, max_chunk);
+            s = &mut self.slots[slot as usize];
+            chunk = Chunks::at(s.flows[c].head.len, s.flows[c].head.sent, max_chunk);
         }
         if !can_send(chunk.len) {
             return None;
         }
-        let s = &mut self.slots[slot as usize];
         let flow = &mut s.flows[c];
         let grant = Grant {
             conn: ConnId {
@@ -183,7 +190,8 @@ impl Scheduler {
         round.backlog -= len;
         if chunk.last && flow.pop() {
             flow.deficit = 0;
-            round.leave_head(&mut self.slots, c, quantum);
+            let next = std::mem::replace(&mut flow.next, NIL);
+            round.pass_turn(&mut self.slots, c, next, quantum);
         }
         Some(grant)
     }
