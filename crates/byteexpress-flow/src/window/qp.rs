@@ -177,19 +177,17 @@ impl Window {
         self.in_flight -= bytes;
         dev.release(bytes);
         self.stats.completed_bytes = self.stats.completed_bytes.saturating_add(bytes);
-        let adjust = match &mut self.aimd {
-            None => Adjust::Hold,
-            Some(aimd) => {
-                let adjust = aimd.on_complete(bytes, rtt_us, now_us);
-                self.cap = aimd.cwnd();
-                adjust
-            }
+        let Some(aimd) = &mut self.aimd else {
+            return Ok(Adjust::Hold);
         };
+        // The controller changes its window only when it reports a change.
+        let adjust = aimd.on_complete(bytes, rtt_us, now_us);
         match adjust {
             Adjust::Increased => self.stats.increases += 1,
             Adjust::Decreased => self.stats.decreases += 1,
-            Adjust::Hold => {}
+            Adjust::Hold => return Ok(adjust),
         }
+        self.cap = aimd.cwnd();
         Ok(adjust)
     }
 }
