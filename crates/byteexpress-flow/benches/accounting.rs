@@ -160,7 +160,10 @@ fn bench(c: &mut Criterion) {
             w.on_complete(&mut dev, t.bytes, 10, now).unwrap()
         })
     });
-    assert!(rx.stats().updates_sent > 0, "credits came back in updates");
+    assert!(
+        tx.stats().data_sent < 64 || rx.stats().updates_sent > 0,
+        "credits came back in updates"
+    );
 
     // The same, with the second and third credits: the SEND also takes a send slot and its
     // CQ entry; each side's receive completion frees a receive entry and the re-post takes
