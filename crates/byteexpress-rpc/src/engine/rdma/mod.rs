@@ -204,7 +204,13 @@ impl Engine {
     ) {
         let why = loop {
             match self.step(&mut rx) {
-                Ok(true) => continue,
+                Ok(true) => {
+                    // Let the handlers and callers on this runtime run between two rounds
+                    // (one bulk chunk posted, two copied): on a current-thread runtime a busy
+                    // engine would otherwise hold a small call's handler until bulk stops.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
                 Ok(false) => {}
                 Err(why) => break why,
             }
