@@ -85,6 +85,8 @@ pub(crate) struct RdmaParts {
 pub(crate) type Posted = PostedBufs<()>;
 /// Received chunks copied per round of the engine, between two polls of the CQ.
 const CHUNK_COPIES_PER_ROUND: usize = 2;
+/// Busy rounds of the engine between two yields to its runtime.
+const BUSY_ROUNDS_PER_YIELD: u32 = 8;
 /// wr_id tags (top byte) of the link's receive and send WRs, which share one CQ.
 const RECV_TAG: u8 = 1;
 const SEND_TAG: u8 = 2;
@@ -202,13 +204,18 @@ impl Engine {
         mut ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
         closer: Arc<Closer>,
     ) {
+        let mut busy_rounds = 0u32;
         let why = loop {
             match self.step(&mut rx) {
                 Ok(true) => {
-                    // Let the handlers and callers on this runtime run between two rounds
-                    // (one bulk chunk posted, two copied): on a current-thread runtime a busy
-                    // engine would otherwise hold a small call's handler until bulk stops.
-                    tokio::task::yield_now().await;
+                    // Let the handlers and callers on this runtime run every few busy rounds
+                    // (a round posts one bulk chunk and copies two): on a current-thread
+                    // runtime a busy engine would otherwise hold a small call's handler until
+                    // bulk stops. Not every round: a yield may wake another worker thread.
+                    busy_rounds += 1;
+                    if busy_rounds % BUSY_ROUNDS_PER_YIELD == 0 {
+                        tokio::task::yield_now().await;
+                    }
                     continue;
                 }
                 Ok(false) => {}
