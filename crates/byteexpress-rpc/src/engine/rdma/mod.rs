@@ -213,7 +213,8 @@ impl Engine {
                     // runtime a busy engine would otherwise hold a small call's handler until
                     // bulk stops. Not every round: a yield may wake another worker thread.
                     busy_rounds += 1;
-                    if busy_rounds % BUSY_ROUNDS_PER_YIELD == 0 {
+                    if busy_rounds == BUSY_ROUNDS_PER_YIELD {
+                        busy_rounds = 0;
                         tokio::task::yield_now().await;
                     }
                     continue;
