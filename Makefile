@@ -13,5 +13,6 @@ demo: setup
 # Every test of the workspace, then the ibverbs tests inside the Soft-RoCE VM
 # (BX_ALLOW_SKIP=vm skips the VM part, loudly).
 test: setup
+	scripts/vm-tests.sh --check
 	$(CARGO) test --workspace
 	scripts/vm-tests.sh
