@@ -43,7 +43,7 @@ impl Engine {
             self.chunks.push_back((buf, h, kind));
             return Ok(());
         }
-        if !matches!(h.kind, Kind::Request | Kind::Response) {
+        if matches!(h.kind, Kind::Cancel | Kind::Error) {
             // A cancel or an error may refer to a chunked message: keep their order.
             self.copy_chunks(usize::MAX)?;
         }
