@@ -5,9 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use byteexpress_verbs::{
-    Access, ConnectAttr, Error, QpCap, QpState, RecvWr, SendWr, Wc, WcStatus, WrOp,
-};
+use byteexpress_verbs::{Access, ConnectAttr, Error, QpCap, QpState, SendWr, Wc, WcStatus, WrOp};
 use common::*;
 
 const T: Duration = Duration::from_secs(5);
@@ -52,16 +50,7 @@ fn connect_to_a_missing_qp_fails_at_once_and_leaves_reset() {
 #[test]
 fn a_receive_buffer_with_a_bad_key_answers_the_sender_rem_op_err() {
     let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
-    let sge = [byteexpress_verbs::Sge {
-        addr: b.mr.addr(),
-        len: 64,
-        lkey: b.mr.lkey() ^ 0x777,
-    }];
-    b.qp.post_recv(&RecvWr {
-        wr_id: 4,
-        sg_list: &sge,
-    })
-    .unwrap();
+    b.post_recv_with_bad_lkey(4);
     a.send(1, WrOp::Send, 0, 8, true).unwrap();
     assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::RemOpErr);
 }

@@ -17,9 +17,7 @@ use byteexpress_verbs::{
 
 /// The soft device of this process.
 pub fn soft() -> Context {
-    devices()
-        .into_iter()
-        .find(|d| d.name() == "soft0")
+    byteexpress_verbs::soft_device()
         .expect("soft0 is listed")
         .open()
         .expect("soft0 opens")
@@ -137,6 +135,22 @@ impl Side {
             inline: false,
         };
         self.qp.post_send(&wr).unwrap();
+    }
+
+    /// Posts receive `wr_id` of 64 bytes whose SGE names this side's memory with a wrong lkey
+    /// (a SEND landing in it must fail this side with a local protection error).
+    pub fn post_recv_with_bad_lkey(&self, wr_id: u64) {
+        let sge = [Sge {
+            addr: self.mr.addr(),
+            len: 64,
+            lkey: self.mr.lkey() ^ 0x777,
+        }];
+        self.qp
+            .post_recv(&RecvWr {
+                wr_id,
+                sg_list: &sge,
+            })
+            .unwrap();
     }
 
     pub fn sge(&self, off: usize, len: u32) -> Sge {

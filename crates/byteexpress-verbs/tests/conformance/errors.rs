@@ -292,16 +292,7 @@ fn an_mr_registered_after_connect_serves_receives() {
 #[test]
 fn a_receive_buffer_with_a_bad_key_fails_the_receiver() {
     let (a, b) = pair(QpCap::default(), ConnectAttr::default());
-    let sge = [byteexpress_verbs::Sge {
-        addr: b.mr.addr(),
-        len: 64,
-        lkey: b.mr.lkey() ^ 0x777,
-    }];
-    b.qp.post_recv(&RecvWr {
-        wr_id: 4,
-        sg_list: &sge,
-    })
-    .unwrap();
+    b.post_recv_with_bad_lkey(4);
     a.send(1, WrOp::Send, 0, 8, true).unwrap();
     let tx = poll_n(&a.send_cq, 1, T);
     assert_ne!(tx[0].status, WcStatus::Success, "{tx:?}");
