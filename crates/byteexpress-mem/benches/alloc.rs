@@ -10,9 +10,7 @@ use byteexpress_verbs::{Access, Pd};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn soft_pd() -> Pd {
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
+    byteexpress_verbs::soft_device()
         .expect("soft device")
         .open()
         .expect("open soft device")

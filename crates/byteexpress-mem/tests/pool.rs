@@ -1,18 +1,13 @@
 //! The fixed-size pool (a thin layer over one pool and its reserve) on the soft device.
 
+mod common;
+
 use byteexpress_mem::{BufPool, MemError, is_pool_memory};
 use byteexpress_verbs::Pd;
 use bytes::BufMut;
 
 fn pd() -> Pd {
-    let dev = byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
-        .expect("soft device");
-    dev.open()
-        .expect("open soft device")
-        .alloc_pd()
-        .expect("pd")
+    common::soft().alloc_pd().expect("pd")
 }
 
 #[test]

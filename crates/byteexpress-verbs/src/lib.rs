@@ -97,6 +97,12 @@ pub fn devices() -> Vec<Device> {
     out
 }
 
+/// The userspace soft device `soft0` as [`devices`] lists it: `None` when `BX_SOFT=0` hides it.
+/// For tests and hosts without an RDMA NIC; upper layers pick devices from [`devices`].
+pub fn soft_device() -> Option<Device> {
+    devices().into_iter().find(|d| !d.is_hardware())
+}
+
 /// Names of rdma-core devices (`ibv_get_device_list(3)`). Errors: [`Error::NoDevice`] when
 /// libibverbs is absent, the kernel has no RDMA, or the list is empty.
 pub fn ibverbs_devices() -> Result<Vec<String>> {

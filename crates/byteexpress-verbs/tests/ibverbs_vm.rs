@@ -100,12 +100,7 @@ fn probe_reaches_another_rxe_device_info_but_not_a_soft_one() {
     let me = ctx.device_info();
     let round = byteexpress_verbs::DeviceInfo::from_bytes(&me.to_bytes()).unwrap();
     assert!(ctx.probe(&round, 1).unwrap());
-    let soft = devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
-        .unwrap()
-        .open()
-        .unwrap();
+    let soft = byteexpress_verbs::soft_device().unwrap().open().unwrap();
     assert!(!ctx.probe(&soft.device_info(), 1).unwrap());
     assert!(!soft.probe(&me, 1).unwrap());
 }
@@ -113,12 +108,7 @@ fn probe_reaches_another_rxe_device_info_but_not_a_soft_one() {
 #[test]
 fn an_endpoint_of_the_soft_provider_is_refused() {
     let ctx = rxe0();
-    let soft = devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
-        .unwrap()
-        .open()
-        .unwrap();
+    let soft = byteexpress_verbs::soft_device().unwrap().open().unwrap();
     let spd = soft.alloc_pd().unwrap();
     let scq = soft.create_cq(4).unwrap();
     let sqp = spd.create_qp(&scq, &scq, QpCap::default()).unwrap();

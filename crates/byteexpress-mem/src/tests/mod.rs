@@ -14,16 +14,19 @@ pub(crate) fn pool(cfg: PoolConfig) -> Pool {
     }
     #[cfg(not(miri))]
     {
-        let pd = byteexpress_verbs::devices()
-            .into_iter()
-            .find(|d| !d.is_hardware())
-            .expect("soft device")
-            .open()
-            .expect("open soft device")
-            .alloc_pd()
-            .expect("pd");
-        Pool::new(&pd, cfg).unwrap()
+        Pool::new(&soft_pd(), cfg).unwrap()
     }
+}
+
+/// A protection domain on the soft device.
+#[cfg(not(miri))]
+pub(crate) fn soft_pd() -> byteexpress_verbs::Pd {
+    byteexpress_verbs::soft_device()
+        .expect("soft device")
+        .open()
+        .expect("open soft device")
+        .alloc_pd()
+        .expect("pd")
 }
 
 /// Classes 256 B to 16 KiB in 64 KiB chunks, at most four chunks, batches of 8.

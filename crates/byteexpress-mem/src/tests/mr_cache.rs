@@ -10,14 +10,7 @@ use proptest::prelude::*;
 use crate::{MemError, MrCache, MrCacheConfig};
 
 fn pd() -> Pd {
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
-        .expect("soft device")
-        .open()
-        .expect("open soft device")
-        .alloc_pd()
-        .expect("pd")
+    super::soft_pd()
 }
 
 fn cache(max_bytes: u64, max_entries: usize) -> MrCache {

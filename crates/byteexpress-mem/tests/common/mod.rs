@@ -1,4 +1,6 @@
 //! Helpers shared by this crate's integration tests that run on the soft device.
+// Each test binary uses its own subset.
+#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
@@ -6,9 +8,7 @@ use byteexpress_verbs::{Context, Cq, Wc};
 
 /// The process's soft device, opened.
 pub fn soft() -> Context {
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| !d.is_hardware())
+    byteexpress_verbs::soft_device()
         .expect("soft device")
         .open()
         .expect("open soft device")
