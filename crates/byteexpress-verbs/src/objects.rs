@@ -128,7 +128,8 @@ impl Pd {
     }
 
     /// Registers `[offset, offset + len)` of `mem` as an MR with `access` (`ibv_reg_mr(3)`).
-    /// Errors: `InvalidArgument` when the range is outside `mem` or larger than `max_mr_size`.
+    /// Errors: `InvalidArgument` when the range is empty, outside `mem` or larger than
+    /// `max_mr_size`.
     pub fn reg_shared(
         &self,
         mem: &SharedMem,
@@ -136,6 +137,13 @@ impl Pd {
         len: usize,
         access: Access,
     ) -> Result<Mr> {
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > mem.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "MR [{offset}, +{len}) outside memory of {} bytes (ibv_reg_mr(3) needs a \
+                 non-empty range)",
+                mem.len()
+            )));
+        }
         Ok(Mr {
             inner: self.inner.reg_shared(&mem.inner, offset, len, access)?,
             mem: mem.clone(),

@@ -71,20 +71,15 @@ impl PdImpl for IbvPd {
         access: Access,
     ) -> Result<Arc<dyn MrImpl>> {
         let max = self.ctx.query().max_mr_size;
-        if len == 0 || offset.checked_add(len).is_none_or(|end| end > mem.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "MR [{offset}, +{len}) outside memory of {} bytes",
-                mem.len()
-            )));
-        }
         if len as u64 > max {
             return Err(Error::InvalidArgument(format!(
                 "MR of {len} bytes exceeds max_mr_size {max}"
             )));
         }
         let bits = convert::access_bits(access)?;
-        // SAFETY: [offset, offset + len) lies inside the live mapping (checked above); the MR
-        // keeps the mapping alive (it holds `mem`) until it is deregistered.
+        // SAFETY: [offset, offset + len) lies inside the live mapping (checked by the caller,
+        // `Pd::reg_shared`); the MR keeps the mapping alive (it holds `mem`) until it is
+        // deregistered.
         let mr = unsafe {
             sys::ibv_reg_mr(
                 self.pd,

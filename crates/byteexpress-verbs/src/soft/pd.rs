@@ -259,13 +259,10 @@ impl PdImpl for SoftPd {
         let shm = mem.as_any().downcast_ref::<SoftShm>().ok_or_else(|| {
             Error::InvalidArgument("memory was not allocated by the soft device".into())
         })?;
-        let end = offset
-            .checked_add(len)
-            .ok_or_else(|| Error::InvalidArgument("range overflows".into()))?;
-        if end > shm.map.len() || len as u64 > limits::MAX_MR_SIZE {
+        if len as u64 > limits::MAX_MR_SIZE {
             return Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} outside the {} bytes of shared memory",
-                shm.map.len()
+                "MR of {len} bytes exceeds max_mr_size {}",
+                limits::MAX_MR_SIZE
             )));
         }
         if access.0 & !Access::ALL.0 != 0 {
