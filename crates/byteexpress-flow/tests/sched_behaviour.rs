@@ -145,6 +145,35 @@ fn peek_class_names_the_class_of_every_next_grant() {
 }
 
 #[test]
+fn next_by_class_tells_the_gate_the_class_it_grants_and_a_refusal_changes_nothing() {
+    let mut s = sched(1000, 1000, 3);
+    let (l, b) = (s.open(), s.open());
+    for _ in 0..7 {
+        s.enqueue(l, Class::Latency, 100).unwrap();
+    }
+    s.enqueue(b, Class::Bulk, 5000).unwrap();
+    let mut refused = false;
+    loop {
+        let mut asked = None;
+        let g = s.next_by_class(|_, class| {
+            asked = Some(class);
+            // Refuse every bulk chunk once, as a bulk credit cap would.
+            if class == Class::Bulk {
+                refused = !refused;
+            }
+            class == Class::Latency || !refused
+        });
+        match (g, asked) {
+            (Some(g), Some(class)) => assert_eq!(g.class, class),
+            (None, Some(Class::Bulk)) => {}
+            (None, None) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(s.is_empty());
+}
+
+#[test]
 fn latency_class_is_uncapped_when_bulk_is_idle() {
     let mut s = sched(1000, 1000, 2);
     let l = s.open();

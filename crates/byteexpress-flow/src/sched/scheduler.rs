@@ -121,9 +121,17 @@ impl Scheduler {
     /// take a credit) and answer whether it succeeded.
     #[inline]
     pub fn next(&mut self, can_send: impl FnOnce(u32) -> bool) -> Option<Grant> {
+        self.next_by_class(|len, _| can_send(len))
+    }
+
+    /// As [`Scheduler::next`], the gate also told the designated chunk's class, so it can
+    /// apply a per-class limit (such as
+    /// [`Credits::can_send_bulk`](crate::credit::Credits::can_send_bulk)).
+    #[inline]
+    pub fn next_by_class(&mut self, can_send: impl FnOnce(u32, Class) -> bool) -> Option<Grant> {
         let class = self.peek_class()?;
         let bulk = !self.rounds[1].is_empty();
-        let grant = self.drr_next(class, can_send)?;
+        let grant = self.drr_next(class, |len| can_send(len, class))?;
         self.latency_streak = match class {
             Class::Latency if bulk => self.latency_streak + 1,
             _ => 0,
@@ -133,9 +141,7 @@ impl Scheduler {
 
     /// The class whose chunk [`Scheduler::next`] designates now, `None` when nothing is
     /// queued: latency while it has messages and has not used its burst beside a bulk
-    /// backlog, else bulk. Lets a gate apply a per-class limit (such as
-    /// [`Credits::can_send_bulk`](crate::credit::Credits::can_send_bulk)) before the chunk is
-    /// dequeued.
+    /// backlog, else bulk.
     #[inline]
     pub fn peek_class(&self) -> Option<Class> {
         let latency = !self.rounds[0].is_empty();

@@ -107,8 +107,7 @@ impl Outbox {
     /// The chunk the scheduler designates, if `gate(wire bytes, class)` admits it; `None` when
     /// nothing waits or the gate refused (the same chunk is designated next time).
     pub(super) fn next(&mut self, gate: impl FnOnce(u32, Class) -> bool) -> Option<Next> {
-        let class = self.sched.peek_class()?;
-        let g = self.sched.next(|len| gate(len, class))?;
+        let g = self.sched.next_by_class(gate)?;
         let msg = self
             .msgs
             .get_mut(&g.msg)
