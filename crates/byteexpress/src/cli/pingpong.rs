@@ -458,12 +458,7 @@ impl Connector<'_> {
         drop(listener);
         s.set_read_timeout(Some(EXCHANGE_TIMEOUT))
             .map_err(|e| e.to_string())?;
-        let peer = read_line(&mut s)?;
-        let ext = if self.soft {
-            Some(read_ext(&mut s)?)
-        } else {
-            None
-        };
+        let (peer, ext) = self.read_peer(&mut s)?;
         self.connect(&peer, ext)?;
         self.send_line(&mut s, my)?;
         let mut done = [0u8; DONE.len()];
@@ -478,6 +473,13 @@ impl Connector<'_> {
         Ok(peer)
     }
 
+    /// The peer's address line and, on the soft device, its soft endpoint after it.
+    fn read_peer(&self, s: &mut TcpStream) -> Result<(Dest, Option<Endpoint>), String> {
+        let peer = read_line(s)?;
+        let ext = if self.soft { Some(read_ext(s)?) } else { None };
+        Ok((peer, ext))
+    }
+
     fn client(&self, host: &str, my: &Dest) -> Result<Dest, String> {
         let port = self.args.port;
         let mut s = TcpStream::connect((host, port))
@@ -485,12 +487,7 @@ impl Connector<'_> {
         s.set_read_timeout(Some(EXCHANGE_TIMEOUT))
             .map_err(|e| e.to_string())?;
         self.send_line(&mut s, my)?;
-        let peer = read_line(&mut s)?;
-        let ext = if self.soft {
-            Some(read_ext(&mut s)?)
-        } else {
-            None
-        };
+        let (peer, ext) = self.read_peer(&mut s)?;
         // The peer is connected once its line arrives; our receives go up before "done", so
         // the server's first answer always finds one.
         self.connect(&peer, ext)?;
