@@ -241,9 +241,13 @@ proptest! {
                 Op::Release { which } => {
                     if !kept.is_empty() {
                         let (h, _) = kept.remove(which % kept.len());
-                        let id = h.region_id();
+                        let (id, lkey) = (h.region_id(), h.lkey());
                         drop(h);
-                        if !kept.iter().any(|(k, _)| k.region_id() == id) {
+                        // The pin holds while a handle on the same entry is kept; a handle on
+                        // an older, invalidated entry of the region does not pin the new one.
+                        if pinned.get(&id) == Some(&lkey)
+                            && !kept.iter().any(|(k, _)| k.region_id() == id && k.lkey() == lkey)
+                        {
                             pinned.remove(&id);
                         }
                     }
