@@ -21,6 +21,11 @@
 //! back however long the application holds on; only when the pool has no free buffer left is the
 //! message copied out and its own buffer re-posted. Chunks of a larger message are copied once
 //! into a buffer of the announced size, and their receive buffers re-posted at once.
+//!
+//! One round of the engine polls the CQ (delivering single-chunk messages, deferring chunks),
+//! posts what is due, and copies one deferred chunk. A round that delivered a message yields
+//! to the runtime before copying, so the handler or caller runs (and its answer is posted)
+//! before more chunk copies.
 
 mod device_window;
 mod outbox;
@@ -83,8 +88,10 @@ pub(crate) struct RdmaParts {
 
 /// Receives posted on a link's QP, each buffer owned by its WR until the completion.
 pub(crate) type Posted = PostedBufs<()>;
-/// Received chunks copied per round of the engine, between two polls of the CQ.
-const CHUNK_COPIES_PER_ROUND: usize = 2;
+/// Received chunks copied per round of the engine, between two polls of the CQ (a small
+/// message polled meanwhile waits behind this many chunk copies at most; one measured best in
+/// `integration-tests/benches/mixed_traffic.rs`).
+const CHUNK_COPIES_PER_ROUND: usize = 1;
 /// Busy rounds of the engine between two yields to its runtime.
 const BUSY_ROUNDS_PER_YIELD: u32 = 8;
 /// wr_id tags (top byte) of the link's receive and send WRs, which share one CQ.
@@ -143,6 +150,7 @@ pub(crate) fn spawn(
         epoch: Instant::now(),
         held: Vec::new(),
         held_until: None,
+        delivered: false,
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer));
     link
@@ -164,6 +172,17 @@ fn queue_budget(cfg: QueueConfig, posted: &Posted) -> QueueBudget {
 struct SendMeta {
     charged: u64,
     posted_at: Instant,
+}
+
+/// What one [`Engine::step`] did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Delivered a message to the application; deferred chunks still to copy.
+    Delivered,
+    /// Did something else: run again before sleeping.
+    Busy,
+    /// Nothing to do: sleep until a completion, a message or a timer.
+    Idle,
 }
 
 /// Why the chunk due next was not posted.
@@ -195,6 +214,8 @@ struct Engine {
     /// to re-post them.
     held: Vec<(PoolBuf, byteexpress_flow::credit::MsgKind)>,
     held_until: Option<Instant>,
+    /// A message was delivered to the application in the current round.
+    delivered: bool,
 }
 
 impl Engine {
@@ -207,9 +228,24 @@ impl Engine {
         let mut busy_rounds = 0u32;
         let why = loop {
             match self.step(&mut rx) {
-                Ok(true) => {
+                Ok(Round::Delivered) => {
+                    // A message went to its handler or caller: let it run now (on a
+                    // current-thread runtime it runs only when the engine yields), post what
+                    // it answered, then copy the chunks this round left, so chunks progress
+                    // however many small messages arrive.
+                    busy_rounds = 0;
+                    tokio::task::yield_now().await;
+                    let after = self
+                        .send_queued(&mut rx)
+                        .and_then(|_| self.copy_chunks(CHUNK_COPIES_PER_ROUND));
+                    if let Err(why) = after {
+                        break why;
+                    }
+                    continue;
+                }
+                Ok(Round::Busy) => {
                     // Let the handlers and callers on this runtime run every few busy rounds
-                    // (a round posts one bulk chunk and copies two): on a current-thread
+                    // (a round posts one bulk chunk and copies one): on a current-thread
                     // runtime a busy engine would otherwise hold a small call's handler until
                     // bulk stops. Not every round: a yield may wake another worker thread.
                     busy_rounds += 1;
@@ -219,7 +255,7 @@ impl Engine {
                     }
                     continue;
                 }
-                Ok(false) => {}
+                Ok(Round::Idle) => {}
                 Err(why) => break why,
             }
             let cq = self.parts.cq.clone();
@@ -252,8 +288,10 @@ impl Engine {
         );
     }
 
-    /// One round of work; Ok(true) when something happened (run again before sleeping).
-    fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
+    /// One round of work: poll the CQ (single-chunk messages are delivered, chunks deferred),
+    /// post what is due, then copy a few deferred chunks unless a message was delivered (the
+    /// caller yields first, then copies them).
+    fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<Round, Status> {
         let released = self.release_held()?;
         let mut wcs = [Wc::default(); 32];
         let n = self
@@ -261,12 +299,22 @@ impl Engine {
             .cq
             .poll(&mut wcs)
             .map_err(|e| Status::new(Code::Unavailable, format!("poll_cq: {e}")))?;
+        self.delivered = false;
         for wc in &wcs[..n] {
             self.on_completion(wc)?;
         }
-        self.copy_chunks(CHUNK_COPIES_PER_ROUND)?;
         let sent = self.send_queued(rx)?;
-        Ok(n > 0 || sent || released || !self.chunks.is_empty())
+        if self.delivered {
+            return Ok(Round::Delivered);
+        }
+        // Copies re-post receive buffers: the credits they free go out in the next round.
+        let copied = !self.chunks.is_empty();
+        self.copy_chunks(CHUNK_COPIES_PER_ROUND)?;
+        Ok(if n > 0 || sent || released || copied {
+            Round::Busy
+        } else {
+            Round::Idle
+        })
     }
 
     fn on_completion(&mut self, wc: &Wc) -> Result<(), Status> {

@@ -54,9 +54,9 @@ impl Engine {
     /// Copies up to `limit` received chunks into their messages, oldest first, re-posts their
     /// buffers and delivers each message completed; the rest wait for the next round. Chunks
     /// are taken off the CQ with everything else, but copied only after the single-chunk
-    /// messages polled with them were delivered, and a few per round, so a small call waits
-    /// at the receiver behind at most a few chunk copies (the receive side of the latency
-    /// class), not behind every chunk that arrived before it.
+    /// messages polled with them were delivered (and their handlers or callers had a turn),
+    /// and one per round, so a small call waits at the receiver behind at most one chunk copy
+    /// (the receive side of the latency class), not behind every chunk that arrived before it.
     pub(super) fn copy_chunks(&mut self, limit: usize) -> Result<(), Status> {
         for _ in 0..limit {
             let Some((buf, h, kind)) = self.chunks.pop_front() else {
@@ -85,6 +85,7 @@ impl Engine {
             Kind::Error => Err(peer_error(&msg)),
             _ => {
                 self.dispatch.incoming(&self.link, msg);
+                self.delivered = true;
                 Ok(())
             }
         }
