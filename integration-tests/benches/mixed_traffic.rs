@@ -7,7 +7,9 @@
 //! 2. bulk bandwidth: 1 MiB pushes alone, 4 in flight;
 //! 3. mixed: the same small pulls while 1 MiB pushes are offered at half that bandwidth, with
 //!    `SchedMode::Fair` (scheduler) and with `SchedMode::Fifo` (the same chunks, first in first
-//!    out), each on its own link; the three cases alternate in 5 slices each;
+//!    out at both ends), each on its own link to its own server process (started with
+//!    `--sched` of the same mode, so the receiving end follows the mode too); the three cases
+//!    alternate in 5 slices each;
 //! 4. one-chunk time: `max_chunk` bytes at the measured bulk bandwidth.
 //!
 //! Prints a table and the two targets (reported, not asserted): scheduler-on p99 ≤ 2 × idle
@@ -71,10 +73,13 @@ fn pull_req() -> Request {
     }
 }
 
-fn push_req() -> Request {
+/// A 1 MiB push whose body is `body` (one buffer made once and shared by every push, as an
+/// application pushes gradients it already holds: allocating and filling 1 MiB per call
+/// would put that work, not the transport's, into the pulls' tail).
+fn push_req(body: &Bytes) -> Request {
     Request {
         method: "/test.Test/Push".into(),
-        body: Bytes::from(vec![2u8; PUSH]),
+        body: body.clone(),
         timeout: Some(Duration::from_secs(30)),
         ..Default::default()
     }
@@ -96,14 +101,15 @@ async fn pulls(client: &Client, d: Duration) -> Histogram<u64> {
 
 /// Bulk bandwidth alone: 1 MiB pushes, 4 in flight, for `d`; bytes/s.
 async fn bulk_bandwidth(client: &Client, d: Duration) -> f64 {
+    let body = Bytes::from(vec![2u8; PUSH]);
     let t0 = Instant::now();
     let end = t0 + d;
     let workers = (0..4).map(|_| {
-        let client = client.clone();
+        let (client, body) = (client.clone(), body.clone());
         async move {
             let mut n = 0u64;
             while Instant::now() < end {
-                client.call(push_req()).await.expect("push");
+                client.call(push_req(&body)).await.expect("push");
                 n += 1;
             }
             n
@@ -119,6 +125,7 @@ async fn mixed(pull: &Client, push: &Client, rate: f64, d: Duration) -> (Histogr
     let outstanding = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(tokio::sync::Notify::new());
+    let body = Bytes::from(vec![2u8; PUSH]);
     let pacer = {
         let (push, outstanding, done, stop) = (
             push.clone(),
@@ -139,8 +146,9 @@ async fn mixed(pull: &Client, push: &Client, rate: f64, d: Duration) -> (Histogr
                 }
                 outstanding.fetch_add(1, Ordering::Relaxed);
                 let (push, outstanding, done) = (push.clone(), outstanding.clone(), done.clone());
+                let req = push_req(&body);
                 tokio::spawn(async move {
-                    push.call(push_req()).await.expect("push");
+                    push.call(req).await.expect("push");
                     outstanding.fetch_sub(1, Ordering::Relaxed);
                     done.fetch_add(1, Ordering::Relaxed);
                 });
@@ -167,19 +175,18 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
 
 async fn run(d: Duration, grant: u32) {
     let g = grant.to_string();
-    let server = ServerProc::start(env!("CARGO_BIN_EXE_bx-test-server"), &["--grant", &g]).await;
-    let fair_pull = Client::connect(&server.addr, &cfg(SchedMode::Fair))
-        .await
-        .expect("connect");
-    let fair_push = Client::connect(&server.addr, &cfg(SchedMode::Fair))
-        .await
-        .expect("connect");
-    let fifo_pull = Client::connect(&server.addr, &cfg(SchedMode::Fifo))
-        .await
-        .expect("connect");
-    let fifo_push = Client::connect(&server.addr, &cfg(SchedMode::Fifo))
-        .await
-        .expect("connect");
+    // One server per mode, so both ends of a link run the same mode.
+    let bin = env!("CARGO_BIN_EXE_bx-test-server");
+    let fair_server = ServerProc::start(bin, &["--grant", &g, "--sched", "fair"]).await;
+    let fifo_server = ServerProc::start(bin, &["--grant", &g, "--sched", "fifo"]).await;
+    let connect = |addr: &str, mode| {
+        let addr = addr.to_string();
+        async move { Client::connect(&addr, &cfg(mode)).await.expect("connect") }
+    };
+    let fair_pull = connect(&fair_server.addr, SchedMode::Fair).await;
+    let fair_push = connect(&fair_server.addr, SchedMode::Fair).await;
+    let fifo_pull = connect(&fifo_server.addr, SchedMode::Fifo).await;
+    let fifo_push = connect(&fifo_server.addr, SchedMode::Fifo).await;
     // warm-up: pools, page faults, both links
     pulls(&fair_pull, Duration::from_millis(300)).await;
     pulls(&fifo_pull, Duration::from_millis(300)).await;

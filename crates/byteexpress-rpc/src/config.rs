@@ -71,8 +71,12 @@ pub enum SchedMode {
     /// most one chunk of a bulk message.
     #[default]
     Fair,
-    /// First in, first out over the same chunks: a message's chunks all go before the next
-    /// message's. For comparison (benchmarks); a small call waits behind whole bulk messages.
+    /// First in, first out over the same chunks, at both ends of the link: a message's chunks
+    /// all go before the next message's, and the receiver copies each chunk as it polls it
+    /// (Fair defers chunk copies until the single-chunk messages polled with them are
+    /// delivered). No latency class anywhere: for comparison (benchmarks); a small call waits
+    /// behind whole bulk messages. Each side applies its own mode to what it sends and
+    /// receives.
     Fifo,
 }
 

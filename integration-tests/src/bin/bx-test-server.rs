@@ -1,8 +1,8 @@
 //! The test server of the integration tests:
-//! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--addr HOST:PORT]`.
+//! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
-use byteexpress_rpc::{Config, Server, parse_transport};
+use byteexpress_rpc::{Config, SchedMode, Server, parse_transport};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
@@ -19,6 +19,13 @@ async fn main() -> std::io::Result<()> {
             "--grant" => cfg.grant = v.parse().expect("--grant N"),
             "--transport" => {
                 cfg.transport = parse_transport(&v).expect("--transport auto|rdma|tcp")
+            }
+            "--sched" => {
+                cfg.sched = match v.as_str() {
+                    "fair" => SchedMode::Fair,
+                    "fifo" => SchedMode::Fifo,
+                    _ => panic!("--sched fair|fifo"),
+                }
             }
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),

@@ -25,7 +25,8 @@
 //! One round of the engine polls the CQ (delivering single-chunk messages, deferring chunks),
 //! posts what is due, and copies one deferred chunk. A round that delivered a message yields
 //! to the runtime before copying, so the handler or caller runs (and its answer is posted)
-//! before more chunk copies.
+//! before more chunk copies: with [`SchedMode::Fifo`] the receiver copies chunks in arrival
+//! order instead.
 
 mod device_window;
 mod outbox;

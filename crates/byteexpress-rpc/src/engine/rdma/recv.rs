@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use super::reassembly::ReassemblyError;
 use super::{Engine, post_recv};
+use crate::config::SchedMode;
 use crate::engine::tcp::peer_error;
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
@@ -41,6 +42,10 @@ impl Engine {
         if h.more() || h.kind == Kind::Continuation {
             // A chunk: copied after the single-chunk messages polled with it.
             self.chunks.push_back((buf, h, kind));
+            if self.parts.sched == SchedMode::Fifo {
+                // No latency class: every chunk is copied as it is polled, in arrival order.
+                self.copy_chunks(usize::MAX)?;
+            }
             return Ok(());
         }
         if matches!(h.kind, Kind::Cancel | Kind::Error) {
