@@ -1,8 +1,9 @@
 //! Per-message cost of the flow-control hot path: credits (`try_send_data` + `on_receive`),
 //! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together
-//! (`all_one_msg`, where the peer's data message returns each credit, and
-//! `all_one_msg_one_way`, where explicit updates do), and together with the send-slot and
-//! CQ-entry accounting of `QueueBudget` (`all_one_msg_sq_cq`). The loops live in
+//! (one message per iteration: `all_one_msg_two_way`, where the ends take turns and each
+//! message's header returns the credit of the one before, and `all_one_msg_one_way`, where
+//! explicit updates do), and together with the send-slot and CQ-entry accounting of
+//! `QueueBudget` (`all_one_msg_two_way_sq_cq`). The loops live in
 //! [`hot_path`], shared with `examples/ir_count.rs` (instruction counts).
 //!
 //! Run: `cargo bench -p byteexpress-flow --bench accounting`
@@ -13,7 +14,9 @@ use std::hint::black_box;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
-use hot_path::{AllOne, Case, Credit2, PEER_DATA, PEER_DATA_WITH_QUEUES, Sched8, UPDATE};
+use hot_path::{
+    AllOne, Case, Credit2, Sched8, TWO_WAY, TWO_WAY_BACKLOGGED, TWO_WAY_WITH_QUEUES, UPDATE,
+};
 use hot_path::{WindowAdaptive, WindowStatic};
 
 /// Benchmarks `case` as `name` (monomorphised: the step inlines into criterion's loop).
@@ -28,12 +31,17 @@ fn bench(c: &mut Criterion) {
     run(&mut g, "window_static", WindowStatic::new());
     run(&mut g, "window_adaptive", WindowAdaptive::new());
     run(&mut g, "sched_8conns", Sched8::new());
-    run(&mut g, "all_one_msg", AllOne::<PEER_DATA>::new());
+    run(&mut g, "all_one_msg_two_way", AllOne::<TWO_WAY>::new());
     run(&mut g, "all_one_msg_one_way", AllOne::<UPDATE>::new());
     run(
         &mut g,
-        "all_one_msg_sq_cq",
-        AllOne::<PEER_DATA_WITH_QUEUES>::new(),
+        "all_one_msg_two_way_backlogged",
+        AllOne::<TWO_WAY_BACKLOGGED>::new(),
+    );
+    run(
+        &mut g,
+        "all_one_msg_two_way_sq_cq",
+        AllOne::<TWO_WAY_WITH_QUEUES>::new(),
     );
     g.finish();
 }

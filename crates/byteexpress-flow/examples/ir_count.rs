@@ -10,7 +10,9 @@ mod hot_path;
 
 use std::hint::black_box;
 
-use hot_path::{AllOne, Case, Credit2, PEER_DATA, PEER_DATA_WITH_QUEUES, Sched8, UPDATE};
+use hot_path::{
+    AllOne, Case, Credit2, Sched8, TWO_WAY, TWO_WAY_BACKLOGGED, TWO_WAY_WITH_QUEUES, UPDATE,
+};
 use hot_path::{WindowAdaptive, WindowStatic};
 
 /// Runs `case` `n` times through a reference the optimiser cannot see through, so the state
@@ -36,14 +38,15 @@ fn main() {
 }
 
 /// Every case by name, in report order.
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "credit_2msgs",
     "window_static",
     "window_adaptive",
     "sched_8conns",
-    "all_one_msg",
+    "all_one_msg_two_way",
     "all_one_msg_one_way",
-    "all_one_msg_sq_cq",
+    "all_one_msg_two_way_backlogged",
+    "all_one_msg_two_way_sq_cq",
 ];
 
 /// Runs `f` with the case called `name`, if there is one.
@@ -53,9 +56,10 @@ fn with_case(name: &str, f: &mut dyn FnMut(&mut dyn Case)) -> bool {
         "window_static" => f(&mut WindowStatic::new()),
         "window_adaptive" => f(&mut WindowAdaptive::new()),
         "sched_8conns" => f(&mut Sched8::new()),
-        "all_one_msg" => f(&mut AllOne::<PEER_DATA>::new()),
+        "all_one_msg_two_way" => f(&mut AllOne::<TWO_WAY>::new()),
         "all_one_msg_one_way" => f(&mut AllOne::<UPDATE>::new()),
-        "all_one_msg_sq_cq" => f(&mut AllOne::<PEER_DATA_WITH_QUEUES>::new()),
+        "all_one_msg_two_way_backlogged" => f(&mut AllOne::<TWO_WAY_BACKLOGGED>::new()),
+        "all_one_msg_two_way_sq_cq" => f(&mut AllOne::<TWO_WAY_WITH_QUEUES>::new()),
         _ => return false,
     }
     true

@@ -389,3 +389,79 @@ fn class_index(class: Class) -> usize {
         Class::Bulk => 1,
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// `offer` is `enqueue` plus, on an idle scheduler, an immediate grant: two schedulers fed
+    /// the same messages and gate answers, one through `offer` (then `next`) and one through
+    /// `enqueue` then `next`, grant the same chunks in the same order and stay equal.
+    #[test]
+    fn offer_grants_exactly_what_enqueue_then_next_grants(
+        max_chunk in 1u32..5000,
+        quantum_extra in 0u32..5000,
+        burst in 1u32..6,
+        ops in proptest::collection::vec(
+            (0usize..3, any::<bool>(), 1u64..12_000, any::<bool>(), 0usize..3),
+            1..300,
+        ),
+    ) {
+        let cfg = config(max_chunk, quantum_extra, burst);
+        let (mut a, mut b) = (Scheduler::new(cfg), Scheduler::new(cfg));
+        let ca: Vec<ConnId> = (0..3).map(|_| a.open()).collect();
+        let cb: Vec<ConnId> = (0..3).map(|_| b.open()).collect();
+        for (conn, bulk, len, admit, drains) in ops {
+            let class = if bulk { Class::Bulk } else { Class::Latency };
+            let was_idle = a.is_empty();
+            // a: offer; the gate may grant at once.
+            let offered = a.offer(ca[conn], class, len, |l, c| {
+                assert_eq!((u64::from(l), c), (len, class), "the whole message, its class");
+                admit
+            }).unwrap();
+            // b: enqueue, then one `next` only where the bypass could have applied.
+            b.enqueue(cb[conn], class, len).unwrap();
+            let bypass = was_idle && len <= u64::from(max_chunk);
+            let expected = if bypass { b.next_by_class(|_, _| admit) } else { None };
+            match offered {
+                byteexpress_flow::sched::Offer::Granted(g) => {
+                    let e = expected.expect("enqueue + next grants it too");
+                    prop_assert_eq!((g.conn.index(), g.class, g.msg, g.offset, g.len, g.last),
+                        (e.conn.index(), e.class, e.msg, e.offset, e.len, e.last));
+                }
+                byteexpress_flow::sched::Offer::Queued(_) => prop_assert!(expected.is_none()),
+            }
+            // Then both drain some chunks with an admitting gate: same grants.
+            for _ in 0..drains {
+                let (ga, gb) = (a.next(|_| true), b.next(|_| true));
+                prop_assert_eq!(ga.map(|g| (g.conn.index(), g.class, g.msg, g.offset, g.len, g.last)),
+                    gb.map(|g| (g.conn.index(), g.class, g.msg, g.offset, g.len, g.last)));
+            }
+            for c in Class::ALL {
+                prop_assert_eq!(a.backlog(c), b.backlog(c));
+            }
+        }
+    }
+}
+
+#[test]
+fn offer_rejects_what_enqueue_rejects_and_changes_nothing() {
+    let mut s = Scheduler::new(SchedConfig::default());
+    let conn = s.open();
+    let stale = s.open();
+    s.close(stale).unwrap();
+    let mut asked = false;
+    let mut gate = |_, _| {
+        asked = true;
+        true
+    };
+    assert_eq!(
+        s.offer(conn, Class::Latency, 0, &mut gate),
+        Err(SchedError::EmptyMessage)
+    );
+    assert_eq!(
+        s.offer(stale, Class::Latency, 10, &mut gate),
+        Err(SchedError::UnknownConn(stale))
+    );
+    assert!(!asked, "the gate is not asked for a rejected message");
+    assert!(s.is_empty());
+}

@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use byteexpress_flow::credit::{CreditConfig, Credits, MsgKind, QueueBudget, QueueConfig};
-use byteexpress_flow::sched::{Class, ConnId, SchedConfig, Scheduler};
+use byteexpress_flow::sched::{Class, ConnId, Offer, SchedConfig, Scheduler};
 use byteexpress_flow::window::{AdaptiveConfig, DeviceWindow, Window};
 
 /// One benchmarked loop body.
@@ -157,117 +157,166 @@ impl Case for Sched8 {
 }
 
 /// How the credit a message took comes back (the `R` of [`AllOne`]), and what else is counted:
-/// on the peer's next data message (charged to this one).
-pub const PEER_DATA: u8 = 0;
+/// on the next data message the other way; the ends take turns sending, each message through
+/// its sender's scheduler and window.
+pub const TWO_WAY: u8 = 0;
 /// In an explicit update every `update_threshold` messages, as on a one-way push.
 pub const UPDATE: u8 = 1;
-/// On the peer's data message, with send slots and CQ entries on both sides.
-pub const PEER_DATA_WITH_QUEUES: u8 = 2;
+/// As [`TWO_WAY`], with send slots and CQ entries on both ends.
+pub const TWO_WAY_WITH_QUEUES: u8 = 2;
+/// As [`TWO_WAY`], each end's scheduler holding a standing backlog of 8 messages on each of
+/// its 8 connections (a message joins the back of its queue; the one granted is the head
+/// of the connection whose turn it is).
+pub const TWO_WAY_BACKLOGGED: u8 = 3;
 
-/// The whole hot path for one message: enqueue, schedule gated by window and credits, post
-/// (window + credit), then the completion and the credit's return as `R` says
-/// (`all_one_msg`: [`PEER_DATA`]; `all_one_msg_one_way`: [`UPDATE`]; `all_one_msg_sq_cq`:
-/// [`PEER_DATA_WITH_QUEUES`], where every SEND also takes a send slot and its CQ entry, each
-/// side's receive completion frees a receive entry that the re-post takes again, and the send
-/// completions free the slots).
-pub struct AllOne<const R: u8> {
+/// One end of a link: its scheduler (8 connections), QP window and device window, credits and
+/// queue budget.
+struct End {
     s: Scheduler,
     conns: Vec<ConnId>,
-    a: Credits,
-    b: Credits,
-    qa: QueueBudget,
-    qb: QueueBudget,
+    credits: Credits,
+    queues: QueueBudget,
     w: Window,
     dev: DeviceWindow,
+}
+
+impl End {
+    fn new() -> Self {
+        let (s, conns) = warm_sched(8);
+        let qcfg = QueueConfig::new(128, 65, 128 + 65).unwrap();
+        let mut queues = QueueBudget::new(qcfg);
+        for _ in 0..65 {
+            queues.try_post_recv().unwrap();
+        }
+        Self {
+            s,
+            conns,
+            credits: Credits::new(CreditConfig::new(64).unwrap()),
+            queues,
+            w: adaptive_window(),
+            dev: DeviceWindow::new(16 << 20).unwrap(),
+        }
+    }
+
+    /// One 4 KiB message on connection `i` from this end to `to`, every account it touches
+    /// on both ends (with the send slot and CQ entries when `QUEUES`), its completion
+    /// reported at `now` (µs). Returns the bytes the window charged.
+    #[inline]
+    fn send<const QUEUES: bool>(&mut self, to: &mut End, i: usize, now: u64) -> u64 {
+        let queues = QUEUES;
+        // The gate posts (charges the window) when the credit and slot are there: one
+        // admission check instead of `can_post` then `try_post`. An idle scheduler grants the
+        // message at once (`offer`); behind a backlog it is queued and `next` grants the
+        // chunk whose turn it is.
+        let (w, dev, credits, q) = (&mut self.w, &mut self.dev, &self.credits, &self.queues);
+        let mut ticket = None;
+        let mut gate = |len: u32, _| {
+            if !credits.can_send() || (queues && !q.can_post_send()) {
+                return false;
+            }
+            ticket = w.try_post(dev, len.into()).ok();
+            ticket.is_some()
+        };
+        match self
+            .s
+            .offer(self.conns[i], Class::Bulk, black_box(4096), &mut gate)
+            .unwrap()
+        {
+            Offer::Granted(_) => {}
+            Offer::Queued(_) => {
+                self.s.next_by_class(&mut gate).unwrap();
+            }
+        }
+        let t = ticket.unwrap();
+        let pb = self.credits.try_send_data().unwrap();
+        if queues {
+            self.queues.try_post_send().unwrap();
+            to.queues.on_recv_completion().unwrap();
+        }
+        to.credits.on_receive(MsgKind::Data, pb).unwrap();
+        if queues {
+            to.queues.try_post_recv().unwrap();
+        }
+        to.credits.on_reposted(MsgKind::Data).unwrap();
+        if queues {
+            self.queues.on_send_completion().unwrap();
+        }
+        self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();
+        t.bytes
+    }
+}
+
+/// The whole hot path for one message, per iteration: enqueue, schedule gated by window and
+/// credits (and send slots), post (window + credit), the receiver's receive and re-post, the
+/// completion. The credit comes back as `R` says: `all_one_msg_two_way` ([`TWO_WAY`]): the
+/// ends take turns, so each message's header returns the credit of the one before it;
+/// `all_one_msg_one_way` ([`UPDATE`]): every message goes one way and the receiver returns
+/// credits in explicit updates (their receive and re-post counted too);
+/// `all_one_msg_two_way_sq_cq` ([`TWO_WAY_WITH_QUEUES`]): as two-way, every SEND also taking
+/// a send slot and its CQ entry, the receive completion freeing a receive entry that the
+/// re-post takes again, the send completion freeing the slot.
+pub struct AllOne<const R: u8> {
+    a: End,
+    b: End,
     i: usize,
     now: u64,
 }
 
 impl<const R: u8> AllOne<R> {
     pub fn new() -> Self {
-        let (s, conns) = warm_sched(8);
-        let (a, b) = credits();
-        let qcfg = QueueConfig::new(128, 65, 128 + 65).unwrap();
-        let (mut qa, mut qb) = (QueueBudget::new(qcfg), QueueBudget::new(qcfg));
-        for _ in 0..65 {
-            qa.try_post_recv().unwrap();
-            qb.try_post_recv().unwrap();
+        let (mut a, mut b) = (End::new(), End::new());
+        if R == TWO_WAY_BACKLOGGED {
+            for end in [&mut a, &mut b] {
+                for _ in 0..8 {
+                    for &c in &end.conns {
+                        end.s.enqueue(c, Class::Bulk, 4096).unwrap();
+                    }
+                }
+            }
         }
-        Self {
-            s,
-            conns,
-            a,
-            b,
-            qa,
-            qb,
-            w: adaptive_window(),
-            dev: DeviceWindow::new(16 << 20).unwrap(),
-            i: 0,
-            now: 0,
-        }
+        Self { a, b, i: 0, now: 0 }
     }
 }
 
 impl<const R: u8> Case for AllOne<R> {
     #[inline]
     fn step(&mut self) -> u64 {
-        let queues = R == PEER_DATA_WITH_QUEUES;
         self.i = (self.i + 1) & 7;
         self.now += 1;
-        self.s
-            .enqueue(self.conns[self.i], Class::Bulk, black_box(4096))
-            .unwrap();
-        let (w, dev, a, qa) = (&self.w, &self.dev, &self.a, &self.qa);
-        let grant = self
-            .s
-            .next(|len| {
-                w.can_post(dev, len.into()) && a.can_send() && (!queues || qa.can_post_send())
-            })
-            .unwrap();
-        let t = self.w.try_post(&mut self.dev, grant.len.into()).unwrap();
-        let pb = self.a.try_send_data().unwrap();
-        if queues {
-            self.qa.try_post_send().unwrap();
-            self.qb.on_recv_completion().unwrap();
-        }
-        self.b.on_receive(MsgKind::Data, pb).unwrap();
-        if queues {
-            self.qb.try_post_recv().unwrap();
-        }
-        self.b.on_reposted(MsgKind::Data).unwrap();
         if R == UPDATE {
-            if let Some(update) = self.b.poll_update() {
-                self.a.on_receive(MsgKind::CreditUpdate, update).unwrap();
-                self.a.on_reposted(MsgKind::CreditUpdate).unwrap();
+            let bytes = self.a.send::<false>(&mut self.b, self.i, self.now);
+            if let Some(update) = self.b.credits.poll_update() {
+                self.a
+                    .credits
+                    .on_receive(MsgKind::CreditUpdate, update)
+                    .unwrap();
+                self.a.credits.on_reposted(MsgKind::CreditUpdate).unwrap();
             }
-        } else {
-            // The peer's next message returns the credit.
-            let back = self.b.try_send_data().unwrap();
-            if queues {
-                self.qb.try_post_send().unwrap();
-                self.qa.on_recv_completion().unwrap();
-            }
-            self.a.on_receive(MsgKind::Data, back).unwrap();
-            if queues {
-                self.qa.try_post_recv().unwrap();
-            }
-            self.a.on_reposted(MsgKind::Data).unwrap();
-            if queues {
-                self.qb.on_send_completion().unwrap();
-                self.qa.on_send_completion().unwrap();
-            }
+            return bytes;
         }
-        self.w
-            .on_complete(&mut self.dev, t.bytes, 10, self.now)
-            .unwrap();
-        t.bytes
+        let (from, to) = if self.i & 1 == 0 {
+            (&mut self.a, &mut self.b)
+        } else {
+            (&mut self.b, &mut self.a)
+        };
+        if R == TWO_WAY_WITH_QUEUES {
+            from.send::<true>(to, self.i, self.now)
+        } else {
+            from.send::<false>(to, self.i, self.now)
+        }
     }
 
     fn check(&self) {
+        let (a, b) = (self.a.credits.stats(), self.b.credits.stats());
         if R == UPDATE {
             assert!(
-                self.a.stats().data_sent < 64 || self.b.stats().updates_sent > 0,
+                a.data_sent < 64 || b.updates_sent > 0,
                 "credits came back in updates"
+            );
+        } else {
+            assert!(
+                a.data_sent.abs_diff(b.data_sent) <= 1 && a.updates_sent + b.updates_sent == 0,
+                "the ends took turns, and credits came back on data messages"
             );
         }
     }

@@ -27,6 +27,12 @@
 //! chunk goes. Bulk therefore keeps at least one chunk in every `latency_burst + 1` grants
 //! (liveness), and a latency message waits behind at most one bulk chunk.
 //!
+//! # Bypass when idle
+//! [`Scheduler::offer`] is `enqueue` with a shortcut: a message of one chunk offered while
+//! nothing is queued goes straight to the gate and, if admitted, is granted without touching
+//! any queue or round. The outcome is the one `enqueue` + `next` would give; only the
+//! bookkeeping is skipped.
+//!
 //! # Gate and head-of-line
 //! `next` picks the chunk the rules above designate and calls `can_send(len)` once. If it
 //! answers `false`, nothing is dequeued and `next` returns `None`: the same chunk is
@@ -45,4 +51,4 @@ pub use chunk::{Chunk, Chunks};
 pub use config::SchedConfig;
 pub use error::SchedError;
 pub use scheduler::Scheduler;
-pub use types::{Class, ConnId, Dropped, Grant, MsgId};
+pub use types::{Class, ConnId, Dropped, Grant, MsgId, Offer};

@@ -1,7 +1,7 @@
 //! The QP scheduler: DRR per class, capped latency priority, chunking.
 
 use super::flow::{NIL, Pending, Round, Slot};
-use super::{Chunks, Class, ConnId, Dropped, Grant, MsgId, SchedConfig, SchedError};
+use super::{Chunks, Class, ConnId, Dropped, Grant, MsgId, Offer, SchedConfig, SchedError};
 
 /// Schedules the chunks of many logical connections onto one QP. Rules: [module
 /// docs](super).
@@ -113,6 +113,46 @@ impl Scheduler {
         Ok(id)
     }
 
+    /// Queues a message as [`Scheduler::enqueue`] does, except that when nothing is queued
+    /// (on any connection, in any class) and the message fits one chunk, it is offered to
+    /// `can_send(len, class)` at once and, if admitted, granted whole without being queued:
+    /// the bypass of an idle scheduler (as a Linux qdisc bypasses its empty queue). The
+    /// result, and the scheduler's state after, are those of `enqueue` followed by
+    /// [`Scheduler::next_by_class`] when the bypass applies, and of `enqueue` alone otherwise
+    /// (then call `next` as usual). `can_send` is called at most once.
+    ///
+    /// # Errors
+    /// As [`Scheduler::enqueue`]: [`SchedError::EmptyMessage`], [`SchedError::UnknownConn`];
+    /// nothing changes then.
+    #[inline]
+    pub fn offer(
+        &mut self,
+        conn: ConnId,
+        class: Class,
+        len: u64,
+        can_send: impl FnOnce(u32, Class) -> bool,
+    ) -> Result<Offer, SchedError> {
+        if self.is_empty() && len != 0 && len <= u64::from(self.cfg.max_chunk()) {
+            slot_mut(&mut self.slots, conn)?;
+            // Fits one chunk: len <= max_chunk, a u32.
+            if can_send(len as u32, class) {
+                let msg = MsgId(self.next_msg);
+                self.next_msg += 1;
+                // Nothing is queued: no bulk backlog, so no latency streak.
+                self.latency_streak = 0;
+                return Ok(Offer::Granted(Grant {
+                    conn,
+                    class,
+                    msg,
+                    offset: 0,
+                    len: len as u32,
+                    last: true,
+                }));
+            }
+        }
+        self.enqueue(conn, class, len).map(Offer::Queued)
+    }
+
     /// The next chunk to post, if `can_send(len)` (bytes) admits the chunk the rules
     /// designate; `None` when nothing is queued or the gate refused (then nothing changes and
     /// the same chunk is designated next time). A returned grant is dequeued: post it.
@@ -132,10 +172,10 @@ impl Scheduler {
         let class = self.peek_class()?;
         let bulk = !self.rounds[1].is_empty();
         let grant = self.drr_next(class, |len| can_send(len, class))?;
-        self.latency_streak = match class {
-            Class::Latency if bulk => self.latency_streak + 1,
-            _ => 0,
-        };
+        // One more latency grant in a row beside a bulk backlog, else the streak ends (no
+        // overflow: a latency grant beside bulk needs streak < latency_burst).
+        let extends = u32::from(class == Class::Latency && bulk);
+        self.latency_streak = (self.latency_streak + 1) * extends;
         Some(grant)
     }
 

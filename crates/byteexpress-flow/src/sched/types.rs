@@ -60,6 +60,17 @@ pub struct Grant {
     pub last: bool,
 }
 
+/// What [`Scheduler::offer`](super::Scheduler::offer) did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Nothing was queued and the gate admitted it: post this grant (the whole message, one
+    /// chunk) now.
+    Granted(Grant),
+    /// Queued under this id, as [`Scheduler::enqueue`] does; [`Scheduler::next`](super::Scheduler::next)
+    /// grants its chunks.
+    Queued(MsgId),
+}
+
 /// What [`Scheduler::close`](super::Scheduler::close) dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Dropped {

@@ -140,7 +140,7 @@ impl Window {
         self.in_flight = qp_sum;
         dev.set_in_flight(dev_sum);
         self.stats.posted += 1;
-        self.stats.posted_bytes = self.stats.posted_bytes.saturating_add(bytes);
+        self.stats.posted_bytes = self.stats.posted_bytes.wrapping_add(bytes);
         self.stats.escapes += u64::from(over_cap);
         Ok(Ticket { bytes, over_cap })
     }
@@ -176,7 +176,7 @@ impl Window {
         }
         self.in_flight -= bytes;
         dev.release(bytes);
-        self.stats.completed_bytes = self.stats.completed_bytes.saturating_add(bytes);
+        self.stats.completed_bytes = self.stats.completed_bytes.wrapping_add(bytes);
         let Some(aimd) = &mut self.aimd else {
             return Ok(Adjust::Hold);
         };

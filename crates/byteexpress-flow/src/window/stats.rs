@@ -1,7 +1,8 @@
 //! Counters of a QP window, for metrics.
 
 /// Monotonic counters of one [`Window`](super::Window) since creation
-/// (unit: posts unless stated).
+/// (unit: posts unless stated). They wrap at `u64::MAX`, which the byte counters reach after
+/// 16 EiB (47 years at 100 Gb/s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WindowStats {
     /// Posts admitted.
