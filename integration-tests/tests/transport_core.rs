@@ -266,6 +266,28 @@ async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_calls_on_an_idle_link_go_out_whether_they_take_the_bypass_or_a_queue() {
+    // One call at a time, so each reaches an idle engine: a small one is granted on arrival
+    // (the scheduler's bypass), a multi-chunk one is queued and its chunks granted by the
+    // scheduler; neither may be left waiting for another event.
+    let server = ServerProc::start(SERVER, &["--grant", "4"]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+        .await
+        .unwrap();
+    for (i, len) in [10usize, 300_000, 10, 1 << 20, 7].into_iter().enumerate() {
+        let body = Bytes::from(vec![i as u8; len]);
+        let resp = tokio::time::timeout(Duration::from_secs(10), client.call(echo(body.clone())))
+            .await
+            .unwrap_or_else(|_| panic!("call {i} of {len} bytes left waiting"))
+            .expect("echo");
+        assert!(resp.body == body, "call {i} body");
+    }
+    let st = client.link_stats();
+    assert_eq!(st.messages_chunked, 2, "{st:?}");
+    assert_eq!(st.qp_errors, 0, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_queue_of_one_slot_carries_64_calls_in_flight_without_overrun() {
     // Each SEND needs a free SQ slot and CQ entry besides a credit; posting past max_send_wr
     // would fail with ENOMEM and take the link down.

@@ -6,7 +6,9 @@
 //! receiver ([`reassembly`]). Every chunk consumes one credit.
 //!
 //! Outgoing messages wait in an [`Outbox`] (`byteexpress_flow::sched`: fair among logical
-//! connections, single-chunk messages first). A chunk is posted when the scheduler designates it
+//! connections, single-chunk messages first); a single-chunk message that finds the outbox
+//! empty is offered to the gate on arrival and, if admitted, posted without being queued
+//! (`Scheduler::offer`, the idle bypass). A chunk is posted when the scheduler designates it
 //! and the gate admits it: a send credit, a free send-queue slot and CQ entry
 //! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
 //! and in its device's shared window ([`device_window`]). Both windows are charged the chunk's
@@ -53,7 +55,7 @@ use crate::message::Outgoing;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
 use crate::{Code, Status, Transport};
 pub(crate) use device_window::{SharedDeviceWindow, device_window};
-use outbox::Outbox;
+use outbox::{Outbox, Source};
 use reassembly::Reassembly;
 
 /// What an RDMA engine runs on; built by link set-up.
@@ -152,6 +154,7 @@ pub(crate) fn spawn(
         held: Vec::new(),
         held_until: None,
         delivered: false,
+        arrived: None,
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer));
     link
@@ -217,6 +220,9 @@ struct Engine {
     held_until: Option<Instant>,
     /// A message was delivered to the application in the current round.
     delivered: bool,
+    /// A message taken from the callers' channel while the engine slept, for
+    /// [`Engine::send_queued`] to offer first.
+    arrived: Option<Outgoing>,
 }
 
 impl Engine {
@@ -269,7 +275,7 @@ impl Engine {
             tokio::select! {
                 _ = stall_over => {}
                 m = rx.recv() => match m {
-                    Some(m) => self.outbox.push(m),
+                    Some(m) => self.arrived = Some(m),
                     None => break Status::new(Code::Unavailable, "link dropped"),
                 },
                 r = cq.ready(self.parts.busy_poll) => if let Err(e) = r {
@@ -379,19 +385,32 @@ impl Engine {
     fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
         let mut sent = false;
         loop {
+            // A message that finds the outbox empty is offered on arrival (the scheduler's
+            // idle bypass); any more are queued behind it, in order.
+            let mut fresh = self.arrived.take();
             while let Ok(m) = rx.try_recv() {
-                self.outbox.push(m);
+                if fresh.is_none() && self.outbox.is_empty() {
+                    fresh = Some(m);
+                } else {
+                    if let Some(f) = fresh.take() {
+                        self.outbox.push(f);
+                    }
+                    self.outbox.push(m);
+                }
             }
-            if self.outbox.is_empty()
-                || !self.queues.can_post_send()
-                || self.parts.send_pool.available() == 0
-            {
+            if fresh.is_none() && self.outbox.is_empty() {
+                break;
+            }
+            if !self.queues.can_post_send() || self.parts.send_pool.available() == 0 {
+                if let Some(f) = fresh {
+                    self.outbox.push(f);
+                }
                 break;
             }
             let mut dev = self.parts.device_window.lock();
             let mut wait = None;
             let (credits, window) = (&self.credits, &self.parts.window);
-            let next = self.outbox.next(|len, class| {
+            let gate = |len: u32, class| {
                 let credit = match class {
                     Class::Latency => credits.can_send(),
                     Class::Bulk => credits.can_send_bulk(),
@@ -404,12 +423,18 @@ impl Engine {
                     None
                 };
                 wait.is_none()
-            });
+            };
+            let next = match fresh {
+                Some(m) => self.outbox.offer(m, gate),
+                None => self.outbox.next(gate),
+            };
             let Some(n) = next else {
                 match wait {
                     Some(Wait::Credit) => LinkCounters::bump(&self.counters.credit_blocked),
                     Some(Wait::Window) => LinkCounters::bump(&self.counters.window_blocked),
-                    None => {}
+                    // The gate was not asked: an offered message too large for the bypass
+                    // was queued; the scheduler grants its first chunk next time round.
+                    None => continue,
                 }
                 break;
             };
@@ -423,12 +448,17 @@ impl Engine {
                 .credits
                 .try_send_data()
                 .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
-            let msg = self.outbox.msg(n.msg);
+            let msg = match &n.msg {
+                Source::Queued(id) => self.outbox.msg(*id),
+                Source::Bypassed(m) => m,
+            };
             let buf = chunk_buf(&self.parts, n.header, pb, |b| {
                 msg.copy_payload(b, n.off, n.len)
             })?;
             if n.last {
-                self.outbox.finish(n.msg);
+                if let Source::Queued(id) = n.msg {
+                    self.outbox.finish(id);
+                }
                 if n.chunked {
                     LinkCounters::bump(&self.counters.messages_chunked);
                 }

@@ -9,12 +9,21 @@
 
 use std::collections::HashMap;
 
-use byteexpress_flow::sched::{Class, ConnId, MsgId, SchedConfig, Scheduler};
+use byteexpress_flow::sched::{Class, ConnId, MsgId, Offer, SchedConfig, Scheduler};
 
 use super::send::OutMsg;
 use crate::config::SchedMode;
 use crate::message::Outgoing;
 use crate::wire::header::Header;
+
+/// Where the message of a [`Next`] is.
+#[derive(Debug)]
+pub(super) enum Source {
+    /// In the outbox, under this id ([`Outbox::msg`]; [`Outbox::finish`] after its last chunk).
+    Queued(MsgId),
+    /// Granted on arrival, never queued ([`Outbox::offer`]): here.
+    Bypassed(Box<OutMsg>),
+}
 
 /// The next chunk to post, as the scheduler granted it.
 #[derive(Debug)]
@@ -22,7 +31,7 @@ pub(super) struct Next {
     /// Its header (credit fields still to fill).
     pub header: Header,
     /// Message it belongs to.
-    pub msg: MsgId,
+    pub msg: Source,
     /// Payload range after the header: offset and length (bytes).
     pub off: usize,
     pub len: usize,
@@ -76,8 +85,56 @@ impl Outbox {
 
     /// Queues `msg`.
     pub(super) fn push(&mut self, msg: Outgoing) {
-        let conn_id = msg.header.conn_id;
         let msg = OutMsg::new(msg);
+        let (conn, class, wire) = self.place(&msg);
+        let id = self
+            .sched
+            .enqueue(conn, class, wire)
+            .expect("open connection, at least a header's bytes");
+        self.msgs.insert(id, msg);
+    }
+
+    /// Offers `msg` as it arrives ([`Scheduler::offer`]): when nothing waits and it fits one
+    /// chunk, `gate(wire bytes, class)` is asked at once and, if it admits, the message is
+    /// returned to post without being queued; otherwise it is queued as [`Outbox::push`] does
+    /// and `None` returned (the gate was refused, or not asked).
+    pub(super) fn offer(
+        &mut self,
+        msg: Outgoing,
+        gate: impl FnOnce(u32, Class) -> bool,
+    ) -> Option<Next> {
+        let mut msg = OutMsg::new(msg);
+        let (conn, class, wire) = self.place(&msg);
+        let offer = self
+            .sched
+            .offer(conn, class, wire, gate)
+            .expect("open connection, at least a header's bytes");
+        match offer {
+            Offer::Queued(id) => {
+                self.msgs.insert(id, msg);
+                None
+            }
+            Offer::Granted(g) => {
+                self.release_if_idle(g.conn, msg.conn_id());
+                let (header, off, len) = msg.next_chunk(self.chunk);
+                debug_assert!(msg.done());
+                Some(Next {
+                    header,
+                    msg: Source::Bypassed(Box::new(msg)),
+                    off,
+                    len,
+                    wire: g.len,
+                    last: true,
+                    chunked: false,
+                })
+            }
+        }
+    }
+
+    /// The scheduler connection, class and wire length (bytes) of `msg`; opens the
+    /// connection if needed.
+    fn place(&mut self, msg: &OutMsg) -> (ConnId, Class, u64) {
+        let conn_id = msg.conn_id();
         let wire = msg.wire_len_in_chunks(self.chunk);
         let (conn, class) = match self.mode {
             SchedMode::Fifo => (
@@ -97,11 +154,20 @@ impl Outbox {
                 (conn, class)
             }
         };
-        let id = self
-            .sched
-            .enqueue(conn, class, wire)
-            .expect("open connection, at least a header's bytes");
-        self.msgs.insert(id, msg);
+        (conn, class, wire)
+    }
+
+    /// Frees `conn` (the scheduler's connection of `conn_id`) if nothing is queued on it
+    /// (Fair): its DRR state resets anyway.
+    fn release_if_idle(&mut self, conn: ConnId, conn_id: u32) {
+        if self.mode == SchedMode::Fair
+            && Class::ALL
+                .iter()
+                .all(|&c| self.sched.queued_bytes(conn, c) == 0)
+        {
+            let _ = self.sched.close(conn);
+            self.conns.remove(&conn_id);
+        }
     }
 
     /// The chunk the scheduler designates, if `gate(wire bytes, class)` admits it; `None` when
@@ -116,19 +182,12 @@ impl Outbox {
         let (header, off, len) = msg.next_chunk(self.chunk);
         debug_assert_eq!(g.len as usize, crate::wire::header::HEADER_LEN + len);
         debug_assert_eq!(g.last, msg.done());
-        if g.last
-            && self.mode == SchedMode::Fair
-            && Class::ALL
-                .iter()
-                .all(|&c| self.sched.queued_bytes(g.conn, c) == 0)
-        {
-            // Nothing left on this connection: free its slot (DRR state resets anyway).
-            let _ = self.sched.close(g.conn);
-            self.conns.remove(&header.conn_id);
+        if g.last {
+            self.release_if_idle(g.conn, header.conn_id);
         }
         Some(Next {
             header,
-            msg: g.msg,
+            msg: Source::Queued(g.msg),
             off,
             len,
             wire: g.len,
@@ -180,7 +239,9 @@ mod tests {
             assert_eq!(n.wire as usize, HEADER_LEN + n.len);
             out.push((n.header.call_id, n.header.kind));
             if n.last {
-                o.finish(n.msg);
+                if let Source::Queued(id) = n.msg {
+                    o.finish(id);
+                }
             }
         }
         assert!(o.is_empty());
@@ -228,7 +289,9 @@ mod tests {
             if !n.last {
                 assert_eq!(n.wire as usize, CHUNK, "every chunk but the last is full");
             } else {
-                o.finish(n.msg);
+                if let Source::Queued(id) = n.msg {
+                    o.finish(id);
+                }
             }
         }
         assert_eq!(next_off, payload);
@@ -237,6 +300,42 @@ mod tests {
             !last && rest.iter().all(|&m| m),
             "FLAG_MORE on all but the last"
         );
+    }
+
+    #[test]
+    fn an_offered_small_message_on_an_empty_outbox_is_granted_at_once_without_queueing() {
+        let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+        let n = o.offer(msg(1, 7, 10), |_, class| {
+            assert_eq!(class, Class::Latency);
+            true
+        });
+        let n = n.expect("granted on arrival");
+        assert!(matches!(n.msg, Source::Bypassed(_)));
+        assert!(n.last && !n.chunked);
+        assert_eq!(n.header.call_id, 7);
+        assert_eq!(n.wire as usize, HEADER_LEN + n.len);
+        assert!(o.is_empty(), "nothing was queued");
+    }
+
+    #[test]
+    fn an_offered_message_is_queued_when_refused_too_large_or_behind_others() {
+        // Refused by the gate: queued, and granted later by `next`.
+        let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+        assert!(o.offer(msg(1, 1, 10), |_, _| false).is_none());
+        assert_eq!(drain(&mut o), vec![(1, Kind::Request)]);
+        // Larger than one chunk: queued without asking the gate.
+        assert!(
+            o.offer(msg(1, 2, 3 * CHUNK), |_, _| panic!("no bypass for chunks"))
+                .is_none()
+        );
+        // Behind a queued message: queued without asking the gate, in order.
+        assert!(
+            o.offer(msg(2, 3, 10), |_, _| panic!("no bypass behind a queue"))
+                .is_none()
+        );
+        let order = drain(&mut o);
+        assert_eq!(order.len(), 5);
+        assert!(order.contains(&(3, Kind::Request)));
     }
 
     #[test]

@@ -25,6 +25,11 @@ impl OutMsg {
         }
     }
 
+    /// The logical connection (`conn_id` of its header).
+    pub(super) fn conn_id(&self) -> u32 {
+        self.msg.header.conn_id
+    }
+
     /// Metadata + body bytes (the message without its header).
     pub(super) fn payload_len(&self) -> usize {
         self.msg.meta.len() + self.msg.body.len()
