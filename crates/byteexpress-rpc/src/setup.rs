@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use byteexpress_flow::credit::QueueConfig;
 use byteexpress_flow::window::Window;
-use byteexpress_mem::BufPool;
+use byteexpress_mem::{BufPool, Pool, PoolConfig};
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
 use byteexpress_verbs::{ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
 use tokio::net::TcpStream;
@@ -117,6 +117,14 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         .map_err(|e| Status::new(Code::InvalidArgument, format!("RDMA queues: {e}")))?;
     let recv_pool = BufPool::new(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
     let send_pool = BufPool::new(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
+    let reassembly_pool = Pool::new(
+        &pd,
+        PoolConfig {
+            limit: rdma::REASSEMBLY_POOL_BYTES,
+            ..PoolConfig::for_device(ctx)
+        },
+    )
+    .map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
     if chunk <= HEADER_LEN {
         return Err(Status::new(
@@ -130,6 +138,7 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         queues,
         recv_pool,
         send_pool,
+        reassembly_pool,
         grant: cfg.grant,
         busy_poll: cfg.busy_poll,
         chunk,

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback, QueueBudget, QueueConfig};
 use byteexpress_flow::sched::Class;
 use byteexpress_flow::window::Window;
-use byteexpress_mem::{BufPool, PoolBuf, PostedBufs};
+use byteexpress_mem::{BufPool, Pool, PoolBuf, PostedBufs};
 use byteexpress_verbs::{Cq, Qp, Wc, WcOpcode, WcStatus, WrOp};
 use tokio::sync::mpsc;
 
@@ -70,6 +70,10 @@ pub(crate) struct RdmaParts {
     pub recv_pool: BufPool,
     /// Send buffers, each as large as the peer's receive buffers.
     pub send_pool: BufPool,
+    /// Buffers that multi-chunk messages are reassembled into (size classes up to 2 MiB,
+    /// registered on first use, at most [`REASSEMBLY_POOL_BYTES`]); a message larger than
+    /// the largest class, or arriving while the pool is used up, goes to the heap instead.
+    pub reassembly_pool: Pool,
     /// Receive buffers each side posts for the other's data (send credits), the same on both
     /// sides of a link: the smaller of the client's and the server's configured grant.
     pub grant: u32,
@@ -88,6 +92,12 @@ pub(crate) struct RdmaParts {
     /// Chunk order (`Config::sched`).
     pub sched: SchedMode,
 }
+
+/// Most bytes a link's reassembly pool registers (reassembled messages alive at once, in
+/// power-of-two classes: a 1 MiB body with its metadata takes a 2 MiB buffer). Reused buffers
+/// spare each large message the heap's fresh pages: glibc gives a freed 1 MiB block back to
+/// the kernel, so the next one page-faults on every 4 KiB it receives.
+pub(crate) const REASSEMBLY_POOL_BYTES: u64 = 32 << 20;
 
 /// Receives posted on a link's QP, each buffer owned by its WR until the completion.
 pub(crate) type Posted = PostedBufs<()>;
@@ -140,7 +150,7 @@ pub(crate) fn spawn(
     );
     let engine = Engine {
         queues: queue_budget(parts.queues, &posted),
-        reassembly: Reassembly::new(parts.max_message),
+        reassembly: Reassembly::new(parts.max_message, Some(parts.reassembly_pool.clone())),
         chunks: VecDeque::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,

@@ -238,10 +238,10 @@ mod tests {
         }) {
             assert_eq!(n.wire as usize, HEADER_LEN + n.len);
             out.push((n.header.call_id, n.header.kind));
-            if n.last {
-                if let Source::Queued(id) = n.msg {
-                    o.finish(id);
-                }
+            if n.last
+                && let Source::Queued(id) = n.msg
+            {
+                o.finish(id);
             }
         }
         assert!(o.is_empty());
@@ -288,10 +288,8 @@ mod tests {
             more.push(n.header.more());
             if !n.last {
                 assert_eq!(n.wire as usize, CHUNK, "every chunk but the last is full");
-            } else {
-                if let Source::Queued(id) = n.msg {
-                    o.finish(id);
-                }
+            } else if let Source::Queued(id) = n.msg {
+                o.finish(id);
             }
         }
         assert_eq!(next_off, payload);

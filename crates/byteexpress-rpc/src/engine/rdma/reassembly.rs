@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use byteexpress_mem::{Pool, RegisteredBuf};
 use bytes::Bytes;
 
 use crate::message::Incoming;
@@ -52,13 +53,57 @@ pub(crate) enum ReassemblyError {
     },
 }
 
+/// Where a message is reassembled: registered memory from the link's pool, or the heap.
+#[derive(Debug)]
+enum Buf {
+    Registered(RegisteredBuf),
+    Heap(Vec<u8>),
+}
+
+impl Buf {
+    /// A buffer for `len` bytes: from `pool` if it has one, else from the heap.
+    fn new(pool: Option<&Pool>, len: usize) -> Buf {
+        match pool.map(|p| p.try_alloc(len)) {
+            Some(Ok(b)) => Buf::Registered(b),
+            _ => Buf::Heap(Vec::with_capacity(len)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buf::Registered(b) => b.len(),
+            Buf::Heap(v) => v.len(),
+        }
+    }
+
+    /// Appends `data`, which the caller checked fits the announced length.
+    fn extend(&mut self, data: &[u8]) {
+        match self {
+            Buf::Registered(b) => {
+                let fits = b.extend_from_slice(data);
+                debug_assert!(fits.is_ok(), "checked against the announced length");
+            }
+            Buf::Heap(v) => v.extend_from_slice(data),
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Buf::Registered(b) => b.freeze(),
+            Buf::Heap(v) => Bytes::from(v),
+        }
+    }
+}
+
 /// A message being reassembled.
 #[derive(Debug)]
 struct Partial {
     /// The first chunk's header (whole-message lengths).
     header: Header,
-    /// Metadata + body so far; capacity = the announced `meta_len + body_len`.
-    data: Vec<u8>,
+    /// The announced `meta_len + body_len` (bytes).
+    len: usize,
+    /// Metadata + body so far.
+    data: Buf,
 }
 
 /// Messages being reassembled on one link, by `(conn_id, call_id)`.
@@ -66,14 +111,17 @@ struct Partial {
 pub(crate) struct Reassembly {
     partial: HashMap<(u32, u64), Partial>,
     max_message: u64,
+    pool: Option<Pool>,
 }
 
 impl Reassembly {
-    /// Accepts messages of at most `max_message` bytes (header + metadata + body).
-    pub(crate) fn new(max_message: usize) -> Self {
+    /// Accepts messages of at most `max_message` bytes (header + metadata + body), reassembled
+    /// in buffers from `pool` when it has one (else, or when none is free, on the heap).
+    pub(crate) fn new(max_message: usize, pool: Option<Pool>) -> Self {
         Reassembly {
             partial: HashMap::new(),
             max_message: max_message as u64,
+            pool,
         }
     }
 
@@ -104,17 +152,24 @@ impl Reassembly {
                 return Err(ReassemblyError::Restarted(key));
             }
             // Checked above: fits in max_message, which is a usize.
-            let mut data = Vec::with_capacity(h.message_len() as usize - HEADER_LEN);
-            data.extend_from_slice(payload);
+            let len = h.message_len() as usize - HEADER_LEN;
+            if payload.len() > len {
+                return Err(ReassemblyError::Overrun {
+                    key,
+                    len: len as u64,
+                });
+            }
+            let mut data = Buf::new(self.pool.as_ref(), len);
+            data.extend(payload);
             let mut header = *h;
             header.flags &= !FLAG_MORE;
-            self.partial.insert(key, Partial { header, data });
+            self.partial.insert(key, Partial { header, len, data });
             return Ok(None);
         }
         let Some(p) = self.partial.get_mut(&key) else {
             return Err(ReassemblyError::NotStarted(key));
         };
-        let len = p.data.capacity() as u64;
+        let len = p.len as u64;
         let got = (p.data.len() + payload.len()) as u64;
         if got > len {
             return Err(ReassemblyError::Overrun { key, len });
@@ -122,12 +177,12 @@ impl Reassembly {
         if !h.more() && got < len {
             return Err(ReassemblyError::Short { key, got, len });
         }
-        p.data.extend_from_slice(payload);
+        p.data.extend(payload);
         if h.more() {
             return Ok(None);
         }
         let p = self.partial.remove(&key).expect("present above");
-        let data = Bytes::from(p.data);
+        let data = p.data.freeze();
         let meta_end = p.header.meta_len as usize;
         Ok(Some(Incoming {
             header: p.header,
@@ -140,6 +195,7 @@ impl Reassembly {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::rdma::REASSEMBLY_POOL_BYTES;
 
     fn first(meta_len: u32, body_len: u32, call_id: u64) -> Header {
         let mut h = Header::new(Kind::Request);
@@ -164,7 +220,7 @@ mod tests {
 
     #[test]
     fn interleaved_messages_come_out_whole_with_their_first_header() {
-        let mut r = Reassembly::new(1 << 20);
+        let mut r = Reassembly::new(1 << 20, None);
         let a: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
         let b: Vec<u8> = (0..130u32).map(|i| (i * 3) as u8).collect();
         assert!(r.on_chunk(&first(10, 240, 1), &a[..100]).unwrap().is_none());
@@ -188,7 +244,7 @@ mod tests {
 
     #[test]
     fn announced_size_over_the_maximum_is_refused_before_allocating() {
-        let mut r = Reassembly::new(1000);
+        let mut r = Reassembly::new(1000, None);
         let err = r.on_chunk(&first(0, u32::MAX, 1), &[0; 10]).unwrap_err();
         assert!(matches!(err, ReassemblyError::TooLarge { .. }), "{err}");
         assert_eq!(r.in_progress(), 0);
@@ -197,8 +253,62 @@ mod tests {
     }
 
     #[test]
+    fn a_first_chunk_longer_than_its_announced_message_is_an_overrun() {
+        for pool in [None, Some(soft_pool())] {
+            let mut r = Reassembly::new(1 << 20, pool);
+            let err = r.on_chunk(&first(0, 10, 1), &[0; 11]).unwrap_err();
+            assert!(matches!(err, ReassemblyError::Overrun { .. }), "{err}");
+            assert_eq!(r.in_progress(), 0);
+        }
+    }
+
+    #[test]
+    fn messages_up_to_the_largest_class_are_reassembled_in_registered_memory_larger_ones_on_the_heap()
+     {
+        let pool = soft_pool();
+        let mut r = Reassembly::new(8 << 20, Some(pool.clone()));
+        let body: Vec<u8> = (0..(3usize << 20)).map(|i| (i * 7) as u8).collect();
+        let mut whole = Vec::new();
+        // 1 MiB fits a 2 MiB class: registered; 3 MiB is above the largest class: heap.
+        for (call, len) in [(1u64, 1usize << 20), (2, 3 << 20)] {
+            let b = &body[..len];
+            assert!(
+                r.on_chunk(&first(0, len as u32, call), &b[..1000])
+                    .unwrap()
+                    .is_none()
+            );
+            let m = r
+                .on_chunk(&cont(call, len - 1000, false), &b[1000..])
+                .unwrap()
+                .unwrap();
+            assert!(&m.body[..] == b, "call {call} body");
+            whole.push(m);
+        }
+        let held = |m: &Incoming| pool.contains(m.body.as_ptr());
+        assert!(held(&whole[0]), "1 MiB message in the pool");
+        assert!(!held(&whole[1]), "3 MiB message on the heap");
+    }
+
+    /// A reassembly pool on the soft provider (as a link has).
+    fn soft_pool() -> Pool {
+        let ctx = byteexpress_verbs::soft_device()
+            .expect("the soft device is always listed")
+            .open()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        Pool::new(
+            &pd,
+            byteexpress_mem::PoolConfig {
+                limit: REASSEMBLY_POOL_BYTES,
+                ..byteexpress_mem::PoolConfig::for_device(&ctx)
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
     fn continuation_without_a_start_overrun_short_end_and_restart_are_errors() {
-        let mut r = Reassembly::new(1 << 20);
+        let mut r = Reassembly::new(1 << 20, None);
         assert_eq!(
             r.on_chunk(&cont(5, 10, false), &[0; 10]).unwrap_err(),
             ReassemblyError::NotStarted((1, 5))
