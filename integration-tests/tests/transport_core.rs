@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use byteexpress_rpc::{Client, Code, Config, Metadata, QpState, Request, Transport, TransportPref};
+use byteexpress_rpc::{
+    Client, Code, Config, Metadata, QpState, Request, SchedMode, Transport, TransportPref,
+};
 use bytes::Bytes;
 use integration_tests::ServerProc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -233,6 +235,25 @@ async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
     let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
         .await
         .unwrap();
+    echo_1_mib_among_small_calls(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_at_both_ends_echoes_1_mib_interleaved_with_small_calls() {
+    // Fifo: whole messages in order at the sender, chunks copied as they are polled at the
+    // receiver (no latency class at either end).
+    let server = ServerProc::start(SERVER, &["--grant", "4", "--sched", "fifo"]).await;
+    let config = Config {
+        sched: SchedMode::Fifo,
+        ..cfg(TransportPref::Rdma)
+    };
+    let client = Client::connect(&server.addr, &config).await.unwrap();
+    echo_1_mib_among_small_calls(&client).await;
+}
+
+/// Twelve concurrent echoes, every third of 1 MiB (16+ chunks each way), checked byte for
+/// byte, then the link's counters.
+async fn echo_1_mib_among_small_calls(client: &Client) {
     assert_eq!(client.transport(), Transport::Rdma);
     let calls = (0..12u32).map(|i| {
         let client = client.clone();
@@ -284,6 +305,7 @@ async fn lone_calls_on_an_idle_link_go_out_whether_they_take_the_bypass_or_a_que
     }
     let st = client.link_stats();
     assert_eq!(st.messages_chunked, 2, "{st:?}");
+    assert_eq!(st.bypassed, 3, "the three small calls: {st:?}");
     assert_eq!(st.qp_errors, 0, "{st:?}");
 }
 

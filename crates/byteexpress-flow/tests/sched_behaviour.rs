@@ -2,7 +2,7 @@
 //! class, the gate, and connection lifecycle.
 
 use byteexpress_flow::sched::{
-    Chunk, Chunks, Class, Dropped, Grant, SchedConfig, SchedError, Scheduler,
+    Chunk, Chunks, Class, Dropped, Grant, Offer, SchedConfig, SchedError, Scheduler,
 };
 
 const KIB: u64 = 1024;
@@ -251,4 +251,30 @@ fn empty_message_is_rejected() {
     let c = s.open();
     assert_eq!(s.enqueue(c, Class::Bulk, 0), Err(SchedError::EmptyMessage));
     assert!(s.is_empty());
+}
+
+#[test]
+fn offer_on_an_idle_scheduler_ends_a_latency_streak_left_by_a_closed_bulk_backlog() {
+    // burst 1: one latency chunk beside a bulk backlog, then bulk's turn.
+    let mut s = sched(1000, 1000, 1);
+    let (l, b) = (s.open(), s.open());
+    s.enqueue(b, Class::Bulk, 5000).unwrap();
+    s.enqueue(l, Class::Latency, 10).unwrap();
+    assert_eq!(
+        s.next(yes).unwrap().class,
+        Class::Latency,
+        "streak 1 = burst"
+    );
+    s.close(b).unwrap(); // the bulk backlog goes; nothing is queued now
+    assert!(s.is_empty());
+    let granted = s.offer(l, Class::Latency, 10, |_, _| true).unwrap();
+    assert!(
+        matches!(granted, Offer::Granted(_)),
+        "bypass on an idle scheduler"
+    );
+    // As after enqueue + next with no bulk backlog, the streak is over: latency goes first.
+    let b2 = s.open();
+    s.enqueue(b2, Class::Bulk, 5000).unwrap();
+    s.enqueue(l, Class::Latency, 10).unwrap();
+    assert_eq!(s.next(yes).unwrap().class, Class::Latency);
 }

@@ -32,6 +32,12 @@ pub struct LinkStats {
     pub copied_out: u64,
     /// Explicit CREDIT_UPDATE messages sent.
     pub credit_updates_sent: u64,
+    /// Messages posted as they arrived, without entering the outbox (nothing was queued, they
+    /// fit one chunk and the gate admitted them: the scheduler's idle bypass).
+    pub bypassed: u64,
+    /// Reassembled messages that went to the heap instead of the link's registered pool
+    /// (larger than its 2 MiB largest class, the pool used up, or registration refused).
+    pub reassembled_on_heap: u64,
 }
 
 /// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
@@ -47,6 +53,8 @@ pub(crate) struct LinkCounters {
     pub messages_reassembled: AtomicU64,
     pub copied_out: AtomicU64,
     pub credit_updates_sent: AtomicU64,
+    pub bypassed: AtomicU64,
+    pub reassembled_on_heap: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: std::sync::OnceLock<Qp>,
 }
@@ -71,6 +79,8 @@ impl LinkCounters {
             messages_reassembled: g(&self.messages_reassembled),
             copied_out: g(&self.copied_out),
             credit_updates_sent: g(&self.credit_updates_sent),
+            bypassed: g(&self.bypassed),
+            reassembled_on_heap: g(&self.reassembled_on_heap),
         }
     }
 }

@@ -11,7 +11,7 @@ use byteexpress_flow::credit::QueueConfig;
 use byteexpress_flow::window::Window;
 use byteexpress_mem::{BufPool, Pool, PoolConfig};
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
-use byteexpress_verbs::{ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
+use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
@@ -121,6 +121,8 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         &pd,
         PoolConfig {
             limit: rdma::REASSEMBLY_POOL_BYTES,
+            // Only this process's CPU writes and reads it: no remote access.
+            access: Access::LOCAL_WRITE,
             ..PoolConfig::for_device(ctx)
         },
     )

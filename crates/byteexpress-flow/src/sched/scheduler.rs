@@ -172,10 +172,11 @@ impl Scheduler {
         let class = self.peek_class()?;
         let bulk = !self.rounds[1].is_empty();
         let grant = self.drr_next(class, |len| can_send(len, class))?;
-        // One more latency grant in a row beside a bulk backlog, else the streak ends (no
-        // overflow: a latency grant beside bulk needs streak < latency_burst).
+        // One more latency grant in a row beside a bulk backlog, else the streak ends. (A
+        // latency grant beside bulk needs streak < latency_burst, so only a streak that ends
+        // can wrap here, and it becomes 0 anyway.)
         let extends = u32::from(class == Class::Latency && bulk);
-        self.latency_streak = (self.latency_streak + 1) * extends;
+        self.latency_streak = self.latency_streak.wrapping_add(1) * extends;
         Some(grant)
     }
 

@@ -150,7 +150,11 @@ pub(crate) fn spawn(
     );
     let engine = Engine {
         queues: queue_budget(parts.queues, &posted),
-        reassembly: Reassembly::new(parts.max_message, Some(parts.reassembly_pool.clone())),
+        reassembly: Reassembly::new(
+            parts.max_message,
+            Some(parts.reassembly_pool.clone()),
+            counters.clone(),
+        ),
         chunks: VecDeque::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
@@ -327,6 +331,10 @@ impl Engine {
         // Copies re-post receive buffers: the credits they free go out in the next round.
         let copied = !self.chunks.is_empty();
         self.copy_chunks(CHUNK_COPIES_PER_ROUND)?;
+        if self.delivered {
+            // The copy completed a message: its handler or caller runs first, too.
+            return Ok(Round::Delivered);
+        }
         Ok(if n > 0 || sent || released || copied {
             Round::Busy
         } else {
@@ -434,6 +442,7 @@ impl Engine {
                 };
                 wait.is_none()
             };
+            let offered = fresh.is_some();
             let next = match fresh {
                 Some(m) => self.outbox.offer(m, gate),
                 None => self.outbox.next(gate),
@@ -444,7 +453,8 @@ impl Engine {
                     Some(Wait::Window) => LinkCounters::bump(&self.counters.window_blocked),
                     // The gate was not asked: an offered message too large for the bypass
                     // was queued; the scheduler grants its first chunk next time round.
-                    None => continue,
+                    None if offered => continue,
+                    None => {}
                 }
                 break;
             };
@@ -460,7 +470,10 @@ impl Engine {
                 .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
             let msg = match &n.msg {
                 Source::Queued(id) => self.outbox.msg(*id),
-                Source::Bypassed(m) => m,
+                Source::Bypassed(m) => {
+                    LinkCounters::bump(&self.counters.bypassed);
+                    m
+                }
             };
             let buf = chunk_buf(&self.parts, n.header, pb, |b| {
                 msg.copy_payload(b, n.off, n.len)

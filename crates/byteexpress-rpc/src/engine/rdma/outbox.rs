@@ -313,6 +313,11 @@ mod tests {
         assert_eq!(n.header.call_id, 7);
         assert_eq!(n.wire as usize, HEADER_LEN + n.len);
         assert!(o.is_empty(), "nothing was queued");
+        assert!(
+            o.conns.is_empty(),
+            "its scheduler connection was closed again"
+        );
+        assert!(o.sched.is_empty());
     }
 
     #[test]

@@ -8,9 +8,12 @@
 
 use std::collections::HashMap;
 
-use byteexpress_mem::{Pool, RegisteredBuf};
+use std::sync::Arc;
+
+use byteexpress_mem::{MemError, Pool, RegisteredBuf};
 use bytes::Bytes;
 
+use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
 use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
 
@@ -61,14 +64,6 @@ enum Buf {
 }
 
 impl Buf {
-    /// A buffer for `len` bytes: from `pool` if it has one, else from the heap.
-    fn new(pool: Option<&Pool>, len: usize) -> Buf {
-        match pool.map(|p| p.try_alloc(len)) {
-            Some(Ok(b)) => Buf::Registered(b),
-            _ => Buf::Heap(Vec::with_capacity(len)),
-        }
-    }
-
     fn len(&self) -> usize {
         match self {
             Buf::Registered(b) => b.len(),
@@ -76,14 +71,15 @@ impl Buf {
         }
     }
 
-    /// Appends `data`, which the caller checked fits the announced length.
-    fn extend(&mut self, data: &[u8]) {
+    /// Appends `data`; `false` (nothing written) when it does not fit the buffer, which the
+    /// caller's check against the announced length rules out.
+    fn extend(&mut self, data: &[u8]) -> bool {
         match self {
-            Buf::Registered(b) => {
-                let fits = b.extend_from_slice(data);
-                debug_assert!(fits.is_ok(), "checked against the announced length");
+            Buf::Registered(b) => b.extend_from_slice(data).is_ok(),
+            Buf::Heap(v) => {
+                v.extend_from_slice(data);
+                true
             }
-            Buf::Heap(v) => v.extend_from_slice(data),
         }
     }
 
@@ -112,17 +108,40 @@ pub(crate) struct Reassembly {
     partial: HashMap<(u32, u64), Partial>,
     max_message: u64,
     pool: Option<Pool>,
+    counters: Arc<LinkCounters>,
 }
 
 impl Reassembly {
     /// Accepts messages of at most `max_message` bytes (header + metadata + body), reassembled
-    /// in buffers from `pool` when it has one (else, or when none is free, on the heap).
-    pub(crate) fn new(max_message: usize, pool: Option<Pool>) -> Self {
+    /// in buffers from `pool` when it has one (else, or when none is free, on the heap, counted
+    /// in `counters.reassembled_on_heap`).
+    pub(crate) fn new(max_message: usize, pool: Option<Pool>, counters: Arc<LinkCounters>) -> Self {
         Reassembly {
             partial: HashMap::new(),
             max_message: max_message as u64,
             pool,
+            counters,
         }
+    }
+
+    /// A buffer for `len` bytes: from the pool while it has room, else from the heap. A pool
+    /// that cannot grow for another reason (memlock limit, registration refused) is given up
+    /// for the link's life, so later messages do not retry the registration.
+    fn buf(&mut self, len: usize) -> Buf {
+        let Some(pool) = &self.pool else {
+            LinkCounters::bump(&self.counters.reassembled_on_heap);
+            return Buf::Heap(Vec::with_capacity(len));
+        };
+        match pool.try_alloc(len) {
+            Ok(b) => return Buf::Registered(b),
+            Err(MemError::Exhausted { .. } | MemError::TooLarge { .. }) => {}
+            Err(e) => {
+                tracing::warn!("reassembly pool given up, reassembling on the heap: {e}");
+                self.pool = None;
+            }
+        }
+        LinkCounters::bump(&self.counters.reassembled_on_heap);
+        Buf::Heap(Vec::with_capacity(len))
     }
 
     /// Messages started and not yet complete.
@@ -159,8 +178,9 @@ impl Reassembly {
                     len: len as u64,
                 });
             }
-            let mut data = Buf::new(self.pool.as_ref(), len);
-            data.extend(payload);
+            let mut data = self.buf(len);
+            let written = data.extend(payload);
+            debug_assert!(written, "checked against the announced length");
             let mut header = *h;
             header.flags &= !FLAG_MORE;
             self.partial.insert(key, Partial { header, len, data });
@@ -177,7 +197,9 @@ impl Reassembly {
         if !h.more() && got < len {
             return Err(ReassemblyError::Short { key, got, len });
         }
-        p.data.extend(payload);
+        if !p.data.extend(payload) {
+            return Err(ReassemblyError::Overrun { key, len });
+        }
         if h.more() {
             return Ok(None);
         }
@@ -220,7 +242,7 @@ mod tests {
 
     #[test]
     fn interleaved_messages_come_out_whole_with_their_first_header() {
-        let mut r = Reassembly::new(1 << 20, None);
+        let mut r = Reassembly::new(1 << 20, None, counters());
         let a: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
         let b: Vec<u8> = (0..130u32).map(|i| (i * 3) as u8).collect();
         assert!(r.on_chunk(&first(10, 240, 1), &a[..100]).unwrap().is_none());
@@ -244,7 +266,7 @@ mod tests {
 
     #[test]
     fn announced_size_over_the_maximum_is_refused_before_allocating() {
-        let mut r = Reassembly::new(1000, None);
+        let mut r = Reassembly::new(1000, None, counters());
         let err = r.on_chunk(&first(0, u32::MAX, 1), &[0; 10]).unwrap_err();
         assert!(matches!(err, ReassemblyError::TooLarge { .. }), "{err}");
         assert_eq!(r.in_progress(), 0);
@@ -255,7 +277,7 @@ mod tests {
     #[test]
     fn a_first_chunk_longer_than_its_announced_message_is_an_overrun() {
         for pool in [None, Some(soft_pool())] {
-            let mut r = Reassembly::new(1 << 20, pool);
+            let mut r = Reassembly::new(1 << 20, pool, counters());
             let err = r.on_chunk(&first(0, 10, 1), &[0; 11]).unwrap_err();
             assert!(matches!(err, ReassemblyError::Overrun { .. }), "{err}");
             assert_eq!(r.in_progress(), 0);
@@ -266,7 +288,8 @@ mod tests {
     fn messages_up_to_the_largest_class_are_reassembled_in_registered_memory_larger_ones_on_the_heap()
      {
         let pool = soft_pool();
-        let mut r = Reassembly::new(8 << 20, Some(pool.clone()));
+        let c = counters();
+        let mut r = Reassembly::new(8 << 20, Some(pool.clone()), c.clone());
         let body: Vec<u8> = (0..(3usize << 20)).map(|i| (i * 7) as u8).collect();
         let mut whole = Vec::new();
         // 1 MiB fits a 2 MiB class: registered; 3 MiB is above the largest class: heap.
@@ -287,6 +310,45 @@ mod tests {
         let held = |m: &Incoming| pool.contains(m.body.as_ptr());
         assert!(held(&whole[0]), "1 MiB message in the pool");
         assert!(!held(&whole[1]), "3 MiB message on the heap");
+        assert_eq!(c.snapshot().reassembled_on_heap, 1);
+    }
+
+    #[test]
+    fn a_used_up_pool_sends_messages_to_the_heap_until_its_buffers_come_back() {
+        let ctx = byteexpress_verbs::soft_device()
+            .expect("the soft device is always listed")
+            .open()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cfg = byteexpress_mem::PoolConfig {
+            limit: 2 << 20, // one 2 MiB buffer
+            ..byteexpress_mem::PoolConfig::for_device(&ctx)
+        };
+        let pool = Pool::new(&pd, cfg).unwrap();
+        let c = counters();
+        let mut r = Reassembly::new(8 << 20, Some(pool.clone()), c.clone());
+        let mut one = |call: u64| {
+            let len = (1 << 20) + 100;
+            r.on_chunk(&first(0, len, call), &[1; 100]).unwrap();
+            r.on_chunk(
+                &cont(call, len as usize - 100, false),
+                &vec![2; len as usize - 100],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        let a = one(1);
+        let b = one(2);
+        assert!(pool.contains(a.body.as_ptr()) && !pool.contains(b.body.as_ptr()));
+        assert_eq!(c.snapshot().reassembled_on_heap, 1);
+        drop(a);
+        let d = one(3);
+        assert!(pool.contains(d.body.as_ptr()), "the buffer came back");
+        assert_eq!(c.snapshot().reassembled_on_heap, 1);
+    }
+
+    fn counters() -> Arc<LinkCounters> {
+        Arc::new(LinkCounters::default())
     }
 
     /// A reassembly pool on the soft provider (as a link has).
@@ -308,7 +370,7 @@ mod tests {
 
     #[test]
     fn continuation_without_a_start_overrun_short_end_and_restart_are_errors() {
-        let mut r = Reassembly::new(1 << 20, None);
+        let mut r = Reassembly::new(1 << 20, None, counters());
         assert_eq!(
             r.on_chunk(&cont(5, 10, false), &[0; 10]).unwrap_err(),
             ReassemblyError::NotStarted((1, 5))
