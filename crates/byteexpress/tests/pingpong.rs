@@ -119,8 +119,13 @@ fn devices_lists_soft0_with_its_limits_and_says_why_rdma_core_has_none() {
     match byteexpress_verbs::ibverbs_devices() {
         Err(e) => {
             let first = f.stdout.lines().next().unwrap_or("");
-            assert!(first.starts_with("no RDMA device"), "{}", f.both());
-            assert_eq!(first, e.to_string());
+            assert!(
+                first.starts_with("rdma-core: no RDMA device"),
+                "{}",
+                f.both()
+            );
+            assert!(first.contains(&e.to_string()), "{}", f.both());
+            assert!(first.contains("soft device"), "{}", f.both());
         }
         Ok(names) => {
             for n in names {

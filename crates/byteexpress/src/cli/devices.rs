@@ -2,7 +2,8 @@
 //! in the spirit of `ibv_devices` / `ibv_devinfo`.
 //!
 //! The first line says why there is no rdma-core device when there is none (no RDMA in the
-//! kernel, libibverbs not installed, an empty list), in the verbs layer's words. Then one block
+//! kernel, libibverbs not installed, an empty list), in the verbs layer's words, and that the
+//! soft device listed after it needs none. Then one block
 //! per device, hardware (rdma-core) devices first, then the userspace soft device.
 
 use std::fmt::Write as _;
@@ -16,11 +17,13 @@ pub fn main() -> ExitCode {
     if let Err(e) = byteexpress_verbs::ibverbs_devices() {
         let why = e.to_string();
         // The verbs error already starts with "no RDMA device" for rdma-core's "none here".
-        if why.starts_with("no RDMA device") {
-            println!("{why}");
+        let why = if why.starts_with("no RDMA device") {
+            why
         } else {
-            println!("no RDMA device: {why}");
-        }
+            format!("no RDMA device: {why}")
+        };
+        // Said as a fact about rdma-core, not as a failure: the soft device follows.
+        println!("rdma-core: {why}; the soft device below runs in userspace without a NIC");
     }
     let mut opened = 0;
     for d in byteexpress_verbs::devices() {
