@@ -127,7 +127,8 @@ pub(crate) trait CqImpl: Send + Sync + std::fmt::Debug {
     /// `ibv_req_notify_cq(cq, 0)`. Returns true when completions may already be queued, in which
     /// case the caller polls again instead of waiting.
     fn arm(&self) -> Result<bool>;
-    /// Consume the event that made [`CqImpl::event_fd`] readable (`ibv_get_cq_event` + ack).
+    /// Consume the event that made [`CqImpl::event_fd`] readable (`ibv_get_cq_event` + ack;
+    /// nothing on the soft provider, whose edge-triggered eventfd needs no reading back).
     fn ack_event(&self) -> Result<()>;
     /// The id [`crate::AsyncEvent`]s name it by.
     fn id(&self) -> u64;
