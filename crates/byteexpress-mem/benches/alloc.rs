@@ -9,13 +9,11 @@ use byteexpress_mem::{Pool, PoolConfig};
 use byteexpress_verbs::{Access, Pd};
 use criterion::{Criterion, criterion_group, criterion_main};
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 fn soft_pd() -> Pd {
-    byteexpress_verbs::soft_device()
-        .expect("soft device")
-        .open()
-        .expect("open soft device")
-        .alloc_pd()
-        .expect("pd")
+    common::soft().alloc_pd().expect("pd")
 }
 
 /// Allocates `iters` items on this thread and drops each on another thread.

@@ -75,7 +75,7 @@ impl DeviceWindow {
 /// The admission rule for one account: fits under the cap, or the account is empty.
 #[inline]
 pub(super) fn admits(in_flight: u64, cap: u64, bytes: u64) -> bool {
-    in_flight == 0 || in_flight.checked_add(bytes).is_some_and(|v| v <= cap)
+    admit(in_flight, cap, bytes).is_some()
 }
 
 /// The admission rule for one account, deciding the post too: `None` when refused, else the

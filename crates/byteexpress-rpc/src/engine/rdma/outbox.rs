@@ -22,7 +22,7 @@ pub(super) enum Source {
     /// In the outbox, under this id ([`Outbox::msg`]; [`Outbox::finish`] after its last chunk).
     Queued(MsgId),
     /// Granted on arrival, never queued ([`Outbox::offer`]): here.
-    Bypassed(Box<OutMsg>),
+    Bypassed(OutMsg),
 }
 
 /// The next chunk to post, as the scheduler granted it.
@@ -120,7 +120,7 @@ impl Outbox {
                 debug_assert!(msg.done());
                 Some(Next {
                     header,
-                    msg: Source::Bypassed(Box::new(msg)),
+                    msg: Source::Bypassed(msg),
                     off,
                     len,
                     wire: g.len,

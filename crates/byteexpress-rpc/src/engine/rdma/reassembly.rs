@@ -7,7 +7,6 @@
 //! message arrive in order (one RC QP).
 
 use std::collections::HashMap;
-
 use std::sync::Arc;
 
 use byteexpress_mem::{MemError, Pool, RegisteredBuf};
@@ -96,10 +95,15 @@ impl Buf {
 struct Partial {
     /// The first chunk's header (whole-message lengths).
     header: Header,
-    /// The announced `meta_len + body_len` (bytes).
-    len: usize,
     /// Metadata + body so far.
     data: Buf,
+}
+
+impl Partial {
+    /// The announced metadata + body (bytes).
+    fn len(&self) -> u64 {
+        u64::from(self.header.meta_len) + u64::from(self.header.body_len)
+    }
 }
 
 /// Messages being reassembled on one link, by `(conn_id, call_id)`.
@@ -183,13 +187,13 @@ impl Reassembly {
             debug_assert!(written, "checked against the announced length");
             let mut header = *h;
             header.flags &= !FLAG_MORE;
-            self.partial.insert(key, Partial { header, len, data });
+            self.partial.insert(key, Partial { header, data });
             return Ok(None);
         }
         let Some(p) = self.partial.get_mut(&key) else {
             return Err(ReassemblyError::NotStarted(key));
         };
-        let len = p.len as u64;
+        let len = p.len();
         let got = (p.data.len() + payload.len()) as u64;
         if got > len {
             return Err(ReassemblyError::Overrun { key, len });
@@ -276,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_first_chunk_longer_than_its_announced_message_is_an_overrun() {
-        for pool in [None, Some(soft_pool())] {
+        for pool in [None, Some(soft_pool(REASSEMBLY_POOL_BYTES))] {
             let mut r = Reassembly::new(1 << 20, pool, counters());
             let err = r.on_chunk(&first(0, 10, 1), &[0; 11]).unwrap_err();
             assert!(matches!(err, ReassemblyError::Overrun { .. }), "{err}");
@@ -287,7 +291,7 @@ mod tests {
     #[test]
     fn messages_up_to_the_largest_class_are_reassembled_in_registered_memory_larger_ones_on_the_heap()
      {
-        let pool = soft_pool();
+        let pool = soft_pool(REASSEMBLY_POOL_BYTES);
         let c = counters();
         let mut r = Reassembly::new(8 << 20, Some(pool.clone()), c.clone());
         let body: Vec<u8> = (0..(3usize << 20)).map(|i| (i * 7) as u8).collect();
@@ -315,16 +319,7 @@ mod tests {
 
     #[test]
     fn a_used_up_pool_sends_messages_to_the_heap_until_its_buffers_come_back() {
-        let ctx = byteexpress_verbs::soft_device()
-            .expect("the soft device is always listed")
-            .open()
-            .unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cfg = byteexpress_mem::PoolConfig {
-            limit: 2 << 20, // one 2 MiB buffer
-            ..byteexpress_mem::PoolConfig::for_device(&ctx)
-        };
-        let pool = Pool::new(&pd, cfg).unwrap();
+        let pool = soft_pool(2 << 20); // one 2 MiB buffer
         let c = counters();
         let mut r = Reassembly::new(8 << 20, Some(pool.clone()), c.clone());
         let mut one = |call: u64| {
@@ -351,8 +346,9 @@ mod tests {
         Arc::new(LinkCounters::default())
     }
 
-    /// A reassembly pool on the soft provider (as a link has).
-    fn soft_pool() -> Pool {
+    /// A reassembly pool on the soft provider registering at most `limit` bytes (a link's
+    /// has [`REASSEMBLY_POOL_BYTES`]).
+    fn soft_pool(limit: u64) -> Pool {
         let ctx = byteexpress_verbs::soft_device()
             .expect("the soft device is always listed")
             .open()
@@ -361,7 +357,7 @@ mod tests {
         Pool::new(
             &pd,
             byteexpress_mem::PoolConfig {
-                limit: REASSEMBLY_POOL_BYTES,
+                limit,
                 ..byteexpress_mem::PoolConfig::for_device(&ctx)
             },
         )
