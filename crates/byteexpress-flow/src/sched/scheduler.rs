@@ -254,8 +254,9 @@ impl Scheduler {
     }
 
     /// Whether nothing is queued in any class.
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.rounds.iter().all(Round::is_empty)
+        self.rounds[0].is_empty() && self.rounds[1].is_empty()
     }
 
     /// Unsent bytes queued on `conn` in `class` (unit: bytes); 0 for an unknown connection.
