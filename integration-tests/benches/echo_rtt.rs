@@ -3,6 +3,8 @@
 //! `cargo bench -p integration-tests --bench echo_rtt [-- --calls N]`: starts `bx-test-server`,
 //! then for each transport and payload size runs N sequential calls (one in flight, after a
 //! warm-up) on a current-thread runtime and prints p50/p99/p99.9 in µs (hdrhistogram).
+//! Paths: `rdma` (the soft provider; engines sleep on the CQ's completion channel when idle),
+//! `rdma+poll` (both ends poll for [`BUSY_POLL`] before sleeping: `Config::busy_poll`), `tcp`.
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +12,9 @@ use byteexpress_rpc::{Client, Config, Request, TransportPref};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use integration_tests::ServerProc;
+
+/// Polling budget of the `rdma+poll` path, both ends.
+const BUSY_POLL: Duration = Duration::from_micros(50);
 
 fn main() {
     let mut calls = 20_000u64;
@@ -29,15 +34,22 @@ fn main() {
 async fn run(calls: u64) {
     let server_bin = env!("CARGO_BIN_EXE_bx-test-server");
     let server = ServerProc::start(server_bin, &[]).await;
+    let poll_us = BUSY_POLL.as_micros().to_string();
+    let polling = ServerProc::start(server_bin, &["--busy-poll-us", poll_us.as_str()]).await;
     println!(
-        "{:<6} {:>8} {:>8} {:>9} {:>9} {:>10}",
+        "{:<9} {:>8} {:>8} {:>9} {:>9} {:>10}",
         "path", "bytes", "calls", "p50 µs", "p99 µs", "p99.9 µs"
     );
-    for (name, t) in [("rdma", TransportPref::Rdma), ("tcp", TransportPref::Tcp)] {
+    for (name, t, server, busy_poll) in [
+        ("rdma", TransportPref::Rdma, &server, Duration::ZERO),
+        ("rdma+poll", TransportPref::Rdma, &polling, BUSY_POLL),
+        ("tcp", TransportPref::Tcp, &server, Duration::ZERO),
+    ] {
         let client = Client::connect(
             &server.addr,
             &Config {
                 transport: t,
+                busy_poll,
                 ..Config::default()
             },
         )
@@ -62,7 +74,7 @@ async fn run(calls: u64) {
             }
             let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
             println!(
-                "{:<6} {:>8} {:>8} {:>9.1} {:>9.1} {:>10.1}",
+                "{:<9} {:>8} {:>8} {:>9.1} {:>9.1} {:>10.1}",
                 name,
                 size,
                 calls,

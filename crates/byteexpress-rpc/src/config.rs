@@ -38,7 +38,12 @@ pub struct Config {
     /// How an RDMA link orders the chunks of its logical connections (default
     /// [`SchedMode::Fair`]).
     pub sched: SchedMode,
-    /// Hybrid polling: spin this long on the CQ before sleeping (default 0 = sleep at once).
+    /// Hybrid polling on RDMA links: after its last work, a link's engine keeps polling its CQ
+    /// and its callers' queue this long before it sleeps on the CQ's completion channel
+    /// (default 0 = sleep at once). It yields to the runtime between polls, so handlers,
+    /// callers and timers on the same thread still run; the cost is CPU while polling. A
+    /// sleeping engine pays a process wake-up (several µs) for each message that wakes it;
+    /// polling saves that while messages come closer together than the budget.
     pub busy_poll: Duration,
     /// Time allowed for TCP connect plus link set-up (default 5 s).
     pub connect_timeout: Duration,

@@ -1,6 +1,9 @@
 //! The test server of the integration tests:
-//! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--addr HOST:PORT]`.
+//! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
+//! [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
+
+use std::time::Duration;
 
 use byteexpress_rpc::{Config, SchedMode, Server, parse_transport};
 
@@ -26,6 +29,9 @@ async fn main() -> std::io::Result<()> {
                     "fifo" => SchedMode::Fifo,
                     _ => panic!("--sched fair|fifo"),
                 }
+            }
+            "--busy-poll-us" => {
+                cfg.busy_poll = Duration::from_micros(v.parse().expect("--busy-poll-us N"))
             }
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),

@@ -77,7 +77,8 @@ pub(crate) struct RdmaParts {
     /// Receive buffers each side posts for the other's data (send credits), the same on both
     /// sides of a link: the smaller of the client's and the server's configured grant.
     pub grant: u32,
-    /// Hybrid polling budget.
+    /// Hybrid polling budget: how long idle rounds keep polling after the last round that
+    /// did work, before the engine sleeps on the CQ's completion channel.
     pub busy_poll: Duration,
     /// Largest SEND in bytes, header included: `Config::max_chunk`, at most the peer's
     /// receive-buffer size, more than the 40-byte header.
@@ -247,9 +248,15 @@ impl Engine {
         closer: Arc<Closer>,
     ) {
         let mut busy_rounds = 0u32;
+        // Hybrid polling: after the last round that did work, idle rounds keep polling (the CQ
+        // and the callers' channel), yielding to the runtime between them, for `busy_poll`
+        // before the engine sleeps. Never a synchronous spin: handlers, callers and timers on
+        // this runtime run between polls, and a caller's message is seen at the next poll.
+        let mut last_work = Instant::now();
         let why = loop {
             match self.step(&mut rx) {
                 Ok(Round::Delivered) => {
+                    last_work = Instant::now();
                     // A message went to its handler or caller: let it run now (on a
                     // current-thread runtime it runs only when the engine yields), post what
                     // it answered, then copy the chunks this round left, so chunks progress
@@ -265,6 +272,7 @@ impl Engine {
                     continue;
                 }
                 Ok(Round::Busy) => {
+                    last_work = Instant::now();
                     // Let the handlers and callers on this runtime run every few busy rounds
                     // (a round posts one bulk chunk and copies one): on a current-thread
                     // runtime a busy engine would otherwise hold a small call's handler until
@@ -276,7 +284,12 @@ impl Engine {
                     }
                     continue;
                 }
-                Ok(Round::Idle) => {}
+                Ok(Round::Idle) => {
+                    if last_work.elapsed() < self.parts.busy_poll {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                }
                 Err(why) => break why,
             }
             let cq = self.parts.cq.clone();
@@ -292,7 +305,7 @@ impl Engine {
                     Some(m) => self.arrived = Some(m),
                     None => break Status::new(Code::Unavailable, "link dropped"),
                 },
-                r = cq.ready(self.parts.busy_poll) => if let Err(e) = r {
+                r = cq.ready(Duration::ZERO) => if let Err(e) = r {
                     break Status::new(Code::Unavailable, format!("CQ: {e}"));
                 },
                 why = &mut ctrl_dead => break why.unwrap_or_else(|_| Status::new(Code::Unavailable, "control connection closed")),

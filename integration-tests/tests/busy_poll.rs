@@ -1,0 +1,59 @@
+//! Hybrid polling (`Config::busy_poll`) on RDMA links: a polling engine must not hold its
+//! thread. Both processes run current-thread runtimes with a polling budget (2 s) far longer
+//! than the waits below, so an engine that spun synchronously would hold back the handler's
+//! timer, the caller's timer and the caller's next message until its budget ran out, and the
+//! calls would miss their 1 s deadlines.
+
+use std::time::Duration;
+
+use byteexpress_rpc::{Client, Config, Request, Transport, TransportPref};
+use bytes::Bytes;
+use integration_tests::ServerProc;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
+/// Polling budget of both ends (µs): longer than every deadline here.
+const BUDGET_US: u64 = 2_000_000;
+
+fn call(method: &str, body: &'static [u8]) -> Request {
+    Request {
+        method: method.into(),
+        body: Bytes::from_static(body),
+        timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn polling_engines_let_handlers_timers_and_callers_run() {
+    let budget = BUDGET_US.to_string();
+    let server = ServerProc::start(
+        SERVER,
+        &["--transport", "rdma", "--busy-poll-us", budget.as_str()],
+    )
+    .await;
+    let cfg = Config {
+        transport: TransportPref::Rdma,
+        busy_poll: Duration::from_micros(BUDGET_US),
+        ..Config::default()
+    };
+    let client = Client::connect(&server.addr, &cfg).await.expect("connect");
+    assert_eq!(client.transport(), Transport::Rdma);
+    for i in 0..5 {
+        // The handler awaits a 5 ms timer on the server's runtime while its engine polls.
+        client
+            .call(call("/test.Test/Sleep", b"5"))
+            .await
+            .unwrap_or_else(|s| panic!("sleep call {i}: {s:?}"));
+        // This caller's own timer, then its next message, while the client's engine polls.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let r = client
+            .call(call("/test.Test/Echo", b"ping"))
+            .await
+            .unwrap_or_else(|s| panic!("echo call {i}: {s:?}"));
+        assert_eq!(&r.body[..], b"ping");
+    }
+    assert_eq!(
+        client.link_stats().qp_state,
+        Some(byteexpress_rpc::QpState::Rts)
+    );
+}
