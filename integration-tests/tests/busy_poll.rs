@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use byteexpress_rpc::{Client, Config, Request, Transport, TransportPref};
+use byteexpress_rpc::{Client, Code, Config, Request, Transport, TransportPref};
 use bytes::Bytes;
 use integration_tests::ServerProc;
 
@@ -56,4 +56,34 @@ async fn polling_engines_let_handlers_timers_and_callers_run() {
         client.link_stats().qp_state,
         Some(byteexpress_rpc::QpState::Rts)
     );
+}
+
+#[tokio::test]
+async fn a_polling_engine_notices_its_peer_dying() {
+    let budget = BUDGET_US.to_string();
+    let mut server = ServerProc::start(
+        SERVER,
+        &["--transport", "rdma", "--busy-poll-us", budget.as_str()],
+    )
+    .await;
+    let cfg = Config {
+        transport: TransportPref::Rdma,
+        busy_poll: Duration::from_micros(BUDGET_US),
+        ..Config::default()
+    };
+    let client = Client::connect(&server.addr, &cfg).await.expect("connect");
+    // A call the server never answers: its handler sleeps past the deadline.
+    let call = client.call(Request {
+        timeout: Some(Duration::from_millis(1500)),
+        ..call("/test.Test/Sleep", b"10000")
+    });
+    let (res, _) = tokio::join!(call, async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.kill().await;
+    });
+    // The client's engine, polling within its 2 s budget, sees the control connection close
+    // and fails the call at once; one that only looked after its budget would let the
+    // deadline pass first.
+    let err = res.expect_err("the server died");
+    assert_eq!(err.code, Code::Unavailable, "{err:?}");
 }

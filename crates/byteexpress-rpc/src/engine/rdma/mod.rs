@@ -248,10 +248,10 @@ impl Engine {
         closer: Arc<Closer>,
     ) {
         let mut busy_rounds = 0u32;
-        // Hybrid polling: after the last round that did work, idle rounds keep polling (the CQ
-        // and the callers' channel), yielding to the runtime between them, for `busy_poll`
-        // before the engine sleeps. Never a synchronous spin: handlers, callers and timers on
-        // this runtime run between polls, and a caller's message is seen at the next poll.
+        // Hybrid polling: after the last round that did work, idle rounds keep polling (the CQ,
+        // the callers' channel, the control connection) for `busy_poll`, yielding to the
+        // runtime between them, before the engine sleeps on the CQ. Never a synchronous spin:
+        // handlers, callers and timers on this runtime run between polls.
         let mut last_work = Instant::now();
         let why = loop {
             match self.step(&mut rx) {
@@ -284,14 +284,10 @@ impl Engine {
                     }
                     continue;
                 }
-                Ok(Round::Idle) => {
-                    if last_work.elapsed() < self.parts.busy_poll {
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                }
+                Ok(Round::Idle) => {}
                 Err(why) => break why,
             }
+            let polling = last_work.elapsed() < self.parts.busy_poll;
             let cq = self.parts.cq.clone();
             let stall_over = async {
                 match self.held_until {
@@ -305,7 +301,9 @@ impl Engine {
                     Some(m) => self.arrived = Some(m),
                     None => break Status::new(Code::Unavailable, "link dropped"),
                 },
-                r = cq.ready(Duration::ZERO) => if let Err(e) = r {
+                // Polling: another round as soon as the runtime has run what else is ready.
+                _ = tokio::task::yield_now(), if polling => {}
+                r = cq.ready(Duration::ZERO), if !polling => if let Err(e) = r {
                     break Status::new(Code::Unavailable, format!("CQ: {e}"));
                 },
                 why = &mut ctrl_dead => break why.unwrap_or_else(|_| Status::new(Code::Unavailable, "control connection closed")),
