@@ -58,15 +58,24 @@ fn the_ipv4_mapped_roce_v2_gid_is_chosen() {
 
 const CHILD: &str = "BX_IBVERBS_VM_CHILD";
 
-/// Re-runs this binary's `child_gid_override` test with `BX_GID_INDEX` set to `index`.
+/// Re-runs this binary's `child_gid_override` test with `BX_GID_INDEX` set to `index`. The
+/// child's output is captured and shown only when it fails, so it does not land inside this
+/// test's own result line.
 fn run_child(index: &str) -> bool {
-    Command::new(std::env::current_exe().unwrap())
+    let out = Command::new(std::env::current_exe().unwrap())
         .args(["child_gid_override", "--exact", "--test-threads=1"])
         .env(CHILD, index)
         .env("BX_GID_INDEX", index)
-        .status()
-        .unwrap()
-        .success()
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!(
+            "child with BX_GID_INDEX={index} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out.status.success()
 }
 
 /// Only does something when started by `gid_index_env_overrides_the_choice`.
