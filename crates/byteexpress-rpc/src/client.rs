@@ -133,7 +133,7 @@ impl std::fmt::Debug for Client {
 /// A logical connection on the process's live link to `addr`, setting one up if needed.
 async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), Status> {
     let key = format!(
-        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}",
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
         cfg.transport,
         cfg.grant,
         cfg.recv_buf_size,
@@ -141,7 +141,9 @@ async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), S
         cfg.max_chunk,
         cfg.max_message,
         cfg.window_bytes,
-        cfg.sched
+        cfg.sched,
+        cfg.window_target_delay,
+        cfg.busy_poll
     );
     let mut links = registry().lock().await;
     let link = match links.get(&key).and_then(Weak::upgrade) {

@@ -32,6 +32,15 @@ pub struct Config {
     /// included (default 256 KiB = 4 × the default `max_chunk`; 0 = unlimited). Beyond it,
     /// chunks wait in the link's scheduler. One chunk always passes an empty window.
     pub window_bytes: u64,
+    /// Target completion delay of an adaptive window (default 0 = a fixed window of
+    /// `window_bytes`). When set, each RDMA link's QP window adapts between one chunk
+    /// (`max_chunk`) and `window_bytes` (0 = no upper bound): AIMD on the RTT of each SEND
+    /// completion (post → CQE) against this target, in the spirit of Swift and Timely
+    /// ([`byteexpress_flow::window::AdaptiveConfig`], default gains; µs resolution, at least
+    /// 1 µs). It starts at the upper bound; completions above the target cut it, at most
+    /// once per RTT; completions below let it grow by one 64 KiB step per window of completed
+    /// bytes. [`LinkStats::window_cap`](crate::LinkStats::window_cap) shows where it stands.
+    pub window_target_delay: Duration,
     /// Window shared by all RDMA links on one device in this process, in bytes in flight
     /// (default 0 = unlimited). The first link set up on a device fixes the device's cap.
     pub device_window_bytes: u64,
@@ -59,6 +68,7 @@ impl Default for Config {
             max_message: 16 << 20,
             max_send_wr: 64,
             window_bytes: 256 << 10,
+            window_target_delay: Duration::ZERO,
             device_window_bytes: 0,
             sched: SchedMode::Fair,
             busy_poll: Duration::ZERO,

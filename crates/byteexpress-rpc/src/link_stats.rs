@@ -38,6 +38,9 @@ pub struct LinkStats {
     /// Reassembled messages that went to the heap instead of the link's registered pool
     /// (larger than its 2 MiB largest class, the pool used up, or registration refused).
     pub reassembled_on_heap: u64,
+    /// Cap of the QP's software window now (bytes; `u64::MAX` = unlimited, 0 on TCP). Fixed at
+    /// `Config::window_bytes` unless `Config::window_target_delay` makes it adaptive.
+    pub window_cap: u64,
 }
 
 /// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
@@ -55,6 +58,7 @@ pub(crate) struct LinkCounters {
     pub credit_updates_sent: AtomicU64,
     pub bypassed: AtomicU64,
     pub reassembled_on_heap: AtomicU64,
+    pub window_cap: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: std::sync::OnceLock<Qp>,
 }
@@ -81,6 +85,7 @@ impl LinkCounters {
             credit_updates_sent: g(&self.credit_updates_sent),
             bypassed: g(&self.bypassed),
             reassembled_on_heap: g(&self.reassembled_on_heap),
+            window_cap: g(&self.window_cap),
         }
     }
 }

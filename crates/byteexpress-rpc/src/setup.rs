@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use byteexpress_flow::credit::QueueConfig;
-use byteexpress_flow::window::Window;
+use byteexpress_flow::window::{AdaptiveConfig, Window};
 use byteexpress_mem::{BufPool, Pool, PoolConfig};
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
 use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
@@ -145,12 +145,30 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         busy_poll: cfg.busy_poll,
         chunk,
         max_message: cfg.max_message,
-        window: Window::fixed(cfg.window_bytes).unwrap_or_else(|_| {
-            Window::fixed(u64::MAX).expect("non-zero cap") // 0 = unlimited
-        }),
+        window: link_window(cfg, chunk)?,
         device_window: rdma::device_window(ctx.name(), cfg.device_window_bytes),
         sched: cfg.sched,
     })
+}
+
+/// The QP window of an RDMA link sending chunks of at most `chunk` bytes: fixed at
+/// `Config::window_bytes` (0 = unlimited), or adaptive between `chunk` and that when
+/// `Config::window_target_delay` is set.
+fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
+    let max = match cfg.window_bytes {
+        0 => u64::MAX,
+        cap => cap,
+    };
+    if cfg.window_target_delay.is_zero() {
+        return Ok(Window::fixed(max).expect("non-zero cap"));
+    }
+    let target_us = u64::try_from(cfg.window_target_delay.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let min = (chunk as u64).min(max);
+    AdaptiveConfig::new(min, max, target_us)
+        .map(Window::adaptive)
+        .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
 }
 
 /// Keeps the TCP control connection of an RDMA link: reports its end through the returned

@@ -144,6 +144,9 @@ pub(crate) fn spawn(
     let link = LinkTx::new(tx, Transport::Rdma, parts.max_message);
     let counters = link.counters().clone();
     let _ = counters.qp.set(parts.qp.clone());
+    counters
+        .window_cap
+        .store(parts.window.cap(), std::sync::atomic::Ordering::Relaxed);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     let credits = Credits::new(
         CreditConfig::new(parts.grant)
@@ -395,8 +398,12 @@ impl Engine {
         self.parts
             .window
             .on_complete(&mut self.parts.device_window.lock(), bytes, rtt_us, now)
-            .map(|_| ())
-            .map_err(|e| Status::new(Code::Internal, format!("window: {e:?}")))
+            .map_err(|e| Status::new(Code::Internal, format!("window: {e:?}")))?;
+        self.counters.window_cap.store(
+            self.parts.window.cap(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
     }
 
     /// The link is gone: gives back what its unfinished SENDs hold of the shared device window.
