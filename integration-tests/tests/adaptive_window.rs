@@ -70,3 +70,36 @@ async fn a_fixed_window_stays_put_and_tcp_has_none() {
     let client = Client::connect(&server.addr, &cfg).await.expect("connect");
     assert_eq!(client.link_stats().window_cap, 0);
 }
+
+#[tokio::test]
+async fn clients_with_other_window_settings_get_their_own_link() {
+    let server = ServerProc::start(SERVER, &["--transport", "rdma"]).await;
+    let fixed = Config {
+        transport: TransportPref::Rdma,
+        window_bytes: WINDOW,
+        ..Config::default()
+    };
+    let adaptive = Config {
+        window_target_delay: Duration::from_micros(1),
+        ..fixed.clone()
+    };
+    let a = Client::connect(&server.addr, &fixed)
+        .await
+        .expect("connect");
+    let b = Client::connect(&server.addr, &adaptive)
+        .await
+        .expect("connect");
+    let body = Bytes::from(vec![7u8; 1 << 20]);
+    for _ in 0..16 {
+        b.call(Request {
+            method: "/test.Test/Echo".into(),
+            body: body.clone(),
+            timeout: Some(Duration::from_secs(10)),
+            ..Default::default()
+        })
+        .await
+        .expect("push");
+    }
+    assert!(b.link_stats().window_cap < WINDOW, "b's own adaptive link");
+    assert_eq!(a.link_stats().window_cap, WINDOW, "a's fixed link");
+}
