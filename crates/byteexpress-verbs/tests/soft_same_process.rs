@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use byteexpress_verbs::{Access, ConnectAttr, Error, QpCap, QpState, SendWr, Wc, WcStatus, WrOp};
+use byteexpress_verbs::{
+    Access, ConnectAttr, Error, QpCap, QpState, SendWr, Sge, Wc, WcStatus, WrOp,
+};
 use common::*;
 
 const T: Duration = Duration::from_secs(5);
@@ -144,4 +146,41 @@ fn cq_overrun_is_an_error() {
     qp.to_err().unwrap(); // three flush completions into a CQ of two
     let mut wc = [Wc::default(); 8];
     assert!(small.poll(&mut wc).is_err());
+}
+
+/// post_send caches the local MRs it used (no lock per send): the cache must not outlive a
+/// registration, so an MR deregistered right after sends went through it is refused, inline
+/// (at post time) and not inline (LOC_PROT_ERR).
+#[test]
+fn a_deregistered_mr_is_refused_even_right_after_sends_used_it() {
+    let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
+    let mem = a.pd.alloc_shared(4096).unwrap();
+    let mr = a.pd.reg_shared(&mem, 0, 4096, Access::LOCAL_WRITE).unwrap();
+    let sge = [Sge {
+        addr: mr.addr(),
+        len: 8,
+        lkey: mr.lkey(),
+    }];
+    let send = |inline| {
+        a.qp.post_send(&SendWr {
+            wr_id: u64::from(inline),
+            op: WrOp::Send,
+            sg_list: &sge,
+            signaled: true,
+            inline,
+        })
+    };
+    for wr_id in 0..3 {
+        b.post_recv(wr_id, 0, 64);
+    }
+    send(false).unwrap();
+    send(true).unwrap();
+    for wc in poll_n(&a.send_cq, 2, T) {
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+    drop(mr);
+    assert!(matches!(send(true), Err(Error::InvalidArgument(_))));
+    send(false).unwrap();
+    assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::LocProtErr);
+    drop(mem);
 }

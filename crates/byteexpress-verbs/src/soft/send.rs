@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
-use super::pd::SoftMr;
+use super::pd::{MrCache, SoftMr};
 use super::peer::Peer;
 use super::qp::SoftQp;
 use super::ring::{ERR_BIT, RawComp, RawSge};
@@ -58,6 +58,10 @@ pub(crate) struct SendSide {
     pub(crate) remote: Option<(u32, Vec<u8>)>,
     /// The peer died; at this instant outstanding sends fail and the QP goes to ERR.
     pub(crate) dead_deadline: Option<Instant>,
+    /// The peer, once its `connect` arrived (under the send lock: every send needs it).
+    pub(crate) peer: Option<Peer>,
+    /// Local MRs the last sends used.
+    mrs: MrCache,
 }
 
 impl SendSide {
@@ -67,6 +71,8 @@ impl SendSide {
             attr: ConnectAttr::default(),
             remote: None,
             dead_deadline: None,
+            peer: None,
+            mrs: MrCache::default(),
         }
     }
 }
@@ -155,7 +161,7 @@ pub(crate) struct Keep {
 }
 
 impl Keep {
-    fn push(&mut self, mr: Arc<SoftMr>) {
+    pub(crate) fn push(&mut self, mr: Arc<SoftMr>) {
         match self.few.get_mut(self.n) {
             Some(slot) => {
                 *slot = Some(mr);
@@ -236,12 +242,15 @@ impl SoftQp {
             if matches!(wr.op, WrOp::Read { .. }) {
                 return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
             }
-            self.inline_segments(wr.sg_list, &mut inline, &mut keep)?;
         }
         {
-            let mut send = self.send.lock();
+            let mut guard = self.send.lock();
+            let send = &mut *guard;
+            if wr.inline {
+                self.inline_segments(wr.sg_list, &mut send.mrs, &mut inline, &mut keep)?;
+            }
             if self.state() == QpState::Err {
-                drop(send);
+                drop(guard);
                 self.send_cq
                     .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(wr.op)));
                 return Ok(());
@@ -258,8 +267,7 @@ impl SoftQp {
                 } else {
                     Local::Sges(wr.sg_list)
                 };
-                let mut slot = self.peer.lock();
-                self.execute(wr.op, local, &mut slot, &mut keep)
+                self.execute(wr.op, local, &mut send.peer, &mut send.mrs, &mut keep)
             });
             match attempt {
                 Some(Outcome::Done(len)) => {
@@ -289,10 +297,10 @@ impl SoftQp {
                     match attempt {
                         // It failed, side effects done (an error completion for the peer):
                         // as `run_pending` would, without executing it again.
-                        Some(Outcome::Fail(st)) => self.fail_locked(&mut send, Some(st)),
+                        Some(Outcome::Fail(st)) => self.fail_locked(send, Some(st)),
                         // RNR or no answer, nothing happened: the queue takes it from here.
-                        Some(_) => self.run_pending(&mut send, &mut keep),
-                        None if send.pending.len() == 1 => self.run_pending(&mut send, &mut keep),
+                        Some(_) => self.run_pending(send, &mut keep),
+                        None if send.pending.len() == 1 => self.run_pending(send, &mut keep),
                         None => {}
                     }
                 }
@@ -303,27 +311,39 @@ impl SoftQp {
     }
 
     /// Inline data at post time: the bytes must lie in memory registered on this device (any
-    /// key): the soft provider reads nothing it cannot vouch for. The MRs go to `keep`.
-    fn inline_segments(&self, sges: &[Sge], out: &mut Segs, keep: &mut Keep) -> Result<()> {
+    /// key): the soft provider reads nothing it cannot vouch for. The memory stays alive
+    /// through `mrs` or the MR handles in `keep`.
+    fn inline_segments(
+        &self,
+        sges: &[Sge],
+        mrs: &mut MrCache,
+        out: &mut Segs,
+        keep: &mut Keep,
+    ) -> Result<()> {
         for s in sges.iter().filter(|s| s.len > 0) {
             let len = u64::from(s.len);
-            let mr = self
-                .dev
-                .lookup_mr(s.lkey)
-                .filter(|mr| mr.range(s.addr, len).is_some())
-                .or_else(|| {
-                    let mrs = self.dev.mrs.read();
-                    mrs.values()
-                        .filter_map(std::sync::Weak::upgrade)
-                        .find(|mr| mr.range(s.addr, len).is_some())
-                });
-            let Some((mr, p)) = mr.and_then(|mr| mr.range(s.addr, len).map(|p| (mr, p))) else {
+            let p = match mrs.resolve(&self.dev, s.lkey, s.addr, len, keep) {
+                Some((p, _, _)) => Some(p),
+                None => {
+                    let mr = {
+                        let mrs = self.dev.mrs.read();
+                        mrs.values()
+                            .filter_map(std::sync::Weak::upgrade)
+                            .find(|mr| mr.range(s.addr, len).is_some())
+                    };
+                    mr.and_then(|mr| {
+                        let p = mr.range(s.addr, len);
+                        keep.push(mr);
+                        p
+                    })
+                }
+            };
+            let Some(p) = p else {
                 return Err(Error::InvalidArgument(format!(
                     "inline SGE {:#x}+{} is not in memory registered on this device",
                     s.addr, s.len
                 )));
             };
-            keep.push(mr);
             out.push((p, s.len as usize));
         }
         Ok(())
@@ -368,8 +388,7 @@ impl SoftQp {
                     Some(d) => Local::Copy(d),
                     None => Local::Sges(&job.sges),
                 };
-                let mut slot = self.peer.lock();
-                self.execute(job.op, local, &mut slot, keep)
+                self.execute(job.op, local, &mut send.peer, &mut send.mrs, keep)
             };
             let fail = match outcome {
                 Outcome::Done(len) => {
@@ -423,16 +442,16 @@ impl SoftQp {
         &self,
         sges: &[Sge],
         need: Access,
+        mrs: &mut MrCache,
         out: &mut Segs,
         keep: &mut Keep,
     ) -> Option<()> {
         for s in sges.iter().filter(|s| s.len > 0) {
-            let mr = self.dev.lookup_mr(s.lkey)?;
-            if mr.pd.id != self.pd.id || !mr.access.contains(need) {
+            let (p, pd, access) = mrs.resolve(&self.dev, s.lkey, s.addr, u64::from(s.len), keep)?;
+            if pd != self.pd.id || !access.contains(need) {
                 return None;
             }
-            out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize));
-            keep.push(mr);
+            out.push((p, s.len as usize));
         }
         Some(())
     }
@@ -443,6 +462,7 @@ impl SoftQp {
         op: WrOp,
         local: Local<'_>,
         slot: &mut Option<Peer>,
+        mrs: &mut MrCache,
         keep: &mut Keep,
     ) -> Outcome {
         if self.peer_dead.load(Ordering::SeqCst) {
@@ -475,10 +495,12 @@ impl SoftQp {
                 segs.as_slice()
             }
             Local::Inline(s) => s,
-            Local::Sges(sges) => match self.local_segments(sges, local_need, &mut segs, keep) {
-                Some(()) => segs.as_slice(),
-                None => return Outcome::Fail(WcStatus::LocProtErr),
-            },
+            Local::Sges(sges) => {
+                match self.local_segments(sges, local_need, mrs, &mut segs, keep) {
+                    Some(()) => segs.as_slice(),
+                    None => return Outcome::Fail(WcStatus::LocProtErr),
+                }
+            }
         };
         let total: u64 = local.iter().map(|s| s.1 as u64).sum();
         match op {
