@@ -96,12 +96,12 @@ impl Layout {
     }
 }
 
-/// Stores `v` unless the word already holds it. A ring slot is reused every `cap` entries,
-/// often with the same contents (the same receive buffer posted again, the same kind of
-/// completion); its cache line was last read by the other process, so a store would have to
-/// take the line back from that CPU, and the next locked instruction or fence here would
-/// wait for that. Skipping an equal store changes nothing the other side can read: the
-/// Release store of the index that publishes the slot still orders it.
+/// Stores `v` unless the word already holds it. A WQE slot is reused every `cap` entries,
+/// often with the same contents (the same receive buffer posted again); its cache line was
+/// last read by the other process, so a store would have to take the line back from that
+/// CPU, and the next locked instruction or fence here would wait for that. Skipping an equal
+/// store changes nothing the other side can read: the Release store of the index that
+/// publishes the slot still orders it.
 fn put32(w: &AtomicU32, v: u32) {
     if w.load(Ordering::Relaxed) != v {
         w.store(v, Ordering::Relaxed);
@@ -210,14 +210,25 @@ impl Ring {
     }
 
     /// Peer: stores completion `seq` (published by a later Release store of `comp_prod`).
+    /// Plain stores, unlike WQEs ([`put32`]): the tag changes with every completion and shares
+    /// the entry's cache line, so the line has to be taken back anyway, and comparing first
+    /// would only add loads of a line the owner's spinner keeps reading.
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
         let off = self.layout.comp_off(seq);
-        put32(self.map.u32_at(off), c.opcode);
-        put32(self.map.u32_at(off + 4), c.status);
-        put32(self.map.u32_at(off + 8), c.byte_len);
-        put32(self.map.u32_at(off + 12), c.imm.is_some() as u32);
-        put32(self.map.u32_at(off + 16), c.imm.unwrap_or(0));
-        put64(self.map.u64_at(off + 24), seq.wrapping_add(1));
+        self.map.u32_at(off).store(c.opcode, Ordering::Relaxed);
+        self.map.u32_at(off + 4).store(c.status, Ordering::Relaxed);
+        self.map
+            .u32_at(off + 8)
+            .store(c.byte_len, Ordering::Relaxed);
+        self.map
+            .u32_at(off + 12)
+            .store(c.imm.is_some() as u32, Ordering::Relaxed);
+        self.map
+            .u32_at(off + 16)
+            .store(c.imm.unwrap_or(0), Ordering::Relaxed);
+        self.map
+            .u64_at(off + 24)
+            .store(seq.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// The tag word of completion `seq` (see the layout).
