@@ -168,6 +168,7 @@ impl Backing {
 
 /// Pointer to `[addr, addr + len)` when that range lies inside the MR of `mr_len` bytes at
 /// virtual address `mr_addr`, which starts `offset` bytes into `backing`.
+#[inline]
 fn range_in(
     backing: &Backing,
     offset: usize,
@@ -203,10 +204,12 @@ struct CachedMr {
 }
 
 impl CachedMr {
+    #[inline]
     fn range(&self, addr: u64, len: u64) -> Option<*mut u8> {
         range_in(&self.backing, self.offset, self.addr, self.len, addr, len)
     }
 
+    #[inline]
     fn registered(&self) -> bool {
         self.mr.strong_count() > 0
     }
@@ -231,6 +234,7 @@ impl MrCache {
     /// `dev`, with that MR's PD id and access flags. Hits in the cache take no lock; a miss
     /// looks the key up in the device's table and hands the MR to `keep` (dropped after the
     /// caller's locks), which also keeps user memory alive during the caller's copy.
+    #[inline]
     pub(crate) fn resolve(
         &mut self,
         dev: &SoftDevice,

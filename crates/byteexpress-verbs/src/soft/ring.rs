@@ -78,9 +78,11 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    #[inline]
     fn wqe_size(&self) -> usize {
         WQE_HDR + SGE * self.max_sge as usize
     }
+    #[inline]
     fn comp_base(&self) -> usize {
         HDR + self.wqe_size() * self.cap as usize
     }
@@ -88,9 +90,11 @@ impl Layout {
     pub(crate) fn bytes(&self) -> usize {
         self.comp_base() + COMP * self.cap as usize
     }
+    #[inline]
     fn wqe_off(&self, seq: u64) -> usize {
         HDR + self.wqe_size() * (seq % self.cap as u64) as usize
     }
+    #[inline]
     fn comp_off(&self, seq: u64) -> usize {
         self.comp_base() + COMP * (seq % self.cap as u64) as usize
     }
@@ -102,6 +106,7 @@ impl Layout {
 /// CPU, and the next locked instruction or fence here would wait for that. Skipping an equal
 /// store changes nothing the other side can read: the Release store of the index that
 /// publishes the slot still orders it.
+#[inline]
 fn put32(w: &AtomicU32, v: u32) {
     if w.load(Ordering::Relaxed) != v {
         w.store(v, Ordering::Relaxed);
@@ -109,6 +114,7 @@ fn put32(w: &AtomicU32, v: u32) {
 }
 
 /// See [`put32`].
+#[inline]
 fn put64(w: &AtomicU64, v: u64) {
     if w.load(Ordering::Relaxed) != v {
         w.store(v, Ordering::Relaxed);
@@ -133,30 +139,37 @@ impl Ring {
         &self.map
     }
 
+    #[inline]
     pub(crate) fn recv_prod(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_RECV_PROD)
     }
+    #[inline]
     pub(crate) fn recv_cons(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_RECV_CONS)
     }
+    #[inline]
     pub(crate) fn comp_prod(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_COMP_PROD)
     }
+    #[inline]
     pub(crate) fn comp_cons(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_COMP_CONS)
     }
+    #[inline]
     pub(crate) fn armed(&self) -> &AtomicU32 {
         self.map.u32_at(OFF_ARMED)
     }
     /// Announcements (regions, MRs, deregistrations) the owner sent on its control channel:
     /// a peer that applied fewer drains its channel before using a key, so an MR registered
     /// or deregistered before the call returned is seen by the peer's next operation.
+    #[inline]
     pub(crate) fn announced(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_ANNOUNCED)
     }
 
     /// 0, or for a ring an SRQ lends WQEs to: the number of unclaimed WQEs at or below which
     /// the peer asks the owner (refill eventfd) for more. Any value is harmless to the peer.
+    #[inline]
     pub(crate) fn low_water(&self) -> &AtomicU64 {
         self.map.u64_at(OFF_LOW_WATER)
     }
@@ -167,6 +180,7 @@ impl Ring {
     }
 
     /// Owner: stores WQE `seq` from a receive WR's SGEs (no intermediate copy).
+    #[inline]
     pub(crate) fn write_wqe_sges(&self, seq: u64, sges: &[crate::Sge]) {
         self.write_wqe_from(
             seq,
@@ -178,6 +192,7 @@ impl Ring {
         );
     }
 
+    #[inline]
     fn write_wqe_from(&self, seq: u64, sges: impl ExactSizeIterator<Item = RawSge>) {
         let off = self.layout.wqe_off(seq);
         let n = sges.len().min(self.layout.max_sge as usize);
@@ -192,6 +207,7 @@ impl Ring {
 
     /// Peer: reads WQE `seq`, handing its SGEs to `out`; returns their count, `None` (and
     /// nothing handed) when it exceeds the layout.
+    #[inline]
     pub(crate) fn read_wqe(&self, seq: u64, mut out: impl FnMut(RawSge)) -> Option<usize> {
         let off = self.layout.wqe_off(seq);
         let n = self.map.u32_at(off).load(Ordering::Relaxed);
@@ -213,6 +229,7 @@ impl Ring {
     /// Plain stores, unlike WQEs ([`put32`]): the tag changes with every completion and shares
     /// the entry's cache line, so the line has to be taken back anyway, and comparing first
     /// would only add loads of a line the owner's spinner keeps reading.
+    #[inline]
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
         let off = self.layout.comp_off(seq);
         self.map.u32_at(off).store(c.opcode, Ordering::Relaxed);
@@ -232,12 +249,14 @@ impl Ring {
     }
 
     /// The tag word of completion `seq` (see the layout).
+    #[inline]
     pub(crate) fn comp_tag(&self, seq: u64) -> &AtomicU64 {
         self.map.u64_at(self.layout.comp_off(seq) + 24)
     }
 
     /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
     /// does not name `seq` (the peer did not write this completion for the WQE it claimed).
+    #[inline]
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
         let off = self.layout.comp_off(seq);
         if self.comp_tag(seq).load(Ordering::Relaxed) != seq.wrapping_add(1) {

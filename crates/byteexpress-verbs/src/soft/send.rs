@@ -102,6 +102,7 @@ struct Few<T> {
 const FEW: usize = 4;
 
 impl<T: Copy> Few<T> {
+    #[inline]
     fn new(fill: T) -> Few<T> {
         Few {
             few: [fill; FEW],
@@ -110,6 +111,7 @@ impl<T: Copy> Few<T> {
         }
     }
 
+    #[inline]
     fn push(&mut self, v: T) {
         if self.more.is_empty()
             && let Some(slot) = self.few.get_mut(self.n)
@@ -124,6 +126,7 @@ impl<T: Copy> Few<T> {
         self.more.push(v);
     }
 
+    #[inline]
     fn as_slice(&self) -> &[T] {
         if self.more.is_empty() {
             &self.few[..self.n]
@@ -136,6 +139,7 @@ impl<T: Copy> Few<T> {
 /// Segments of a WR.
 type Segs = Few<Seg>;
 
+#[inline]
 fn segs() -> Segs {
     Few::new((std::ptr::null_mut(), 0))
 }
@@ -161,6 +165,7 @@ pub(crate) struct Keep {
 }
 
 impl Keep {
+    #[inline]
     pub(crate) fn push(&mut self, mr: Arc<SoftMr>) {
         match self.few.get_mut(self.n) {
             Some(slot) => {

@@ -111,10 +111,12 @@ impl Mapping {
         })
     }
 
+    #[inline]
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -125,6 +127,7 @@ impl Mapping {
 
     /// The 8-byte-aligned word at `off`. Offsets come from this crate's own layouts, never
     /// from a peer, so an out-of-range offset is a bug here.
+    #[inline]
     pub(crate) fn u64_at(&self, off: usize) -> &AtomicU64 {
         assert!(
             off.is_multiple_of(8) && off + 8 <= self.len,
@@ -136,6 +139,7 @@ impl Mapping {
     }
 
     /// The 4-byte-aligned word at `off` (see [`Mapping::u64_at`]).
+    #[inline]
     pub(crate) fn u32_at(&self, off: usize) -> &AtomicU32 {
         assert!(
             off.is_multiple_of(4) && off + 4 <= self.len,
