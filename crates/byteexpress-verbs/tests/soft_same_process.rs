@@ -184,3 +184,68 @@ fn a_deregistered_mr_is_refused_even_right_after_sends_used_it() {
     assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::LocProtErr);
     drop(mem);
 }
+
+/// Inline data that no lkey vouches for is looked for in every MR of the device; that scan
+/// must not drop the last handle of an MR while it holds the device's MR table lock (the MR's
+/// drop takes that lock for writing: a self-deadlock). One thread posts such sends while
+/// another deregisters MRs; both must finish within a bounded time.
+#[test]
+fn the_inline_scan_survives_mrs_deregistered_during_it() {
+    use std::sync::mpsc;
+    use std::time::Instant;
+
+    const RUN: Duration = Duration::from_millis(1500);
+    let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
+    let (done_tx, done_rx) = mpsc::channel();
+    let poster = {
+        let done = done_tx.clone();
+        std::thread::spawn(move || {
+            let a = a; // all of it: after a deadlock, nothing of it is dropped by the test
+            // Not registered anywhere: every post scans the whole MR table, then refuses.
+            let bytes = [7u8; 8];
+            let sge = [Sge {
+                addr: bytes.as_ptr() as u64,
+                len: 8,
+                lkey: 0,
+            }];
+            let start = Instant::now();
+            let mut posts = 0u64;
+            while start.elapsed() < RUN && posts < 50_000_000 {
+                let r = a.qp.post_send(&SendWr {
+                    wr_id: posts,
+                    op: WrOp::Send,
+                    sg_list: &sge,
+                    signaled: true,
+                    inline: true,
+                });
+                assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+                posts += 1;
+            }
+            let _ = done.send(("poster", posts));
+        })
+    };
+    let dereg = std::thread::spawn(move || {
+        let b = b;
+        let start = Instant::now();
+        let mut rounds = 0u64;
+        while start.elapsed() < RUN && rounds < 1_000_000 {
+            let mrs: Vec<_> = (0..64)
+                .map(|i| {
+                    b.pd.reg_shared(&b.mem, i * 64, 64, Access::LOCAL_WRITE)
+                        .unwrap()
+                })
+                .collect();
+            drop(mrs); // one by one, each racing the poster's scan
+            rounds += 1;
+        }
+        let _ = done_tx.send(("deregistering", rounds));
+    });
+    for _ in 0..2 {
+        match done_rx.recv_timeout(RUN + Duration::from_secs(5)) {
+            Ok((who, n)) => eprintln!("{who}: {n} iterations"),
+            Err(_) => panic!("deadlock: a thread did not finish (inline scan vs. deregistration)"),
+        }
+    }
+    poster.join().unwrap();
+    dereg.join().unwrap();
+}

@@ -317,7 +317,7 @@ impl SoftQp {
 
     /// Inline data at post time: the bytes must lie in memory registered on this device (any
     /// key): the soft provider reads nothing it cannot vouch for. The memory stays alive
-    /// through `mrs` or the MR handles in `keep`.
+    /// through `mrs` or the MR handles in `keep`, which the caller drops after its locks.
     fn inline_segments(
         &self,
         sges: &[Sge],
@@ -330,17 +330,19 @@ impl SoftQp {
             let p = match mrs.resolve(&self.dev, s.lkey, s.addr, len, keep) {
                 Some((p, _, _)) => Some(p),
                 None => {
-                    let mr = {
-                        let mrs = self.dev.mrs.read();
-                        mrs.values()
-                            .filter_map(std::sync::Weak::upgrade)
-                            .find(|mr| mr.range(s.addr, len).is_some())
-                    };
-                    mr.and_then(|mr| {
-                        let p = mr.range(s.addr, len);
+                    // Every handle the scan takes goes to `keep`, dropped after all locks: if
+                    // its owner deregisters meanwhile, ours is the last handle, and the MR's
+                    // drop takes the table lock for writing (a self-deadlock under `read`).
+                    let mrs = self.dev.mrs.read();
+                    let mut found = None;
+                    for mr in mrs.values().filter_map(std::sync::Weak::upgrade) {
+                        found = mr.range(s.addr, len);
                         keep.push(mr);
-                        p
-                    })
+                        if found.is_some() {
+                            break;
+                        }
+                    }
+                    found
                 }
             };
             let Some(p) = p else {
