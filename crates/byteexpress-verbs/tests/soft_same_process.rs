@@ -249,3 +249,139 @@ fn the_inline_scan_survives_mrs_deregistered_during_it() {
     poster.join().unwrap();
     dereg.join().unwrap();
 }
+
+/// One scenario of `a_short_send_completes_and_fails_as_a_general_one`: what the posts
+/// returned, every completion on both sides, both QPs' states and the bytes received.
+fn send_trace(split: bool, case: &str) -> Vec<String> {
+    let cap = QpCap {
+        max_send_sge: 2,
+        ..QpCap::default()
+    };
+    let attr = match case {
+        "rnr_exceeded" => ConnectAttr {
+            rnr_retry: 0,
+            ..fast_attr()
+        },
+        _ => fast_attr(),
+    };
+    let (a, b) = soft_pair(cap, attr);
+    a.write(0, &(0u8..100).collect::<Vec<_>>());
+    // One SGE takes the short path; the same bytes in two SGEs take the general one.
+    let sges = |len: u32, lkey: u32| -> Vec<Sge> {
+        let whole = Sge {
+            lkey,
+            ..a.sge(0, len)
+        };
+        if !split {
+            return vec![whole];
+        }
+        vec![
+            Sge { len: 4, ..whole },
+            Sge {
+                addr: whole.addr + 4,
+                len: len - 4,
+                ..whole
+            },
+        ]
+    };
+    let key = a.mr.lkey();
+    // A WRITE through the MR first: the short path needs the MR in the QP's cache.
+    let warm = [a.sge(0, 8)];
+    a.qp.post_send(&SendWr {
+        wr_id: 99,
+        op: WrOp::Write {
+            remote_addr: b.mr.addr() + 4096,
+            rkey: b.mr.rkey(),
+        },
+        sg_list: &warm,
+        signaled: true,
+        inline: false,
+    })
+    .unwrap();
+    assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::Success);
+    let mut log = Vec::new();
+    let mut post = |wr_id: u64, op: WrOp, len: u32, lkey: u32, inline: bool| {
+        let sg = sges(len, lkey);
+        let r = a.qp.post_send(&SendWr {
+            wr_id,
+            op,
+            sg_list: &sg,
+            signaled: true,
+            inline,
+        });
+        log.push(format!("post {wr_id}: {r:?}"));
+    };
+    match case {
+        "ok" => {
+            for id in 0..4 {
+                b.post_recv(id, id as usize * 64, 64);
+            }
+            post(1, WrOp::Send, 8, key, false);
+            post(2, WrOp::SendWithImm(7), 16, key, false);
+            post(3, WrOp::Send, 8, key, true);
+            post(4, WrOp::SendWithImm(9), 64, key, true);
+        }
+        "rnr_then_recv" => {
+            post(1, WrOp::Send, 8, key, false);
+            post(2, WrOp::Send, 8, key, true);
+            std::thread::sleep(Duration::from_millis(20));
+            b.post_recv(0, 0, 64);
+            b.post_recv(1, 64, 64);
+        }
+        "rnr_exceeded" => {
+            post(1, WrOp::Send, 8, key, false);
+            std::thread::sleep(Duration::from_millis(50));
+            post(2, WrOp::Send, 8, key, false);
+        }
+        "over_max_inline" => {
+            b.post_recv(0, 0, 128);
+            post(1, WrOp::Send, 65, key, true);
+            post(2, WrOp::Send, 64, key, true);
+        }
+        "bad_lkey" => {
+            b.post_recv(0, 0, 64);
+            // Inline data needs registered memory under any key; a SEND needs its lkey.
+            post(1, WrOp::Send, 8, key ^ 0x5555, true);
+            post(2, WrOp::Send, 8, key ^ 0x5555, false);
+            post(3, WrOp::Send, 8, key, false);
+        }
+        "recv_too_small" => {
+            b.post_recv(0, 0, 4);
+            post(1, WrOp::Send, 8, key, false);
+        }
+        _ => unreachable!(),
+    }
+    std::thread::sleep(Duration::from_millis(60));
+    for (side, cq) in [("a.send", &a.send_cq), ("b.recv", &b.recv_cq)] {
+        for wc in poll_for(cq, Duration::from_millis(100)) {
+            log.push(format!(
+                "{side}: {} {:?} {:?} {} {:?}",
+                wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm
+            ));
+        }
+    }
+    log.push(format!("states {:?} {:?}", a.qp.state(), b.qp.state()));
+    log.push(format!("bytes {:?}", b.read(0, 256)));
+    log
+}
+
+/// post_send has a short path for a SEND of one SGE; a WR with two SGEs takes the general
+/// path. Both must give the same post results, completions, QP states and received bytes,
+/// also where things go wrong (RNR, RNR retries exceeded, inline data over max_inline_data,
+/// a bad lkey, a receive buffer too small).
+#[test]
+fn a_short_send_completes_and_fails_as_a_general_one() {
+    for case in [
+        "ok",
+        "rnr_then_recv",
+        "rnr_exceeded",
+        "over_max_inline",
+        "bad_lkey",
+        "recv_too_small",
+    ] {
+        let short = send_trace(false, case);
+        let general = send_trace(true, case);
+        assert_eq!(short, general, "{case}");
+        eprintln!("{case}: {short:#?}");
+    }
+}

@@ -215,6 +215,9 @@ fn gather(segs: &[Seg]) -> Vec<u8> {
 
 impl SoftQp {
     pub(crate) fn post_send_impl(&self, wr: &SendWr<'_>) -> Result<()> {
+        if self.fast_send(wr) {
+            return Ok(());
+        }
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
             return Err(Error::InvalidArgument(format!(
                 "{} SGEs exceed max_send_sge {}",
@@ -274,45 +277,122 @@ impl SoftQp {
                 };
                 self.execute(wr.op, local, &mut send.peer, &mut send.mrs, &mut keep)
             });
-            match attempt {
-                Some(Outcome::Done(len)) => {
-                    if wr.signaled {
-                        self.send_cq.push(Wc {
-                            byte_len: len as u32,
-                            ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
-                        });
-                    }
-                }
-                attempt => {
-                    let rnr_retry = send.attr.rnr_retry;
-                    send.pending.push_back(Job {
-                        wr_id: wr.wr_id,
-                        op: wr.op,
-                        sges: if wr.inline {
-                            Vec::new()
-                        } else {
-                            wr.sg_list.to_vec()
-                        },
-                        inline: wr.inline.then(|| gather(inline.as_slice())),
-                        signaled: wr.signaled,
-                        rnr_left: (rnr_retry != 7).then_some(rnr_retry),
-                        next_try: None,
-                        retry_since: None,
-                    });
-                    match attempt {
-                        // It failed, side effects done (an error completion for the peer):
-                        // as `run_pending` would, without executing it again.
-                        Some(Outcome::Fail(st)) => self.fail_locked(send, Some(st)),
-                        // RNR or no answer, nothing happened: the queue takes it from here.
-                        Some(_) => self.run_pending(send, &mut keep),
-                        None if send.pending.len() == 1 => self.run_pending(send, &mut keep),
-                        None => {}
-                    }
-                }
-            }
+            self.settle(send, wr, inline.as_slice(), attempt, &mut keep);
         }
         drop(keep); // MR handles, dropped outside the locks
         Ok(())
+    }
+
+    /// After the attempt at executing `wr` at post time (`None`: not attempted, WRs are queued
+    /// before it): its completion when done, else it joins the queue (with `inline`, its
+    /// checked inline data, copied) and the queue takes it from there.
+    fn settle(
+        &self,
+        send: &mut SendSide,
+        wr: &SendWr<'_>,
+        inline: &[Seg],
+        attempt: Option<Outcome>,
+        keep: &mut Keep,
+    ) {
+        match attempt {
+            Some(Outcome::Done(len)) => {
+                if wr.signaled {
+                    self.send_cq.push(Wc {
+                        byte_len: len as u32,
+                        ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
+                    });
+                }
+            }
+            attempt => {
+                let rnr_retry = send.attr.rnr_retry;
+                send.pending.push_back(Job {
+                    wr_id: wr.wr_id,
+                    op: wr.op,
+                    sges: if wr.inline {
+                        Vec::new()
+                    } else {
+                        wr.sg_list.to_vec()
+                    },
+                    inline: wr.inline.then(|| gather(inline)),
+                    signaled: wr.signaled,
+                    rnr_left: (rnr_retry != 7).then_some(rnr_retry),
+                    next_try: None,
+                    retry_since: None,
+                });
+                match attempt {
+                    // It failed, side effects done (an error completion for the peer):
+                    // as `run_pending` would, without executing it again.
+                    Some(Outcome::Fail(st)) => self.fail_locked(send, Some(st)),
+                    // RNR or no answer, nothing happened: the queue takes it from here.
+                    Some(_) => self.run_pending(send, keep),
+                    None if send.pending.len() == 1 => self.run_pending(send, keep),
+                    None => {}
+                }
+            }
+        }
+    }
+
+    /// The common case of `post_send` on a short path: a SEND or SEND_WITH_IMM of one
+    /// non-empty SGE (inline or not) whose local MR is in the QP's cache, nothing queued, QP
+    /// in RTS, peer attached and alive. False, with no side effect but cache bookkeeping,
+    /// when any of that does not hold: the general path then handles the WR (and reports
+    /// every error). What it does once it delivers is exactly what the general path does.
+    #[inline]
+    fn fast_send(&self, wr: &SendWr<'_>) -> bool {
+        let imm = match wr.op {
+            WrOp::Send => None,
+            WrOp::SendWithImm(imm) => Some(imm),
+            _ => return false,
+        };
+        let [s] = wr.sg_list else {
+            return false;
+        };
+        let len = u64::from(s.len);
+        if s.len == 0
+            || self.cap.max_send_sge == 0
+            || len > MAX_MSG_LEN
+            || (wr.inline && len > u64::from(self.cap.max_inline_data))
+            || self.state() != QpState::Rts
+        {
+            return false;
+        }
+        let mut guard = self.send.lock();
+        let send = &mut *guard;
+        if !send.pending.is_empty()
+            || self.cap.max_send_wr == 0
+            || self.state() != QpState::Rts
+            || self.peer_dead.load(Ordering::SeqCst)
+        {
+            return false;
+        }
+        // Inline data may lie in any MR of the device; SGEs need one of this PD (a SEND's
+        // local buffer needs no access flag).
+        let Some((p, pd, _)) = send.mrs.hit(s.lkey, s.addr, len) else {
+            return false;
+        };
+        if !wr.inline && pd != self.pd.id {
+            return false;
+        }
+        let Some(peer) = send.peer.as_mut() else {
+            return false;
+        };
+        let seg = [(p, s.len as usize)];
+        let outcome = self.deliver(peer, &seg, len, imm, None);
+        if let Outcome::Done(len) = outcome {
+            // Under the send lock, as every send completion of the QP: they stay in order.
+            if wr.signaled {
+                self.send_cq.push(Wc {
+                    byte_len: len as u32,
+                    ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
+                });
+            }
+            return true;
+        }
+        let mut keep = Keep::default();
+        self.settle(send, wr, &seg, Some(outcome), &mut keep);
+        drop(guard);
+        drop(keep);
+        true
     }
 
     /// Inline data at post time: the bytes must lie in memory registered on this device (any
