@@ -732,8 +732,14 @@ impl SoftQp {
         if verdict.is_none() {
             // SAFETY: `src` lies in live local MRs or the inline copy; every `dst` segment was
             // checked against an MR the peer announced and lies inside our mapping of its
-            // region (held by `peer`, which stays locked).
-            unsafe { scatter_gather(src, dst.as_slice()) };
+            // region (held by `peer`, which stays locked). The usual message, one buffer into
+            // one buffer cut to its size, is the same copy without `scatter_gather`'s loop.
+            unsafe {
+                match (src, dst.as_slice()) {
+                    (&[(s, n)], &[(d, m)]) if n == m => std::ptr::copy(s, d, n),
+                    (src, dst) => scatter_gather(src, dst),
+                }
+            }
         }
         let (rx_status, tx) = match verdict {
             Some((rx, tx)) => (rx, Some(tx)),
