@@ -222,10 +222,10 @@ impl SoftQp {
             return 0;
         }
         let mut recv = self.recv.lock();
-        let cap = self.ring.layout.cap as usize;
+        let cap = self.ring.layout().cap as usize;
         if recv.closed
             || recv.poisoned
-            || recv.shadow.len() as u64 > super::srq::low_water(self.ring.layout.cap)
+            || recv.shadow.len() as u64 > super::srq::low_water(self.ring.layout().cap)
             || !self.lendable()
         {
             return 0;
@@ -582,8 +582,8 @@ impl QpImpl for SoftQp {
             src_dev: self.dev.dev_id,
             src_qpn: self.qpn,
             dst_qpn: remote.qpn,
-            ring_cap: self.ring.layout.cap,
-            ring_sge: self.ring.layout.max_sge,
+            ring_cap: self.ring.layout().cap,
+            ring_sge: self.ring.layout().max_sge,
             access: attr.access.0,
             name: self.dev.sock_name.clone(),
         });

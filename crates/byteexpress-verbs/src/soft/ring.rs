@@ -125,7 +125,9 @@ fn put64(w: &AtomicU64, v: u64) {
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
     map: Arc<Mapping>,
-    pub layout: Layout,
+    /// Checked against the mapping's length in [`Ring::new`] and never changed after: every
+    /// offset below comes from it, so the ring's word accessors need no bounds checks.
+    layout: Layout,
 }
 
 impl Ring {
@@ -139,39 +141,64 @@ impl Ring {
         &self.map
     }
 
+    /// The layout the ring was checked against.
+    #[inline]
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The word at `off`, an offset from [`Layout`]: a header field, or a field of WQE or
+    /// completion slot `seq % cap` (below `layout.bytes()`, 8-aligned for 8-byte fields).
+    #[inline]
+    fn w64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `Ring::new` checked `map.len() >= layout.bytes()`, and every offset the ring
+        // passes lies inside that layout (header fields < HDR; WQE `seq % cap` and its
+        // `max_sge` SGEs end before `comp_base`; completion `seq % cap` ends at or before
+        // `bytes`); HDR, the WQE size and COMP are multiples of 16, and fields are aligned
+        // to their size within them.
+        unsafe { self.map.u64_at_unchecked(off) }
+    }
+
+    /// As [`Ring::w64`], for 4-byte fields.
+    #[inline]
+    fn w32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `w64`.
+        unsafe { self.map.u32_at_unchecked(off) }
+    }
+
     #[inline]
     pub(crate) fn recv_prod(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_RECV_PROD)
+        self.w64(OFF_RECV_PROD)
     }
     #[inline]
     pub(crate) fn recv_cons(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_RECV_CONS)
+        self.w64(OFF_RECV_CONS)
     }
     #[inline]
     pub(crate) fn comp_prod(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_COMP_PROD)
+        self.w64(OFF_COMP_PROD)
     }
     #[inline]
     pub(crate) fn comp_cons(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_COMP_CONS)
+        self.w64(OFF_COMP_CONS)
     }
     #[inline]
     pub(crate) fn armed(&self) -> &AtomicU32 {
-        self.map.u32_at(OFF_ARMED)
+        self.w32(OFF_ARMED)
     }
     /// Announcements (regions, MRs, deregistrations) the owner sent on its control channel:
     /// a peer that applied fewer drains its channel before using a key, so an MR registered
     /// or deregistered before the call returned is seen by the peer's next operation.
     #[inline]
     pub(crate) fn announced(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_ANNOUNCED)
+        self.w64(OFF_ANNOUNCED)
     }
 
     /// 0, or for a ring an SRQ lends WQEs to: the number of unclaimed WQEs at or below which
     /// the peer asks the owner (refill eventfd) for more. Any value is harmless to the peer.
     #[inline]
     pub(crate) fn low_water(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_LOW_WATER)
+        self.w64(OFF_LOW_WATER)
     }
 
     /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).
@@ -196,12 +223,12 @@ impl Ring {
     fn write_wqe_from(&self, seq: u64, sges: impl ExactSizeIterator<Item = RawSge>) {
         let off = self.layout.wqe_off(seq);
         let n = sges.len().min(self.layout.max_sge as usize);
-        put32(self.map.u32_at(off), n as u32);
+        put32(self.w32(off), n as u32);
         for (i, s) in sges.take(n).enumerate() {
             let o = off + WQE_HDR + i * SGE;
-            put64(self.map.u64_at(o), s.addr);
-            put32(self.map.u32_at(o + 8), s.len);
-            put32(self.map.u32_at(o + 12), s.key);
+            put64(self.w64(o), s.addr);
+            put32(self.w32(o + 8), s.len);
+            put32(self.w32(o + 12), s.key);
         }
     }
 
@@ -210,16 +237,16 @@ impl Ring {
     #[inline]
     pub(crate) fn read_wqe(&self, seq: u64, mut out: impl FnMut(RawSge)) -> Option<usize> {
         let off = self.layout.wqe_off(seq);
-        let n = self.map.u32_at(off).load(Ordering::Relaxed);
+        let n = self.w32(off).load(Ordering::Relaxed);
         if n > self.layout.max_sge {
             return None;
         }
         for i in 0..n as usize {
             let o = off + WQE_HDR + i * SGE;
             out(RawSge {
-                addr: self.map.u64_at(o).load(Ordering::Relaxed),
-                len: self.map.u32_at(o + 8).load(Ordering::Relaxed),
-                key: self.map.u32_at(o + 12).load(Ordering::Relaxed),
+                addr: self.w64(o).load(Ordering::Relaxed),
+                len: self.w32(o + 8).load(Ordering::Relaxed),
+                key: self.w32(o + 12).load(Ordering::Relaxed),
             });
         }
         Some(n as usize)
@@ -232,26 +259,21 @@ impl Ring {
     #[inline]
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
         let off = self.layout.comp_off(seq);
-        self.map.u32_at(off).store(c.opcode, Ordering::Relaxed);
-        self.map.u32_at(off + 4).store(c.status, Ordering::Relaxed);
-        self.map
-            .u32_at(off + 8)
-            .store(c.byte_len, Ordering::Relaxed);
-        self.map
-            .u32_at(off + 12)
+        self.w32(off).store(c.opcode, Ordering::Relaxed);
+        self.w32(off + 4).store(c.status, Ordering::Relaxed);
+        self.w32(off + 8).store(c.byte_len, Ordering::Relaxed);
+        self.w32(off + 12)
             .store(c.imm.is_some() as u32, Ordering::Relaxed);
-        self.map
-            .u32_at(off + 16)
+        self.w32(off + 16)
             .store(c.imm.unwrap_or(0), Ordering::Relaxed);
-        self.map
-            .u64_at(off + 24)
+        self.w64(off + 24)
             .store(seq.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// The tag word of completion `seq` (see the layout).
     #[inline]
     pub(crate) fn comp_tag(&self, seq: u64) -> &AtomicU64 {
-        self.map.u64_at(self.layout.comp_off(seq) + 24)
+        self.w64(self.layout.comp_off(seq) + 24)
     }
 
     /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
@@ -262,12 +284,12 @@ impl Ring {
         if self.comp_tag(seq).load(Ordering::Relaxed) != seq.wrapping_add(1) {
             return None;
         }
-        let has_imm = self.map.u32_at(off + 12).load(Ordering::Relaxed);
-        let imm = self.map.u32_at(off + 16).load(Ordering::Relaxed);
+        let has_imm = self.w32(off + 12).load(Ordering::Relaxed);
+        let imm = self.w32(off + 16).load(Ordering::Relaxed);
         Some(RawComp {
-            opcode: self.map.u32_at(off).load(Ordering::Relaxed),
-            status: self.map.u32_at(off + 4).load(Ordering::Relaxed),
-            byte_len: self.map.u32_at(off + 8).load(Ordering::Relaxed),
+            opcode: self.w32(off).load(Ordering::Relaxed),
+            status: self.w32(off + 4).load(Ordering::Relaxed),
+            byte_len: self.w32(off + 8).load(Ordering::Relaxed),
             imm: match has_imm {
                 0 => None,
                 1 => Some(imm),
@@ -323,7 +345,8 @@ mod tests {
         let layout = Layout { cap: 2, max_sge: 1 };
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map.clone(), layout).unwrap();
-        map.u32_at(HDR).store(1000, Ordering::Relaxed);
+        // SAFETY: HDR is 4-aligned and inside the mapping (the ring was built over it).
+        unsafe { map.u32_at_unchecked(HDR) }.store(1000, Ordering::Relaxed);
         assert!(ring.read_wqe(0, |_| ()).is_none());
         assert!(
             Ring::new(

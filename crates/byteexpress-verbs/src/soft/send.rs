@@ -634,7 +634,7 @@ impl SoftQp {
         imm: Option<u32>,
         write_to: Option<*mut u8>,
     ) -> Outcome {
-        let cap = u64::from(peer.ring.layout.cap);
+        let cap = u64::from(peer.ring.layout().cap);
         let cons = peer.ring.recv_cons().load(Ordering::Acquire);
         if cons & ERR_BIT != 0 {
             return Outcome::NoAnswer;
