@@ -90,13 +90,24 @@ impl Layout {
     pub(crate) fn bytes(&self) -> usize {
         self.comp_base() + COMP * self.cap as usize
     }
+    /// Slot of counter `seq`: `seq % cap`, with a mask when `cap` is a power of two (a
+    /// 64-bit division costs tens of cycles, and a spinner computes this every turn).
+    #[inline]
+    fn slot(&self, seq: u64) -> usize {
+        let cap = u64::from(self.cap);
+        (if cap.is_power_of_two() {
+            seq & (cap - 1)
+        } else {
+            seq % cap
+        }) as usize
+    }
     #[inline]
     fn wqe_off(&self, seq: u64) -> usize {
-        HDR + self.wqe_size() * (seq % self.cap as u64) as usize
+        HDR + self.wqe_size() * self.slot(seq)
     }
     #[inline]
     fn comp_off(&self, seq: u64) -> usize {
-        self.comp_base() + COMP * (seq % self.cap as u64) as usize
+        self.comp_base() + COMP * self.slot(seq)
     }
 }
 
@@ -305,10 +316,18 @@ mod tests {
 
     #[test]
     fn wqes_and_completions_round_trip_and_wrap() {
-        let layout = Layout { cap: 3, max_sge: 2 };
+        // A power of two (slots by mask) and not (by division).
+        for cap in [3u32, 4] {
+            round_trip_and_wrap(cap);
+        }
+    }
+
+    fn round_trip_and_wrap(cap: u32) {
+        let layout = Layout { cap, max_sge: 2 };
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map, layout).unwrap();
-        for seq in 0..7u64 {
+        let lap = u64::from(cap);
+        for seq in 0..(2 * lap + 1) {
             let s = [
                 RawSge {
                     addr: seq,
@@ -335,8 +354,9 @@ mod tests {
             ring.write_comp(seq, c);
             assert_eq!(ring.read_comp(seq), Some(c));
             // The same slot a lap later or earlier: not written for that completion.
-            assert_eq!(ring.read_comp(seq + 3), None);
-            assert_eq!(ring.read_comp(seq.wrapping_sub(3)), None);
+            assert_eq!(ring.read_comp(seq + lap), None);
+            assert_eq!(ring.read_comp(seq.wrapping_sub(lap)), None);
+            assert_eq!(layout.slot(seq), (seq % lap) as usize);
         }
     }
 
