@@ -102,11 +102,18 @@ pub(crate) struct SoftPd {
 impl SoftPd {
     /// Refuses receive SGEs in user memory (`reg_user`): the peer writes receives straight into
     /// our memory through its mapping of it, which user memory does not have.
+    #[inline]
     pub(crate) fn check_recv_sges(&self, sges: &[crate::Sge]) -> Result<()> {
         // Counted before a user MR is published, so an MR whose key the caller holds counts.
         if self.dev.user_mrs.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
+        self.check_recv_sges_in_tables(sges)
+    }
+
+    /// [`SoftPd::check_recv_sges`] once some user MR exists: looks each key up.
+    #[cold]
+    fn check_recv_sges_in_tables(&self, sges: &[crate::Sge]) -> Result<()> {
         for s in sges {
             if self.dev.lookup_mr(s.lkey).is_some_and(|mr| mr.is_user()) {
                 return Err(Error::Unsupported(format!(
