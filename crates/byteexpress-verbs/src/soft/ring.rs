@@ -90,25 +90,6 @@ impl Layout {
     pub(crate) fn bytes(&self) -> usize {
         self.comp_base() + COMP * self.cap as usize
     }
-    /// Slot of counter `seq`: `seq % cap`, with a mask when `cap` is a power of two (a
-    /// 64-bit division costs tens of cycles, and a spinner computes this every turn).
-    #[inline]
-    fn slot(&self, seq: u64) -> usize {
-        let cap = u64::from(self.cap);
-        (if cap.is_power_of_two() {
-            seq & (cap - 1)
-        } else {
-            seq % cap
-        }) as usize
-    }
-    #[inline]
-    fn wqe_off(&self, seq: u64) -> usize {
-        HDR + self.wqe_size() * self.slot(seq)
-    }
-    #[inline]
-    fn comp_off(&self, seq: u64) -> usize {
-        self.comp_base() + COMP * self.slot(seq)
-    }
 }
 
 /// Stores `v` unless the word already holds it. A WQE slot is reused every `cap` entries,
@@ -136,6 +117,12 @@ fn put64(w: &AtomicU64, v: u64) {
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
     map: Arc<Mapping>,
+    /// `layout`'s slot arithmetic, computed once: `cap - 1` when `cap` is a power of two
+    /// (slot = seq & mask), else `u64::MAX` (slot = seq % cap); the WQE size; the offset of
+    /// the completion slots.
+    mask: u64,
+    wqe_size: usize,
+    comp_base: usize,
     /// Checked against the mapping's length in [`Ring::new`] and never changed after: every
     /// offset below comes from it, so the ring's word accessors need no bounds checks.
     layout: Layout,
@@ -144,12 +131,44 @@ pub(crate) struct Ring {
 impl Ring {
     /// `None` when the mapping is too small for `layout` or the layout is degenerate.
     pub(crate) fn new(map: Arc<Mapping>, layout: Layout) -> Option<Ring> {
-        (layout.cap > 0 && layout.max_sge > 0 && map.len() >= layout.bytes())
-            .then_some(Ring { map, layout })
+        (layout.cap > 0 && layout.max_sge > 0 && map.len() >= layout.bytes()).then(|| Ring {
+            map,
+            layout,
+            mask: if layout.cap.is_power_of_two() {
+                u64::from(layout.cap) - 1
+            } else {
+                u64::MAX
+            },
+            wqe_size: layout.wqe_size(),
+            comp_base: layout.comp_base(),
+        })
     }
 
     pub(crate) fn mapping(&self) -> &Arc<Mapping> {
         &self.map
+    }
+
+    /// Slot of counter `seq`: `seq % cap`, by mask when `cap` is a power of two (a 64-bit
+    /// division costs tens of cycles, and a spinner computes this every turn).
+    #[inline]
+    fn slot(&self, seq: u64) -> usize {
+        (if self.mask != u64::MAX {
+            seq & self.mask
+        } else {
+            seq % u64::from(self.layout.cap)
+        }) as usize
+    }
+
+    /// Offset of WQE `seq`.
+    #[inline]
+    fn wqe_off(&self, seq: u64) -> usize {
+        HDR + self.wqe_size * self.slot(seq)
+    }
+
+    /// Offset of completion `seq`.
+    #[inline]
+    fn comp_off(&self, seq: u64) -> usize {
+        self.comp_base + COMP * self.slot(seq)
     }
 
     /// The layout the ring was checked against.
@@ -162,8 +181,9 @@ impl Ring {
     /// completion slot `seq % cap` (below `layout.bytes()`, 8-aligned for 8-byte fields).
     #[inline]
     fn w64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `Ring::new` checked `map.len() >= layout.bytes()`, and every offset the ring
-        // passes lies inside that layout (header fields < HDR; WQE `seq % cap` and its
+        // SAFETY: `Ring::new` checked `map.len() >= layout.bytes()` and derived `mask`,
+        // `wqe_size` and `comp_base` from that layout (private, never changed), so every
+        // offset the ring passes lies inside it (header fields < HDR; WQE `seq % cap` and its
         // `max_sge` SGEs end before `comp_base`; completion `seq % cap` ends at or before
         // `bytes`); HDR, the WQE size and COMP are multiples of 16, and fields are aligned
         // to their size within them.
@@ -232,7 +252,7 @@ impl Ring {
 
     #[inline]
     fn write_wqe_from(&self, seq: u64, sges: impl ExactSizeIterator<Item = RawSge>) {
-        let off = self.layout.wqe_off(seq);
+        let off = self.wqe_off(seq);
         let n = sges.len().min(self.layout.max_sge as usize);
         put32(self.w32(off), n as u32);
         for (i, s) in sges.take(n).enumerate() {
@@ -247,7 +267,7 @@ impl Ring {
     /// nothing handed) when it exceeds the layout.
     #[inline]
     pub(crate) fn read_wqe(&self, seq: u64, mut out: impl FnMut(RawSge)) -> Option<usize> {
-        let off = self.layout.wqe_off(seq);
+        let off = self.wqe_off(seq);
         let n = self.w32(off).load(Ordering::Relaxed);
         if n > self.layout.max_sge {
             return None;
@@ -269,7 +289,7 @@ impl Ring {
     /// would only add loads of a line the owner's spinner keeps reading.
     #[inline]
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
-        let off = self.layout.comp_off(seq);
+        let off = self.comp_off(seq);
         self.w32(off).store(c.opcode, Ordering::Relaxed);
         self.w32(off + 4).store(c.status, Ordering::Relaxed);
         self.w32(off + 8).store(c.byte_len, Ordering::Relaxed);
@@ -284,14 +304,14 @@ impl Ring {
     /// The tag word of completion `seq` (see the layout).
     #[inline]
     pub(crate) fn comp_tag(&self, seq: u64) -> &AtomicU64 {
-        self.w64(self.layout.comp_off(seq) + 24)
+        self.w64(self.comp_off(seq) + 24)
     }
 
     /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
     /// does not name `seq` (the peer did not write this completion for the WQE it claimed).
     #[inline]
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
-        let off = self.layout.comp_off(seq);
+        let off = self.comp_off(seq);
         if self.comp_tag(seq).load(Ordering::Relaxed) != seq.wrapping_add(1) {
             return None;
         }
@@ -356,7 +376,7 @@ mod tests {
             // The same slot a lap later or earlier: not written for that completion.
             assert_eq!(ring.read_comp(seq + lap), None);
             assert_eq!(ring.read_comp(seq.wrapping_sub(lap)), None);
-            assert_eq!(layout.slot(seq), (seq % lap) as usize);
+            assert_eq!(ring.slot(seq), (seq % lap) as usize);
         }
     }
 
