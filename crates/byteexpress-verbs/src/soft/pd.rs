@@ -237,14 +237,10 @@ pub(crate) struct MrCache {
 }
 
 impl MrCache {
-    /// Where `[addr, addr + len)` lies in memory, if inside the MR with `key` registered on
-    /// `dev`, with that MR's PD id and access flags. Hits in the cache take no lock; a miss
-    /// looks the key up in the device's table and hands the MR to `keep` (dropped after the
-    /// caller's locks), which also keeps user memory alive during the caller's copy.
     /// Like [`MrCache::resolve`], from the cache alone (`None` on a miss, or when the range
     /// is not inside the cached MR): takes no lock and no MR handle.
     #[inline]
-    pub(crate) fn hit(&mut self, key: u32, addr: u64, len: u64) -> Option<(*mut u8, u64, Access)> {
+    pub(crate) fn hit(&self, key: u32, addr: u64, len: u64) -> Option<(*mut u8, u64, Access)> {
         let e = self.slots.iter().flatten().find(|e| e.key == key)?;
         if !e.registered() {
             return None;
@@ -252,6 +248,10 @@ impl MrCache {
         Some((e.range(addr, len)?, e.pd, e.access))
     }
 
+    /// Where `[addr, addr + len)` lies in memory, if inside the MR with `key` registered on
+    /// `dev`, with that MR's PD id and access flags. Hits in the cache take no lock; a miss
+    /// looks the key up in the device's table and hands the MR to `keep` (dropped after the
+    /// caller's locks), which also keeps user memory alive during the caller's copy.
     #[inline]
     pub(crate) fn resolve(
         &mut self,
