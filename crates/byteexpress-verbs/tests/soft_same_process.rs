@@ -257,12 +257,12 @@ fn send_trace(split: bool, case: &str) -> Vec<String> {
         max_send_sge: 2,
         ..QpCap::default()
     };
-    let attr = match case {
-        "rnr_exceeded" => ConnectAttr {
-            rnr_retry: 0,
-            ..fast_attr()
-        },
-        _ => fast_attr(),
+    // Short RNR timer; the default transport timeout (≈ 0.5 s in all): the peer attaches
+    // asynchronously, and on a loaded machine that may take longer than fast_attr's ≈ 8 ms.
+    let attr = ConnectAttr {
+        min_rnr_timer: 1,
+        rnr_retry: if case == "rnr_exceeded" { 0 } else { 7 },
+        ..ConnectAttr::default()
     };
     let (a, b) = soft_pair(cap, attr);
     a.write(0, &(0u8..100).collect::<Vec<_>>());
