@@ -144,10 +144,10 @@ impl Pd {
                 mem.len()
             )));
         }
-        Ok(Mr {
-            inner: self.inner.reg_shared(&mem.inner, offset, len, access)?,
-            mem: mem.clone(),
-        })
+        Ok(Mr::new(
+            self.inner.reg_shared(&mem.inner, offset, len, access)?,
+            mem.clone(),
+        ))
     }
 
     /// Registers memory this crate did not allocate: all of `region` as one MR with `access`
@@ -177,12 +177,12 @@ impl Pd {
                  (UserRegion::new); use UserRegion::new_mut"
             )));
         }
-        Ok(Mr {
-            inner: self.inner.reg_user(&region.inner, access)?,
-            mem: SharedMem {
+        Ok(Mr::new(
+            self.inner.reg_user(&region.inner, access)?,
+            SharedMem {
                 inner: region.inner.clone(),
             },
-        })
+        ))
     }
 
     /// Registers `[addr, addr + len)` of this process as an MR with `access` (`ibv_reg_mr(3)`),
@@ -387,26 +387,48 @@ impl UserRegion {
 /// A registered memory region (`ibv_mr`). Keeps its memory mapped while alive.
 #[derive(Debug, Clone)]
 pub struct Mr {
-    pub(crate) inner: Arc<dyn MrImpl>,
+    /// The registration, held: the MR is deregistered when its last handle drops.
+    _reg: Arc<dyn MrImpl>,
     mem: SharedMem,
+    /// Copies of what the registration reports, which never changes after registration: every
+    /// message builds SGEs from them, without a call through `dyn MrImpl`.
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: usize,
 }
 
 impl Mr {
+    fn new(reg: Arc<dyn MrImpl>, mem: SharedMem) -> Mr {
+        Mr {
+            lkey: reg.lkey(),
+            rkey: reg.rkey(),
+            addr: reg.addr(),
+            len: reg.len(),
+            _reg: reg,
+            mem,
+        }
+    }
+
     /// Local key, for SGEs.
+    #[inline]
     pub fn lkey(&self) -> u32 {
-        self.inner.lkey()
+        self.lkey
     }
     /// Remote key, for peers' READ/WRITE.
+    #[inline]
     pub fn rkey(&self) -> u32 {
-        self.inner.rkey()
+        self.rkey
     }
     /// Start address in this process.
+    #[inline]
     pub fn addr(&self) -> u64 {
-        self.inner.addr()
+        self.addr
     }
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
-        self.inner.len()
+        self.len
     }
     /// True when the length is 0.
     pub fn is_empty(&self) -> bool {

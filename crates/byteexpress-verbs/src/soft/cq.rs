@@ -73,6 +73,7 @@ impl Inbound {
     }
 
     /// The peer published completions we have not consumed (the QP is not in ERR).
+    #[inline]
     fn pending(&self) -> bool {
         if !self.live.load(Ordering::Acquire) {
             return false;
@@ -150,6 +151,7 @@ impl SoftCq {
     }
 
     /// Runs `f` on the locked state, then wakes a sleeping consumer if completions were queued.
+    #[inline]
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut CqState) -> R) -> R {
         let r = {
             let mut st = self.state.lock();
@@ -162,12 +164,14 @@ impl SoftCq {
     }
 
     /// Queues one local completion and wakes the consumer if it sleeps.
+    #[inline]
     pub(crate) fn push(&self, wc: Wc) {
         self.with(|st| st.push(wc));
     }
 
     /// Wakes the consumer if it armed the CQ (Dekker pairing with `arm`: each side stores its
     /// flag, fences, then loads the other's).
+    #[inline]
     pub(crate) fn notify(&self) {
         fence(Ordering::SeqCst);
         if self.queued.load(Ordering::Relaxed) > 0

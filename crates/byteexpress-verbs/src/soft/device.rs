@@ -225,6 +225,7 @@ impl SoftDevice {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    #[inline]
     pub(crate) fn lookup_mr(&self, key: u32) -> Option<Arc<SoftMr>> {
         self.mrs.read().get(&key).and_then(Weak::upgrade)
     }

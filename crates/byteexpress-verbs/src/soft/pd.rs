@@ -102,11 +102,18 @@ pub(crate) struct SoftPd {
 impl SoftPd {
     /// Refuses receive SGEs in user memory (`reg_user`): the peer writes receives straight into
     /// our memory through its mapping of it, which user memory does not have.
+    #[inline]
     pub(crate) fn check_recv_sges(&self, sges: &[crate::Sge]) -> Result<()> {
         // Counted before a user MR is published, so an MR whose key the caller holds counts.
         if self.dev.user_mrs.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
+        self.check_recv_sges_in_tables(sges)
+    }
+
+    /// [`SoftPd::check_recv_sges`] once some user MR exists: looks each key up.
+    #[cold]
+    fn check_recv_sges_in_tables(&self, sges: &[crate::Sge]) -> Result<()> {
         for s in sges {
             if self.dev.lookup_mr(s.lkey).is_some_and(|mr| mr.is_user()) {
                 return Err(Error::Unsupported(format!(
@@ -149,7 +156,7 @@ impl SharedMemImpl for SoftShm {
 }
 
 /// The memory under a soft MR.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Backing {
     /// A memfd region from `alloc_shared`, announced to peers.
     Shared(Arc<Mapping>),
@@ -163,6 +170,126 @@ impl Backing {
             Backing::Shared(m) => m.ptr(),
             Backing::User(u) => u.as_ptr(),
         }
+    }
+}
+
+/// Pointer to `[addr, addr + len)` when that range lies inside the MR of `mr_len` bytes at
+/// virtual address `mr_addr`, which starts `offset` bytes into `backing`.
+#[inline]
+fn range_in(
+    backing: &Backing,
+    offset: usize,
+    mr_addr: u64,
+    mr_len: usize,
+    addr: u64,
+    len: u64,
+) -> Option<*mut u8> {
+    let end = addr.checked_add(len)?;
+    if addr < mr_addr || end > mr_addr + mr_len as u64 {
+        return None;
+    }
+    let off = offset + (addr - mr_addr) as usize;
+    // SAFETY: `off + len <= offset + mr_len <=` the backing's length (checked at registration
+    // and above), so the pointer stays inside the backing memory, which the caller holds.
+    Some(unsafe { backing.base().add(off) })
+}
+
+/// What `post_send` needs of a local MR in shared memory, cached per QP ([`MrCache`]) so that
+/// the common case takes no lock and changes no reference count: the MR is still registered
+/// exactly while its strong count is above 0 (deregistration is its drop), and the entry's own
+/// handle on the backing memory keeps that memory mapped during a copy.
+#[derive(Debug)]
+struct CachedMr {
+    key: u32,
+    mr: Weak<SoftMr>,
+    pd: u64,
+    access: Access,
+    backing: Backing,
+    offset: usize,
+    addr: u64,
+    len: usize,
+}
+
+impl CachedMr {
+    #[inline]
+    fn range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        range_in(&self.backing, self.offset, self.addr, self.len, addr, len)
+    }
+
+    #[inline]
+    fn registered(&self) -> bool {
+        self.mr.strong_count() > 0
+    }
+}
+
+/// Entries of an [`MrCache`].
+const MR_CACHE: usize = 4;
+
+/// The last few local MRs a QP's sends used (under its send lock). Only MRs over
+/// `alloc_shared` memory are cached: the entry holds their mapping, which at worst stays
+/// mapped until the entry is replaced or the QP dropped; user memory (`reg_user`) is never
+/// held beyond its MRs, so it is looked up in the device's table every time.
+#[derive(Debug, Default)]
+pub(crate) struct MrCache {
+    slots: [Option<CachedMr>; MR_CACHE],
+    /// Slot the next miss replaces (round robin).
+    next: usize,
+}
+
+impl MrCache {
+    /// Like [`MrCache::resolve`], from the cache alone (`None` on a miss, or when the range
+    /// is not inside the cached MR): takes no lock and no MR handle.
+    #[inline]
+    pub(crate) fn hit(&self, key: u32, addr: u64, len: u64) -> Option<(*mut u8, u64, Access)> {
+        let e = self.slots.iter().flatten().find(|e| e.key == key)?;
+        if !e.registered() {
+            return None;
+        }
+        Some((e.range(addr, len)?, e.pd, e.access))
+    }
+
+    /// Where `[addr, addr + len)` lies in memory, if inside the MR with `key` registered on
+    /// `dev`, with that MR's PD id and access flags. Hits in the cache take no lock; a miss
+    /// looks the key up in the device's table and hands the MR to `keep` (dropped after the
+    /// caller's locks), which also keeps user memory alive during the caller's copy.
+    #[inline]
+    pub(crate) fn resolve(
+        &mut self,
+        dev: &SoftDevice,
+        key: u32,
+        addr: u64,
+        len: u64,
+        keep: &mut super::send::Keep,
+    ) -> Option<(*mut u8, u64, Access)> {
+        let mut hit = None;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            match slot {
+                Some(e) if !e.registered() => *slot = None,
+                Some(e) if e.key == key => hit = Some(i),
+                _ => {}
+            }
+        }
+        if let Some(e) = hit.and_then(|i| self.slots[i].as_ref()) {
+            return Some((e.range(addr, len)?, e.pd, e.access));
+        }
+        let mr = dev.lookup_mr(key)?;
+        let found = mr.range(addr, len).map(|p| (p, mr.pd.id, mr.access));
+        if !mr.is_user() {
+            let i = self.next;
+            self.next = (i + 1) % MR_CACHE;
+            self.slots[i] = Some(CachedMr {
+                key,
+                mr: Arc::downgrade(&mr),
+                pd: mr.pd.id,
+                access: mr.access,
+                backing: mr.backing.clone(),
+                offset: mr.offset,
+                addr: mr.addr,
+                len: mr.len,
+            });
+        }
+        keep.push(mr);
+        found
     }
 }
 
@@ -186,15 +313,7 @@ pub(crate) struct SoftMr {
 impl SoftMr {
     /// Pointer to `[addr, addr + len)` when that range lies inside this MR.
     pub(crate) fn range(&self, addr: u64, len: u64) -> Option<*mut u8> {
-        let end = addr.checked_add(len)?;
-        if addr < self.addr || end > self.addr + self.len as u64 {
-            return None;
-        }
-        let off = self.offset + (addr - self.addr) as usize;
-        // SAFETY: `off + len <= offset + self.len <=` the backing's length (checked at
-        // registration and above), so the pointer stays inside the backing memory, which this
-        // MR keeps alive.
-        Some(unsafe { self.backing.base().add(off) })
+        range_in(&self.backing, self.offset, self.addr, self.len, addr, len)
     }
 
     /// True for memory the application owns (`reg_user`), which peers cannot reach.

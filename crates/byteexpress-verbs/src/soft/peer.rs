@@ -181,6 +181,7 @@ impl Peer {
     /// Pointer (in our mapping of the peer's memory) to the peer's `[addr, addr + len)` in its
     /// MR `key`, which must grant `need`. An unknown key, or announcements the peer sent that
     /// we have not applied yet, first drain the control channel.
+    #[inline]
     pub(crate) fn resolve(
         &mut self,
         key: u32,

@@ -94,7 +94,6 @@ pub(crate) struct SoftQp {
     inbound: Arc<Inbound>,
     recv: Mutex<RecvSide>,
     pub(crate) send: Mutex<SendSide>,
-    pub(crate) peer: Mutex<Option<Peer>>,
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
     connecting: Mutex<()>,
@@ -193,7 +192,6 @@ impl SoftQp {
             ring,
             recv: Mutex::new(RecvSide::default()),
             send: Mutex::new(SendSide::new()),
-            peer: Mutex::new(None),
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
             connecting: Mutex::new(()),
@@ -224,10 +222,10 @@ impl SoftQp {
             return 0;
         }
         let mut recv = self.recv.lock();
-        let cap = self.ring.layout.cap as usize;
+        let cap = self.ring.layout().cap as usize;
         if recv.closed
             || recv.poisoned
-            || recv.shadow.len() as u64 > super::srq::low_water(self.ring.layout.cap)
+            || recv.shadow.len() as u64 > super::srq::low_water(self.ring.layout().cap)
             || !self.lendable()
         {
             return 0;
@@ -283,17 +281,17 @@ impl SoftQp {
         if self.state() == QpState::Err {
             return Err("QP is in ERR".into());
         }
-        if let Some((qpn, name)) = &self.send.lock().remote
+        let mut send = self.send.lock();
+        if let Some((qpn, name)) = &send.remote
             && (*qpn != peer.qpn || *name != peer.name)
         {
             return Err("QP is connected to another peer".into());
         }
-        let mut slot = self.peer.lock();
-        if slot.is_some() {
+        if send.peer.is_some() {
             return Err("QP already has a peer".into());
         }
-        *slot = Some(peer);
-        drop(slot);
+        send.peer = Some(peer);
+        drop(send);
         // Sends waiting for the peer may go now.
         self.dev.schedule(Instant::now(), self.me.clone());
         Ok(())
@@ -301,7 +299,7 @@ impl SoftQp {
 
     /// Progress thread: the inbound control channel is readable. False when it hit EOF.
     pub(crate) fn pump_inbound(&self) -> bool {
-        match self.peer.lock().as_mut() {
+        match self.send.lock().peer.as_mut() {
             Some(p) => p.pump(),
             None => false,
         }
@@ -584,8 +582,8 @@ impl QpImpl for SoftQp {
             src_dev: self.dev.dev_id,
             src_qpn: self.qpn,
             dst_qpn: remote.qpn,
-            ring_cap: self.ring.layout.cap,
-            ring_sge: self.ring.layout.max_sge,
+            ring_cap: self.ring.layout().cap,
+            ring_sge: self.ring.layout().max_sge,
             access: attr.access.0,
             name: self.dev.sock_name.clone(),
         });
@@ -629,12 +627,13 @@ impl QpImpl for SoftQp {
             send.remote = Some((remote.qpn, remote.addr.clone()));
         }
         {
-            let mut slot = self.peer.lock();
-            if slot
+            let mut send = self.send.lock();
+            if send
+                .peer
                 .as_ref()
                 .is_some_and(|p| p.qpn != remote.qpn || p.name != remote.addr)
             {
-                *slot = None;
+                send.peer = None;
                 return Err(peer_err("another peer attached before", &"mismatch"));
             }
         }

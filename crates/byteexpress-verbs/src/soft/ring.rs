@@ -78,9 +78,11 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    #[inline]
     fn wqe_size(&self) -> usize {
         WQE_HDR + SGE * self.max_sge as usize
     }
+    #[inline]
     fn comp_base(&self) -> usize {
         HDR + self.wqe_size() * self.cap as usize
     }
@@ -88,20 +90,15 @@ impl Layout {
     pub(crate) fn bytes(&self) -> usize {
         self.comp_base() + COMP * self.cap as usize
     }
-    fn wqe_off(&self, seq: u64) -> usize {
-        HDR + self.wqe_size() * (seq % self.cap as u64) as usize
-    }
-    fn comp_off(&self, seq: u64) -> usize {
-        self.comp_base() + COMP * (seq % self.cap as u64) as usize
-    }
 }
 
-/// Stores `v` unless the word already holds it. A ring slot is reused every `cap` entries,
-/// often with the same contents (the same receive buffer posted again, the same kind of
-/// completion); its cache line was last read by the other process, so a store would have to
-/// take the line back from that CPU, and the next locked instruction or fence here would
-/// wait for that. Skipping an equal store changes nothing the other side can read: the
-/// Release store of the index that publishes the slot still orders it.
+/// Stores `v` unless the word already holds it. A WQE slot is reused every `cap` entries,
+/// often with the same contents (the same receive buffer posted again); its cache line was
+/// last read by the other process, so a store would have to take the line back from that
+/// CPU, and the next locked instruction or fence here would wait for that. Skipping an equal
+/// store changes nothing the other side can read: the Release store of the index that
+/// publishes the slot still orders it.
+#[inline]
 fn put32(w: &AtomicU32, v: u32) {
     if w.load(Ordering::Relaxed) != v {
         w.store(v, Ordering::Relaxed);
@@ -109,6 +106,7 @@ fn put32(w: &AtomicU32, v: u32) {
 }
 
 /// See [`put32`].
+#[inline]
 fn put64(w: &AtomicU64, v: u64) {
     if w.load(Ordering::Relaxed) != v {
         w.store(v, Ordering::Relaxed);
@@ -119,46 +117,119 @@ fn put64(w: &AtomicU64, v: u64) {
 #[derive(Debug, Clone)]
 pub(crate) struct Ring {
     map: Arc<Mapping>,
-    pub layout: Layout,
+    /// `layout`'s slot arithmetic, computed once: `cap - 1` when `cap` is a power of two
+    /// (slot = seq & mask), else `u64::MAX` (slot = seq % cap); the WQE size; the offset of
+    /// the completion slots.
+    mask: u64,
+    wqe_size: usize,
+    comp_base: usize,
+    /// Checked against the mapping's length in [`Ring::new`] and never changed after: every
+    /// offset below comes from it, so the ring's word accessors need no bounds checks.
+    layout: Layout,
 }
 
 impl Ring {
     /// `None` when the mapping is too small for `layout` or the layout is degenerate.
     pub(crate) fn new(map: Arc<Mapping>, layout: Layout) -> Option<Ring> {
-        (layout.cap > 0 && layout.max_sge > 0 && map.len() >= layout.bytes())
-            .then_some(Ring { map, layout })
+        (layout.cap > 0 && layout.max_sge > 0 && map.len() >= layout.bytes()).then(|| Ring {
+            map,
+            layout,
+            mask: if layout.cap.is_power_of_two() {
+                u64::from(layout.cap) - 1
+            } else {
+                u64::MAX
+            },
+            wqe_size: layout.wqe_size(),
+            comp_base: layout.comp_base(),
+        })
     }
 
     pub(crate) fn mapping(&self) -> &Arc<Mapping> {
         &self.map
     }
 
+    /// Slot of counter `seq`: `seq % cap`, by mask when `cap` is a power of two (a 64-bit
+    /// division costs tens of cycles, and a spinner computes this every turn).
+    #[inline]
+    fn slot(&self, seq: u64) -> usize {
+        (if self.mask != u64::MAX {
+            seq & self.mask
+        } else {
+            seq % u64::from(self.layout.cap)
+        }) as usize
+    }
+
+    /// Offset of WQE `seq`.
+    #[inline]
+    fn wqe_off(&self, seq: u64) -> usize {
+        HDR + self.wqe_size * self.slot(seq)
+    }
+
+    /// Offset of completion `seq`.
+    #[inline]
+    fn comp_off(&self, seq: u64) -> usize {
+        self.comp_base + COMP * self.slot(seq)
+    }
+
+    /// The layout the ring was checked against.
+    #[inline]
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The word at `off`, an offset from [`Layout`]: a header field, or a field of WQE or
+    /// completion slot `seq % cap` (below `layout.bytes()`, 8-aligned for 8-byte fields).
+    #[inline]
+    fn w64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `Ring::new` checked `map.len() >= layout.bytes()` and derived `mask`,
+        // `wqe_size` and `comp_base` from that layout (private, never changed), so every
+        // offset the ring passes lies inside it (header fields < HDR; WQE `seq % cap` and its
+        // `max_sge` SGEs end before `comp_base`; completion `seq % cap` ends at or before
+        // `bytes`); HDR, the WQE size and COMP are multiples of 16, and fields are aligned
+        // to their size within them.
+        unsafe { self.map.u64_at_unchecked(off) }
+    }
+
+    /// As [`Ring::w64`], for 4-byte fields.
+    #[inline]
+    fn w32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `w64`.
+        unsafe { self.map.u32_at_unchecked(off) }
+    }
+
+    #[inline]
     pub(crate) fn recv_prod(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_RECV_PROD)
+        self.w64(OFF_RECV_PROD)
     }
+    #[inline]
     pub(crate) fn recv_cons(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_RECV_CONS)
+        self.w64(OFF_RECV_CONS)
     }
+    #[inline]
     pub(crate) fn comp_prod(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_COMP_PROD)
+        self.w64(OFF_COMP_PROD)
     }
+    #[inline]
     pub(crate) fn comp_cons(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_COMP_CONS)
+        self.w64(OFF_COMP_CONS)
     }
+    #[inline]
     pub(crate) fn armed(&self) -> &AtomicU32 {
-        self.map.u32_at(OFF_ARMED)
+        self.w32(OFF_ARMED)
     }
     /// Announcements (regions, MRs, deregistrations) the owner sent on its control channel:
     /// a peer that applied fewer drains its channel before using a key, so an MR registered
     /// or deregistered before the call returned is seen by the peer's next operation.
+    #[inline]
     pub(crate) fn announced(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_ANNOUNCED)
+        self.w64(OFF_ANNOUNCED)
     }
 
     /// 0, or for a ring an SRQ lends WQEs to: the number of unclaimed WQEs at or below which
     /// the peer asks the owner (refill eventfd) for more. Any value is harmless to the peer.
+    #[inline]
     pub(crate) fn low_water(&self) -> &AtomicU64 {
-        self.map.u64_at(OFF_LOW_WATER)
+        self.w64(OFF_LOW_WATER)
     }
 
     /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).
@@ -167,6 +238,7 @@ impl Ring {
     }
 
     /// Owner: stores WQE `seq` from a receive WR's SGEs (no intermediate copy).
+    #[inline]
     pub(crate) fn write_wqe_sges(&self, seq: u64, sges: &[crate::Sge]) {
         self.write_wqe_from(
             seq,
@@ -178,66 +250,77 @@ impl Ring {
         );
     }
 
+    #[inline]
     fn write_wqe_from(&self, seq: u64, sges: impl ExactSizeIterator<Item = RawSge>) {
-        let off = self.layout.wqe_off(seq);
+        let off = self.wqe_off(seq);
         let n = sges.len().min(self.layout.max_sge as usize);
-        put32(self.map.u32_at(off), n as u32);
+        put32(self.w32(off), n as u32);
         for (i, s) in sges.take(n).enumerate() {
             let o = off + WQE_HDR + i * SGE;
-            put64(self.map.u64_at(o), s.addr);
-            put32(self.map.u32_at(o + 8), s.len);
-            put32(self.map.u32_at(o + 12), s.key);
+            put64(self.w64(o), s.addr);
+            put32(self.w32(o + 8), s.len);
+            put32(self.w32(o + 12), s.key);
         }
     }
 
     /// Peer: reads WQE `seq`, handing its SGEs to `out`; returns their count, `None` (and
     /// nothing handed) when it exceeds the layout.
+    #[inline]
     pub(crate) fn read_wqe(&self, seq: u64, mut out: impl FnMut(RawSge)) -> Option<usize> {
-        let off = self.layout.wqe_off(seq);
-        let n = self.map.u32_at(off).load(Ordering::Relaxed);
+        let off = self.wqe_off(seq);
+        let n = self.w32(off).load(Ordering::Relaxed);
         if n > self.layout.max_sge {
             return None;
         }
         for i in 0..n as usize {
             let o = off + WQE_HDR + i * SGE;
             out(RawSge {
-                addr: self.map.u64_at(o).load(Ordering::Relaxed),
-                len: self.map.u32_at(o + 8).load(Ordering::Relaxed),
-                key: self.map.u32_at(o + 12).load(Ordering::Relaxed),
+                addr: self.w64(o).load(Ordering::Relaxed),
+                len: self.w32(o + 8).load(Ordering::Relaxed),
+                key: self.w32(o + 12).load(Ordering::Relaxed),
             });
         }
         Some(n as usize)
     }
 
     /// Peer: stores completion `seq` (published by a later Release store of `comp_prod`).
+    /// Plain stores, unlike WQEs ([`put32`]): the tag changes with every completion and shares
+    /// the entry's cache line, so the line has to be taken back anyway, and comparing first
+    /// would only add loads of a line the owner's spinner keeps reading.
+    #[inline]
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
-        let off = self.layout.comp_off(seq);
-        put32(self.map.u32_at(off), c.opcode);
-        put32(self.map.u32_at(off + 4), c.status);
-        put32(self.map.u32_at(off + 8), c.byte_len);
-        put32(self.map.u32_at(off + 12), c.imm.is_some() as u32);
-        put32(self.map.u32_at(off + 16), c.imm.unwrap_or(0));
-        put64(self.map.u64_at(off + 24), seq.wrapping_add(1));
+        let off = self.comp_off(seq);
+        self.w32(off).store(c.opcode, Ordering::Relaxed);
+        self.w32(off + 4).store(c.status, Ordering::Relaxed);
+        self.w32(off + 8).store(c.byte_len, Ordering::Relaxed);
+        self.w32(off + 12)
+            .store(c.imm.is_some() as u32, Ordering::Relaxed);
+        self.w32(off + 16)
+            .store(c.imm.unwrap_or(0), Ordering::Relaxed);
+        self.w64(off + 24)
+            .store(seq.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// The tag word of completion `seq` (see the layout).
+    #[inline]
     pub(crate) fn comp_tag(&self, seq: u64) -> &AtomicU64 {
-        self.map.u64_at(self.layout.comp_off(seq) + 24)
+        self.w64(self.comp_off(seq) + 24)
     }
 
     /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
     /// does not name `seq` (the peer did not write this completion for the WQE it claimed).
+    #[inline]
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
-        let off = self.layout.comp_off(seq);
+        let off = self.comp_off(seq);
         if self.comp_tag(seq).load(Ordering::Relaxed) != seq.wrapping_add(1) {
             return None;
         }
-        let has_imm = self.map.u32_at(off + 12).load(Ordering::Relaxed);
-        let imm = self.map.u32_at(off + 16).load(Ordering::Relaxed);
+        let has_imm = self.w32(off + 12).load(Ordering::Relaxed);
+        let imm = self.w32(off + 16).load(Ordering::Relaxed);
         Some(RawComp {
-            opcode: self.map.u32_at(off).load(Ordering::Relaxed),
-            status: self.map.u32_at(off + 4).load(Ordering::Relaxed),
-            byte_len: self.map.u32_at(off + 8).load(Ordering::Relaxed),
+            opcode: self.w32(off).load(Ordering::Relaxed),
+            status: self.w32(off + 4).load(Ordering::Relaxed),
+            byte_len: self.w32(off + 8).load(Ordering::Relaxed),
             imm: match has_imm {
                 0 => None,
                 1 => Some(imm),
@@ -253,10 +336,18 @@ mod tests {
 
     #[test]
     fn wqes_and_completions_round_trip_and_wrap() {
-        let layout = Layout { cap: 3, max_sge: 2 };
+        // A power of two (slots by mask) and not (by division).
+        for cap in [3u32, 4] {
+            round_trip_and_wrap(cap);
+        }
+    }
+
+    fn round_trip_and_wrap(cap: u32) {
+        let layout = Layout { cap, max_sge: 2 };
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map, layout).unwrap();
-        for seq in 0..7u64 {
+        let lap = u64::from(cap);
+        for seq in 0..(2 * lap + 1) {
             let s = [
                 RawSge {
                     addr: seq,
@@ -283,8 +374,9 @@ mod tests {
             ring.write_comp(seq, c);
             assert_eq!(ring.read_comp(seq), Some(c));
             // The same slot a lap later or earlier: not written for that completion.
-            assert_eq!(ring.read_comp(seq + 3), None);
-            assert_eq!(ring.read_comp(seq.wrapping_sub(3)), None);
+            assert_eq!(ring.read_comp(seq + lap), None);
+            assert_eq!(ring.read_comp(seq.wrapping_sub(lap)), None);
+            assert_eq!(ring.slot(seq), (seq % lap) as usize);
         }
     }
 
@@ -293,7 +385,8 @@ mod tests {
         let layout = Layout { cap: 2, max_sge: 1 };
         let map = Arc::new(Mapping::create(layout.bytes(), c"t").unwrap());
         let ring = Ring::new(map.clone(), layout).unwrap();
-        map.u32_at(HDR).store(1000, Ordering::Relaxed);
+        // SAFETY: HDR is 4-aligned and inside the mapping (the ring was built over it).
+        unsafe { map.u32_at_unchecked(HDR) }.store(1000, Ordering::Relaxed);
         assert!(ring.read_wqe(0, |_| ()).is_none());
         assert!(
             Ring::new(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
-use super::pd::SoftMr;
+use super::pd::{MrCache, SoftMr};
 use super::peer::Peer;
 use super::qp::SoftQp;
 use super::ring::{ERR_BIT, RawComp, RawSge};
@@ -58,6 +58,10 @@ pub(crate) struct SendSide {
     pub(crate) remote: Option<(u32, Vec<u8>)>,
     /// The peer died; at this instant outstanding sends fail and the QP goes to ERR.
     pub(crate) dead_deadline: Option<Instant>,
+    /// The peer, once its `connect` arrived (under the send lock: every send needs it).
+    pub(crate) peer: Option<Peer>,
+    /// Local MRs the last sends used.
+    mrs: MrCache,
 }
 
 impl SendSide {
@@ -67,6 +71,8 @@ impl SendSide {
             attr: ConnectAttr::default(),
             remote: None,
             dead_deadline: None,
+            peer: None,
+            mrs: MrCache::default(),
         }
     }
 }
@@ -96,6 +102,7 @@ struct Few<T> {
 const FEW: usize = 4;
 
 impl<T: Copy> Few<T> {
+    #[inline]
     fn new(fill: T) -> Few<T> {
         Few {
             few: [fill; FEW],
@@ -104,6 +111,7 @@ impl<T: Copy> Few<T> {
         }
     }
 
+    #[inline]
     fn push(&mut self, v: T) {
         if self.more.is_empty()
             && let Some(slot) = self.few.get_mut(self.n)
@@ -118,6 +126,7 @@ impl<T: Copy> Few<T> {
         self.more.push(v);
     }
 
+    #[inline]
     fn as_slice(&self) -> &[T] {
         if self.more.is_empty() {
             &self.few[..self.n]
@@ -130,6 +139,7 @@ impl<T: Copy> Few<T> {
 /// Segments of a WR.
 type Segs = Few<Seg>;
 
+#[inline]
 fn segs() -> Segs {
     Few::new((std::ptr::null_mut(), 0))
 }
@@ -155,7 +165,8 @@ pub(crate) struct Keep {
 }
 
 impl Keep {
-    fn push(&mut self, mr: Arc<SoftMr>) {
+    #[inline]
+    pub(crate) fn push(&mut self, mr: Arc<SoftMr>) {
         match self.few.get_mut(self.n) {
             Some(slot) => {
                 *slot = Some(mr);
@@ -204,6 +215,9 @@ fn gather(segs: &[Seg]) -> Vec<u8> {
 
 impl SoftQp {
     pub(crate) fn post_send_impl(&self, wr: &SendWr<'_>) -> Result<()> {
+        if self.fast_send(wr) {
+            return Ok(());
+        }
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
             return Err(Error::InvalidArgument(format!(
                 "{} SGEs exceed max_send_sge {}",
@@ -236,12 +250,15 @@ impl SoftQp {
             if matches!(wr.op, WrOp::Read { .. }) {
                 return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
             }
-            self.inline_segments(wr.sg_list, &mut inline, &mut keep)?;
         }
         {
-            let mut send = self.send.lock();
+            let mut guard = self.send.lock();
+            let send = &mut *guard;
+            if wr.inline {
+                self.inline_segments(wr.sg_list, &mut send.mrs, &mut inline, &mut keep)?;
+            }
             if self.state() == QpState::Err {
-                drop(send);
+                drop(guard);
                 self.send_cq
                     .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(wr.op)));
                 return Ok(());
@@ -258,72 +275,162 @@ impl SoftQp {
                 } else {
                     Local::Sges(wr.sg_list)
                 };
-                let mut slot = self.peer.lock();
-                self.execute(wr.op, local, &mut slot, &mut keep)
+                self.execute(wr.op, local, &mut send.peer, &mut send.mrs, &mut keep)
             });
-            match attempt {
-                Some(Outcome::Done(len)) => {
-                    if wr.signaled {
-                        self.send_cq.push(Wc {
-                            byte_len: len as u32,
-                            ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
-                        });
-                    }
-                }
-                attempt => {
-                    let rnr_retry = send.attr.rnr_retry;
-                    send.pending.push_back(Job {
-                        wr_id: wr.wr_id,
-                        op: wr.op,
-                        sges: if wr.inline {
-                            Vec::new()
-                        } else {
-                            wr.sg_list.to_vec()
-                        },
-                        inline: wr.inline.then(|| gather(inline.as_slice())),
-                        signaled: wr.signaled,
-                        rnr_left: (rnr_retry != 7).then_some(rnr_retry),
-                        next_try: None,
-                        retry_since: None,
-                    });
-                    match attempt {
-                        // It failed, side effects done (an error completion for the peer):
-                        // as `run_pending` would, without executing it again.
-                        Some(Outcome::Fail(st)) => self.fail_locked(&mut send, Some(st)),
-                        // RNR or no answer, nothing happened: the queue takes it from here.
-                        Some(_) => self.run_pending(&mut send, &mut keep),
-                        None if send.pending.len() == 1 => self.run_pending(&mut send, &mut keep),
-                        None => {}
-                    }
-                }
-            }
+            self.settle(send, wr, inline.as_slice(), attempt, &mut keep);
         }
         drop(keep); // MR handles, dropped outside the locks
         Ok(())
     }
 
+    /// After the attempt at executing `wr` at post time (`None`: not attempted, WRs are queued
+    /// before it): its completion when done, else it joins the queue (with `inline`, its
+    /// checked inline data, copied) and the queue takes it from there.
+    fn settle(
+        &self,
+        send: &mut SendSide,
+        wr: &SendWr<'_>,
+        inline: &[Seg],
+        attempt: Option<Outcome>,
+        keep: &mut Keep,
+    ) {
+        match attempt {
+            Some(Outcome::Done(len)) => {
+                if wr.signaled {
+                    self.send_cq.push(Wc {
+                        byte_len: len as u32,
+                        ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
+                    });
+                }
+            }
+            attempt => {
+                let rnr_retry = send.attr.rnr_retry;
+                send.pending.push_back(Job {
+                    wr_id: wr.wr_id,
+                    op: wr.op,
+                    sges: if wr.inline {
+                        Vec::new()
+                    } else {
+                        wr.sg_list.to_vec()
+                    },
+                    inline: wr.inline.then(|| gather(inline)),
+                    signaled: wr.signaled,
+                    rnr_left: (rnr_retry != 7).then_some(rnr_retry),
+                    next_try: None,
+                    retry_since: None,
+                });
+                match attempt {
+                    // It failed, side effects done (an error completion for the peer):
+                    // as `run_pending` would, without executing it again.
+                    Some(Outcome::Fail(st)) => self.fail_locked(send, Some(st)),
+                    // RNR or no answer, nothing happened: the queue takes it from here.
+                    Some(_) => self.run_pending(send, keep),
+                    None if send.pending.len() == 1 => self.run_pending(send, keep),
+                    None => {}
+                }
+            }
+        }
+    }
+
+    /// The common case of `post_send` on a short path: a SEND or SEND_WITH_IMM of one
+    /// non-empty SGE (inline or not) whose local MR is in the QP's cache, nothing queued, QP
+    /// in RTS, peer attached and alive. False, with no side effect but cache bookkeeping,
+    /// when any of that does not hold: the general path then handles the WR (and reports
+    /// every error). What it does once it delivers is exactly what the general path does.
+    #[inline]
+    fn fast_send(&self, wr: &SendWr<'_>) -> bool {
+        let imm = match wr.op {
+            WrOp::Send => None,
+            WrOp::SendWithImm(imm) => Some(imm),
+            _ => return false,
+        };
+        let [s] = wr.sg_list else {
+            return false;
+        };
+        let len = u64::from(s.len);
+        if s.len == 0
+            || self.cap.max_send_sge == 0
+            || len > MAX_MSG_LEN
+            || (wr.inline && len > u64::from(self.cap.max_inline_data))
+            || self.state() != QpState::Rts
+        {
+            return false;
+        }
+        let mut guard = self.send.lock();
+        let send = &mut *guard;
+        if !send.pending.is_empty()
+            || self.cap.max_send_wr == 0
+            || self.state() != QpState::Rts
+            || self.peer_dead.load(Ordering::SeqCst)
+        {
+            return false;
+        }
+        // Inline data may lie in any MR of the device; SGEs need one of this PD (a SEND's
+        // local buffer needs no access flag).
+        let Some((p, pd, _)) = send.mrs.hit(s.lkey, s.addr, len) else {
+            return false;
+        };
+        if !wr.inline && pd != self.pd.id {
+            return false;
+        }
+        let Some(peer) = send.peer.as_mut() else {
+            return false;
+        };
+        let seg = [(p, s.len as usize)];
+        let outcome = self.deliver(peer, &seg, len, imm, None);
+        if let Outcome::Done(len) = outcome {
+            // Under the send lock, as every send completion of the QP: they stay in order.
+            if wr.signaled {
+                self.send_cq.push(Wc {
+                    byte_len: len as u32,
+                    ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
+                });
+            }
+            return true;
+        }
+        let mut keep = Keep::default();
+        self.settle(send, wr, &seg, Some(outcome), &mut keep);
+        drop(guard);
+        drop(keep);
+        true
+    }
+
     /// Inline data at post time: the bytes must lie in memory registered on this device (any
-    /// key): the soft provider reads nothing it cannot vouch for. The MRs go to `keep`.
-    fn inline_segments(&self, sges: &[Sge], out: &mut Segs, keep: &mut Keep) -> Result<()> {
+    /// key): the soft provider reads nothing it cannot vouch for. The memory stays alive
+    /// through `mrs` or the MR handles in `keep`, which the caller drops after its locks.
+    fn inline_segments(
+        &self,
+        sges: &[Sge],
+        mrs: &mut MrCache,
+        out: &mut Segs,
+        keep: &mut Keep,
+    ) -> Result<()> {
         for s in sges.iter().filter(|s| s.len > 0) {
             let len = u64::from(s.len);
-            let mr = self
-                .dev
-                .lookup_mr(s.lkey)
-                .filter(|mr| mr.range(s.addr, len).is_some())
-                .or_else(|| {
+            let p = match mrs.resolve(&self.dev, s.lkey, s.addr, len, keep) {
+                Some((p, _, _)) => Some(p),
+                None => {
+                    // Every handle the scan takes goes to `keep`, dropped after all locks: if
+                    // its owner deregisters meanwhile, ours is the last handle, and the MR's
+                    // drop takes the table lock for writing (a self-deadlock under `read`).
                     let mrs = self.dev.mrs.read();
-                    mrs.values()
-                        .filter_map(std::sync::Weak::upgrade)
-                        .find(|mr| mr.range(s.addr, len).is_some())
-                });
-            let Some((mr, p)) = mr.and_then(|mr| mr.range(s.addr, len).map(|p| (mr, p))) else {
+                    let mut found = None;
+                    for mr in mrs.values().filter_map(std::sync::Weak::upgrade) {
+                        found = mr.range(s.addr, len);
+                        keep.push(mr);
+                        if found.is_some() {
+                            break;
+                        }
+                    }
+                    found
+                }
+            };
+            let Some(p) = p else {
                 return Err(Error::InvalidArgument(format!(
                     "inline SGE {:#x}+{} is not in memory registered on this device",
                     s.addr, s.len
                 )));
             };
-            keep.push(mr);
             out.push((p, s.len as usize));
         }
         Ok(())
@@ -368,8 +475,7 @@ impl SoftQp {
                     Some(d) => Local::Copy(d),
                     None => Local::Sges(&job.sges),
                 };
-                let mut slot = self.peer.lock();
-                self.execute(job.op, local, &mut slot, keep)
+                self.execute(job.op, local, &mut send.peer, &mut send.mrs, keep)
             };
             let fail = match outcome {
                 Outcome::Done(len) => {
@@ -423,16 +529,16 @@ impl SoftQp {
         &self,
         sges: &[Sge],
         need: Access,
+        mrs: &mut MrCache,
         out: &mut Segs,
         keep: &mut Keep,
     ) -> Option<()> {
         for s in sges.iter().filter(|s| s.len > 0) {
-            let mr = self.dev.lookup_mr(s.lkey)?;
-            if mr.pd.id != self.pd.id || !mr.access.contains(need) {
+            let (p, pd, access) = mrs.resolve(&self.dev, s.lkey, s.addr, u64::from(s.len), keep)?;
+            if pd != self.pd.id || !access.contains(need) {
                 return None;
             }
-            out.push((mr.range(s.addr, u64::from(s.len))?, s.len as usize));
-            keep.push(mr);
+            out.push((p, s.len as usize));
         }
         Some(())
     }
@@ -443,6 +549,7 @@ impl SoftQp {
         op: WrOp,
         local: Local<'_>,
         slot: &mut Option<Peer>,
+        mrs: &mut MrCache,
         keep: &mut Keep,
     ) -> Outcome {
         if self.peer_dead.load(Ordering::SeqCst) {
@@ -475,10 +582,12 @@ impl SoftQp {
                 segs.as_slice()
             }
             Local::Inline(s) => s,
-            Local::Sges(sges) => match self.local_segments(sges, local_need, &mut segs, keep) {
-                Some(()) => segs.as_slice(),
-                None => return Outcome::Fail(WcStatus::LocProtErr),
-            },
+            Local::Sges(sges) => {
+                match self.local_segments(sges, local_need, mrs, &mut segs, keep) {
+                    Some(()) => segs.as_slice(),
+                    None => return Outcome::Fail(WcStatus::LocProtErr),
+                }
+            }
         };
         let total: u64 = local.iter().map(|s| s.1 as u64).sum();
         match op {
@@ -525,7 +634,7 @@ impl SoftQp {
         imm: Option<u32>,
         write_to: Option<*mut u8>,
     ) -> Outcome {
-        let cap = u64::from(peer.ring.layout.cap);
+        let cap = u64::from(peer.ring.layout().cap);
         let cons = peer.ring.recv_cons().load(Ordering::Acquire);
         if cons & ERR_BIT != 0 {
             return Outcome::NoAnswer;
@@ -623,8 +732,14 @@ impl SoftQp {
         if verdict.is_none() {
             // SAFETY: `src` lies in live local MRs or the inline copy; every `dst` segment was
             // checked against an MR the peer announced and lies inside our mapping of its
-            // region (held by `peer`, which stays locked).
-            unsafe { scatter_gather(src, dst.as_slice()) };
+            // region (held by `peer`, which stays locked). The usual message, one buffer into
+            // one buffer cut to its size, is the same copy without `scatter_gather`'s loop.
+            unsafe {
+                match (src, dst.as_slice()) {
+                    (&[(s, n)], &[(d, m)]) if n == m => std::ptr::copy(s, d, n),
+                    (src, dst) => scatter_gather(src, dst),
+                }
+            }
         }
         let (rx_status, tx) = match verdict {
             Some((rx, tx)) => (rx, Some(tx)),

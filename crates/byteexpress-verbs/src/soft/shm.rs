@@ -111,10 +111,12 @@ impl Mapping {
         })
     }
 
+    #[inline]
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -123,25 +125,27 @@ impl Mapping {
         self.fd.as_raw_fd()
     }
 
-    /// The 8-byte-aligned word at `off`. Offsets come from this crate's own layouts, never
-    /// from a peer, so an out-of-range offset is a bug here.
-    pub(crate) fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(
-            off.is_multiple_of(8) && off + 8 <= self.len,
-            "ring layout bug: offset {off}"
-        );
-        // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned); the
-        // memory lives as long as `self`, and it is only ever accessed atomically or as bytes.
+    /// The 8-byte word at `off`, unchecked: for offsets of a layout checked against this
+    /// mapping once (`Ring::new`), never for offsets a peer wrote.
+    ///
+    /// # Safety
+    /// `off` must be a multiple of 8 and `off + 8 <= self.len()`.
+    #[inline]
+    pub(crate) unsafe fn u64_at_unchecked(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
+        // SAFETY: in bounds and aligned (the caller's contract; the mapping is page-aligned);
+        // the memory lives as long as `self` and is only ever accessed atomically or as bytes.
         unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast()) }
     }
 
-    /// The 4-byte-aligned word at `off` (see [`Mapping::u64_at`]).
-    pub(crate) fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(
-            off.is_multiple_of(4) && off + 4 <= self.len,
-            "ring layout bug: offset {off}"
-        );
-        // SAFETY: as in `u64_at`.
+    /// The 4-byte word at `off`, as [`Mapping::u64_at_unchecked`].
+    ///
+    /// # Safety
+    /// `off` must be a multiple of 4 and `off + 4 <= self.len()`.
+    #[inline]
+    pub(crate) unsafe fn u32_at_unchecked(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
+        // SAFETY: as in `u64_at_unchecked`.
         unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast()) }
     }
 }
