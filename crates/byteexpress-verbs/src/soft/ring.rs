@@ -86,9 +86,15 @@ impl Layout {
     fn comp_base(&self) -> usize {
         HDR + self.wqe_size() * self.cap as usize
     }
-    /// Bytes the ring region needs.
+    /// Bytes the ring region needs; `usize::MAX` when that overflows (no mapping is that
+    /// large, so [`Ring::new`] refuses the layout: its accessors rely on this bound).
     pub(crate) fn bytes(&self) -> usize {
-        self.comp_base() + COMP * self.cap as usize
+        let cap = self.cap as usize;
+        self.wqe_size()
+            .checked_mul(cap)
+            .and_then(|wqes| wqes.checked_add(HDR))
+            .and_then(|base| base.checked_add(COMP.checked_mul(cap)?))
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -398,5 +404,17 @@ mod tests {
             )
             .is_none()
         );
+    }
+
+    #[test]
+    fn a_layout_whose_size_overflows_is_refused() {
+        let huge = Layout {
+            cap: u32::MAX,
+            max_sge: u32::MAX,
+        };
+        assert_eq!(huge.bytes(), usize::MAX);
+        let small = Layout { cap: 2, max_sge: 1 };
+        let map = Arc::new(Mapping::create(small.bytes(), c"t").unwrap());
+        assert!(Ring::new(map, huge).is_none());
     }
 }
