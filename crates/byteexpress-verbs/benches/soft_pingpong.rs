@@ -247,8 +247,13 @@ impl Side {
         self.outstanding_sends += 1;
     }
 
-    /// Reaps send completions without waiting; waits only when the send queue runs full.
+    /// Reaps send completions once more than `keep_at_most` are outstanding (in batches, as
+    /// a latency test reaps its send CQ only now and then: perftest's `cq_mod`), without
+    /// waiting unless the send queue stays full.
     async fn reap_sends(&mut self, mode: Mode, keep_at_most: usize) {
+        if self.outstanding_sends <= keep_at_most {
+            return;
+        }
         let mut wc = [Wc::default(); 16];
         loop {
             let n = self.send_cq.poll(&mut wc).expect("poll send cq");
@@ -286,6 +291,8 @@ struct SoftPingPong {
     side: Side,
     mode: Mode,
     peer: Option<Peer>,
+    /// The last answer's receive is still to be posted again.
+    repost: bool,
 }
 
 impl SoftPingPong {
@@ -301,14 +308,21 @@ impl SoftPingPong {
             side,
             mode,
             peer: Some(peer),
+            repost: false,
         }
     }
 
+    /// One round trip. The receive the last answer used is posted again after this SEND, while
+    /// it travels (the other `RECV_DEPTH - 1` stay posted meanwhile), so re-posting is not on
+    /// the measured path, as `ib_send_lat` keeps its receives posted ahead.
     async fn round_trip(&mut self, size: usize) {
         self.side.post_send(WrOp::Send, size);
+        if self.repost {
+            self.side.post_recv(SIZES[2]);
+        }
         let wc = next_wc(&self.side.recv_cq, self.mode).await;
         debug_assert_eq!(wc.byte_len as usize, size);
-        self.side.post_recv(SIZES[2]);
+        self.repost = true;
         self.side.reap_sends(self.mode, 8).await;
     }
 
@@ -335,8 +349,9 @@ fn soft_echo(mode: Mode, mut ctrl: TcpStream) {
             if wc.imm == Some(STOP) {
                 break;
             }
-            side.post_recv(SIZES[2]);
+            // Answer first, then post the receive again (the others stay posted meanwhile).
             side.post_send(WrOp::Send, wc.byte_len as usize);
+            side.post_recv(SIZES[2]);
             side.reap_sends(mode, 8).await;
         }
     });
@@ -524,11 +539,15 @@ async fn hdr(n: u64, mut f: impl AsyncFnMut()) -> (f64, f64) {
     for _ in 0..n / 10 {
         f().await;
     }
+    // One clock read per call, as `ib_send_lat` takes one timestamp per iteration: each call
+    // is timed from the end of the one before (the histogram's bookkeeping included).
     let mut h = Histogram::<u64>::new(3).expect("histogram");
+    let mut prev = Instant::now();
     for _ in 0..n {
-        let t0 = Instant::now();
         f().await;
-        h.record(t0.elapsed().as_nanos() as u64).expect("record");
+        let now = Instant::now();
+        h.record((now - prev).as_nanos() as u64).expect("record");
+        prev = now;
     }
     (
         h.value_at_quantile(0.5) as f64 / 1000.0,
