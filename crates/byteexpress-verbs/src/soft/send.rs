@@ -378,16 +378,7 @@ impl SoftQp {
         };
         let seg = [(p, s.len as usize)];
         let outcome = self.deliver(peer, &seg, len, imm, None);
-        if let Outcome::Done(len) = outcome {
-            // Under the send lock, as every send completion of the QP: they stay in order.
-            if wr.signaled {
-                self.send_cq.push(Wc {
-                    byte_len: len as u32,
-                    ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
-                });
-            }
-            return true;
-        }
+        // Under the send lock, as every completion of the QP's sends: they stay in order.
         let mut keep = Keep::default();
         self.settle(send, wr, &seg, Some(outcome), &mut keep);
         drop(guard);
