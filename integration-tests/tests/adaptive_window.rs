@@ -13,6 +13,23 @@ const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
 /// The window's upper bound (bytes): four default chunks.
 const WINDOW: u64 = 256 << 10;
 
+/// 16 calls of 1 MiB each way, every answer checked.
+async fn push_16_mib(client: &Client) {
+    let body = Bytes::from(vec![7u8; 1 << 20]);
+    for i in 0..16 {
+        let r = client
+            .call(Request {
+                method: "/test.Test/Echo".into(),
+                body: body.clone(),
+                timeout: Some(Duration::from_secs(10)),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|s| panic!("push {i}: {s:?}"));
+        assert_eq!(r.body, body);
+    }
+}
+
 /// The client's window cap after pushing 16 × 1 MiB (each echoed) with `target`.
 async fn cap_after_pushes(target: Duration) -> u64 {
     let server = ServerProc::start(SERVER, &["--transport", "rdma"]).await;
@@ -29,19 +46,7 @@ async fn cap_after_pushes(target: Duration) -> u64 {
         WINDOW,
         "starts at the bound"
     );
-    let body = Bytes::from(vec![7u8; 1 << 20]);
-    for i in 0..16 {
-        let r = client
-            .call(Request {
-                method: "/test.Test/Echo".into(),
-                body: body.clone(),
-                timeout: Some(Duration::from_secs(10)),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|s| panic!("push {i}: {s:?}"));
-        assert_eq!(r.body, body);
-    }
+    push_16_mib(&client).await;
     let stats = client.link_stats();
     assert!(stats.messages_chunked >= 16, "{stats:?}");
     stats.window_cap
@@ -89,17 +94,7 @@ async fn clients_with_other_window_settings_get_their_own_link() {
     let b = Client::connect(&server.addr, &adaptive)
         .await
         .expect("connect");
-    let body = Bytes::from(vec![7u8; 1 << 20]);
-    for _ in 0..16 {
-        b.call(Request {
-            method: "/test.Test/Echo".into(),
-            body: body.clone(),
-            timeout: Some(Duration::from_secs(10)),
-            ..Default::default()
-        })
-        .await
-        .expect("push");
-    }
+    push_16_mib(&b).await;
     assert!(b.link_stats().window_cap < WINDOW, "b's own adaptive link");
     assert_eq!(a.link_stats().window_cap, WINDOW, "a's fixed link");
 }

@@ -23,8 +23,8 @@ fn call(method: &str, body: &'static [u8]) -> Request {
     }
 }
 
-#[tokio::test]
-async fn polling_engines_let_handlers_timers_and_callers_run() {
+/// A test server and a client on one RDMA link, both polling for [`BUDGET_US`].
+async fn polling_link() -> (ServerProc, Client) {
     let budget = BUDGET_US.to_string();
     let server = ServerProc::start(
         SERVER,
@@ -38,6 +38,12 @@ async fn polling_engines_let_handlers_timers_and_callers_run() {
     };
     let client = Client::connect(&server.addr, &cfg).await.expect("connect");
     assert_eq!(client.transport(), Transport::Rdma);
+    (server, client)
+}
+
+#[tokio::test]
+async fn polling_engines_let_handlers_timers_and_callers_run() {
+    let (_server, client) = polling_link().await;
     for i in 0..5 {
         // The handler awaits a 5 ms timer on the server's runtime while its engine polls.
         client
@@ -60,18 +66,7 @@ async fn polling_engines_let_handlers_timers_and_callers_run() {
 
 #[tokio::test]
 async fn a_polling_engine_notices_its_peer_dying() {
-    let budget = BUDGET_US.to_string();
-    let mut server = ServerProc::start(
-        SERVER,
-        &["--transport", "rdma", "--busy-poll-us", budget.as_str()],
-    )
-    .await;
-    let cfg = Config {
-        transport: TransportPref::Rdma,
-        busy_poll: Duration::from_micros(BUDGET_US),
-        ..Config::default()
-    };
-    let client = Client::connect(&server.addr, &cfg).await.expect("connect");
+    let (mut server, client) = polling_link().await;
     // A call the server never answers: its handler sleeps past the deadline.
     let call = client.call(Request {
         timeout: Some(Duration::from_millis(1500)),
