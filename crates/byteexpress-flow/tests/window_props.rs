@@ -291,3 +291,59 @@ proptest! {
         prop_assert!(cap_after(lo) <= (min + extra).max(min));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Batching the charge of several posts (gather while `can_post_more`, then one
+    /// `try_post` of the total) admits exactly the posts that charging them one by one
+    /// admits, leaves the same bytes in flight on both accounts, and the one `try_post` never
+    /// fails.
+    #[test]
+    fn a_batched_charge_admits_what_posts_one_by_one_admit(
+        cap in 1u64..300_000,
+        dev_cap in 1u64..600_000,
+        qp_before in prop_oneof![Just(0u64), 1u64..300_000],
+        dev_other in prop_oneof![Just(0u64), 1u64..300_000],
+        posts in proptest::collection::vec(1u64..100_000, 1..12),
+    ) {
+        // The same starting state twice: something in flight on this QP and on another QP of
+        // the device (each put there by an admitted post).
+        let start = || {
+            let mut dev = DeviceWindow::new(dev_cap).unwrap();
+            let mut w = Window::fixed(cap).unwrap();
+            let mut other = Window::fixed(u64::MAX).unwrap();
+            if qp_before > 0 {
+                let _ = w.try_post(&mut dev, qp_before);
+            }
+            if dev_other > 0 {
+                let _ = other.try_post(&mut dev, dev_other);
+            }
+            (w, dev)
+        };
+        let (mut one, mut one_dev) = start();
+        let mut admitted_one = 0;
+        for &p in &posts {
+            if one.try_post(&mut one_dev, p).is_err() {
+                break;
+            }
+            admitted_one += 1;
+        }
+        let (mut batched, mut batched_dev) = start();
+        let (mut batch, mut admitted_batched) = (0u64, 0);
+        for &p in &posts {
+            if !batched.can_post_more(&batched_dev, batch, p) {
+                break;
+            }
+            batch += p;
+            admitted_batched += 1;
+        }
+        prop_assert_eq!(admitted_batched, admitted_one);
+        if batch > 0 {
+            prop_assert!(batched.try_post(&mut batched_dev, batch).is_ok());
+        }
+        prop_assert_eq!(batched.in_flight(), one.in_flight());
+        prop_assert_eq!(batched_dev.in_flight(), one_dev.in_flight());
+        prop_assert_eq!(batched.can_post_more(&batched_dev, 0, 1), one.can_post(&one_dev, 1));
+    }
+}

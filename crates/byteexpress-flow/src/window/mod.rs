@@ -20,6 +20,13 @@
 //! [`Ticket::over_cap`]. Consequence: `in_flight <= max(cap, bytes of the one post in
 //! flight)` at every admission (checked by `tests/window_props.rs`).
 //!
+//! # Batches
+//! A transport that posts several SENDs in one go may charge them with one `try_post` of
+//! their total: it gathers them while [`Window::can_post_more`] admits the next, which applies
+//! the admission rule to the batch's total with the escape for its first post only, so the
+//! batch is admitted exactly when posting its SENDs one by one would be (checked by
+//! `tests/window_props.rs`). Completions of several posts may likewise be reported together.
+//!
 //! # Static cap
 //! [`Window::fixed`] caps at a number of bytes; [`Window::from_bdp`] sizes that cap to the
 //! bandwidth-delay product, bytes/s × RTT µs / 10⁶ ([`bdp_bytes`]).
