@@ -11,9 +11,11 @@
 //! (`Scheduler::offer`, the idle bypass). A chunk is posted when the scheduler designates it
 //! and the gate admits it: a send credit, a free send-queue slot and CQ entry
 //! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
-//! and in its device's shared window ([`device_window`]). Both windows are charged the chunk's
-//! wire bytes on post and released on its send completion, with the completion's RTT (µs since
-//! post). A bulk chunk leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds
+//! and in its device's shared window ([`device_window`]). Both windows are charged the chunks'
+//! wire bytes when they are posted, once for all the chunks one round posts
+//! (`Window::can_post_more`), and released when their send completions are polled, once per
+//! poll of the CQ, with the largest completion RTT of the poll (µs since post). A bulk chunk
+//! leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds
 //! at most the update threshold (half the grant) unreturned: a small message never waits for a
 //! credit, and waits at the receiver behind at most that many chunks.
 //!
@@ -55,7 +57,7 @@ use crate::message::Outgoing;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
 use crate::{Code, Status, Transport};
 pub(crate) use device_window::{SharedDeviceWindow, device_window};
-use outbox::{Outbox, Source};
+use outbox::{Next, Outbox, Source};
 use reassembly::Reassembly;
 
 /// What an RDMA engine runs on; built by link set-up.
@@ -194,6 +196,15 @@ fn queue_budget(cfg: QueueConfig, posted: &Posted) -> QueueBudget {
 struct SendMeta {
     charged: u64,
     posted_at: Instant,
+}
+
+/// SEND completions of one CQ poll, released from the windows together.
+#[derive(Default)]
+struct SendsDone {
+    /// Bytes they had charged.
+    bytes: u64,
+    /// The largest post → completion time among them (µs).
+    rtt_us: u64,
 }
 
 /// What one [`Engine::step`] did.
@@ -335,9 +346,16 @@ impl Engine {
             .poll(&mut wcs)
             .map_err(|e| Status::new(Code::Unavailable, format!("poll_cq: {e}")))?;
         self.delivered = false;
+        // The SEND completions of one poll release the windows once (their bytes summed, the
+        // largest RTT): completions may be merged (`Window::on_complete`).
+        let mut done = SendsDone::default();
         for wc in &wcs[..n] {
-            self.on_completion(wc)?;
+            if let Err(why) = self.on_completion(wc, &mut done) {
+                let _ = self.release(done.bytes, done.rtt_us);
+                return Err(why);
+            }
         }
+        self.release(done.bytes, done.rtt_us)?;
         let sent = self.send_queued(rx)?;
         if self.delivered {
             return Ok(Round::Delivered);
@@ -356,7 +374,9 @@ impl Engine {
         })
     }
 
-    fn on_completion(&mut self, wc: &Wc) -> Result<(), Status> {
+    /// Handles one completion; a SEND's charged bytes and RTT are added to `done`, for the
+    /// caller to release.
+    fn on_completion(&mut self, wc: &Wc, done: &mut SendsDone) -> Result<(), Status> {
         if wc.status != WcStatus::Success {
             LinkCounters::bump(&self.counters.qp_errors);
             if wc.status == WcStatus::RnrRetryExcErr {
@@ -377,8 +397,8 @@ impl Engine {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
                 if let Some((_buf, f)) = self.send_posted.complete(wc) {
-                    let rtt_us = f.posted_at.elapsed().as_micros() as u64;
-                    self.release(f.charged, rtt_us)?;
+                    done.bytes += f.charged;
+                    done.rtt_us = done.rtt_us.max(f.posted_at.elapsed().as_micros() as u64);
                 }
                 Ok(())
             }
@@ -415,11 +435,50 @@ impl Engine {
     /// Posts chunks as the scheduler designates them while the gate admits them (credit, SQ
     /// slot, send buffer, windows), then an explicit credit update if one is due.
     ///
-    /// Messages the callers queued meanwhile join the outbox before every chunk, so a small
-    /// call that arrives while a bulk message is being posted goes out next; and it returns
-    /// after each chunk of a large message, so the CQ is polled between two chunk copies.
+    /// In two steps: [`Engine::grant_batch`] decides which chunks go and takes what each
+    /// needs, charging the windows once for all of them; then each is copied and posted.
+    /// A large message's chunk ends the batch, so the CQ is polled between two chunk copies.
     fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
-        let mut sent = false;
+        let (batch, mut unposted) = self.grant_batch(rx)?;
+        let sent = !batch.is_empty();
+        for (n, pb) in batch {
+            let wire = u64::from(n.wire);
+            let posted = self.post_chunk(n, pb);
+            if let Err(why) = posted {
+                // The link fails; what the windows hold for chunks never posted goes back.
+                let _ = self.release(unposted, 0);
+                return Err(why);
+            }
+            unposted -= wire;
+        }
+        if self.queues.can_post_send()
+            && self.parts.send_pool.available() > 0
+            && let Some(pb) = self.credits.poll_update()
+        {
+            let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
+            self.post(buf, 0)?;
+            LinkCounters::bump(&self.counters.credit_updates_sent);
+            return Ok(true);
+        }
+        Ok(sent)
+    }
+
+    /// Grants the chunks to post now, in the scheduler's order, while the gate admits them:
+    /// a send credit (above the latency reserve for bulk), a send slot and a send buffer for
+    /// each, and room in the QP and device windows for all of them together
+    /// (`Window::can_post_more`). Takes each chunk's credit (its header's piggyback) and
+    /// charges the windows once for the batch; returns the batch and the bytes charged.
+    ///
+    /// Messages the callers queued meanwhile join the outbox before every grant, so a small
+    /// call that arrives while a bulk message is being posted goes out next; a chunk of a
+    /// large message ends the batch.
+    fn grant_batch(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    ) -> Result<(Vec<(Next, Piggyback)>, u64), Status> {
+        let mut batch = Vec::new();
+        let mut bytes = 0u64;
+        let mut dev = self.parts.device_window.lock();
         loop {
             // A message that finds the outbox empty is offered on arrival (the scheduler's
             // idle bypass); any more are queued behind it, in order.
@@ -437,13 +496,14 @@ impl Engine {
             if fresh.is_none() && self.outbox.is_empty() {
                 break;
             }
-            if !self.queues.can_post_send() || self.parts.send_pool.available() == 0 {
+            let slots = self.queues.config().send_limit() - self.queues.sends_outstanding();
+            let taken = batch.len();
+            if slots as usize <= taken || self.parts.send_pool.available() <= taken {
                 if let Some(f) = fresh {
                     self.outbox.push(f);
                 }
                 break;
             }
-            let mut dev = self.parts.device_window.lock();
             let mut wait = None;
             let (credits, window) = (&self.credits, &self.parts.window);
             let gate = |len: u32, class| {
@@ -453,7 +513,7 @@ impl Engine {
                 };
                 wait = if !credit {
                     Some(Wait::Credit)
-                } else if !window.can_post(&dev, len.into()) {
+                } else if !window.can_post_more(&dev, bytes, len.into()) {
                     Some(Wait::Window)
                 } else {
                     None
@@ -476,75 +536,71 @@ impl Engine {
                 }
                 break;
             };
-            let ticket = self
-                .parts
-                .window
-                .try_post(&mut dev, n.wire.into())
-                .map_err(|b| Status::new(Code::Internal, format!("window: {b:?}")))?;
-            drop(dev);
             let pb = self
                 .credits
                 .try_send_data()
                 .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
-            let msg = match &n.msg {
-                Source::Queued(id) => self.outbox.msg(*id),
-                Source::Bypassed(m) => {
-                    LinkCounters::bump(&self.counters.bypassed);
-                    m
-                }
-            };
-            let buf = chunk_buf(&self.parts, n.header, pb, |b| {
-                msg.copy_payload(b, n.off, n.len)
-            })?;
-            if n.last {
-                if let Source::Queued(id) = n.msg {
-                    self.outbox.finish(id);
-                }
-                if n.chunked {
-                    LinkCounters::bump(&self.counters.messages_chunked);
-                }
-            }
-            self.post(buf, ticket.bytes)?;
-            LinkCounters::bump(&self.counters.chunks_sent);
-            if ticket.over_cap {
-                LinkCounters::bump(&self.counters.window_escapes);
-            }
-            sent = true;
-            if n.chunked {
+            bytes += u64::from(n.wire);
+            let chunked = n.chunked;
+            batch.push((n, pb));
+            if chunked {
                 // One chunk of a large message per round: completions (a small call's
                 // answer among them) are polled before the next one is copied.
                 break;
             }
         }
-        if self.queues.can_post_send()
-            && self.parts.send_pool.available() > 0
-            && let Some(pb) = self.credits.poll_update()
-        {
-            let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
-            self.post(buf, 0)?;
-            LinkCounters::bump(&self.counters.credit_updates_sent);
-            sent = true;
+        if bytes > 0 {
+            let ticket = self
+                .parts
+                .window
+                .try_post(&mut dev, bytes)
+                .map_err(|b| Status::new(Code::Internal, format!("window: {b:?}")))?;
+            if ticket.over_cap {
+                LinkCounters::bump(&self.counters.window_escapes);
+            }
         }
-        Ok(sent)
+        Ok((batch, bytes))
     }
 
-    /// Posts a SEND of `buf`, which charged `charged` bytes to the windows.
-    fn post(&mut self, buf: PoolBuf, charged: u64) -> Result<(), Status> {
-        if let Err(e) = self.queues.try_post_send() {
-            let _ = self.release(charged, 0);
-            return Err(Status::new(Code::Internal, format!("queues: {e}")));
+    /// Copies a granted chunk (its credit already taken: `pb`) into a send buffer and posts
+    /// it; the windows were charged for it by [`Engine::grant_batch`].
+    fn post_chunk(&mut self, n: Next, pb: Piggyback) -> Result<(), Status> {
+        let msg = match &n.msg {
+            Source::Queued(id) => self.outbox.msg(*id),
+            Source::Bypassed(m) => {
+                LinkCounters::bump(&self.counters.bypassed);
+                m
+            }
+        };
+        let buf = chunk_buf(&self.parts, n.header, pb, |b| {
+            msg.copy_payload(b, n.off, n.len)
+        })?;
+        if n.last {
+            if let Source::Queued(id) = n.msg {
+                self.outbox.finish(id);
+            }
+            if n.chunked {
+                LinkCounters::bump(&self.counters.messages_chunked);
+            }
         }
+        self.post(buf, n.wire.into())?;
+        LinkCounters::bump(&self.counters.chunks_sent);
+        Ok(())
+    }
+
+    /// Posts a SEND of `buf`, which charged `charged` bytes to the windows (the caller
+    /// releases them if this fails).
+    fn post(&mut self, buf: PoolBuf, charged: u64) -> Result<(), Status> {
+        self.queues
+            .try_post_send()
+            .map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
         let meta = SendMeta {
             charged,
             posted_at: Instant::now(),
         };
-        if let Err((e, _buf)) = self
-            .send_posted
+        self.send_posted
             .post_send(&self.parts.qp, buf, WrOp::Send, meta)
-        {
-            let _ = self.release(charged, 0);
-            return Err(Status::new(Code::Unavailable, format!("post_send: {e}")));
-        }
+            .map_err(|(e, _buf)| Status::new(Code::Unavailable, format!("post_send: {e}")))?;
         Ok(())
     }
 }
