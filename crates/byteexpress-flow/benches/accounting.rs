@@ -3,7 +3,11 @@
 //! (one message per iteration: `all_one_msg_two_way`, where the ends take turns and each
 //! message's header returns the credit of the one before, and `all_one_msg_one_way`, where
 //! explicit updates do), and together with the send-slot and CQ-entry accounting of
-//! `QueueBudget` (`all_one_msg_two_way_sq_cq`). The loops live in
+//! `QueueBudget` (`all_one_msg_two_way_sq_cq`); and under a standing backlog, one message at
+//! a time through DRR (`all_one_msg_two_way_backlogged`) and as the RDMA engine of
+//! `byteexpress-rpc` accounts for it, in rounds of 8 chunks that charge the windows once and
+//! whose send completions, polled together, release them once (`all_batch8_two_way_backlogged`,
+//! time per message). The loops live in
 //! [`hot_path`], shared with `examples/ir_count.rs` (instruction counts).
 //!
 //! Run: `cargo bench -p byteexpress-flow --bench accounting`
@@ -11,17 +15,35 @@
 mod hot_path;
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use hot_path::{
     AllOne, Case, Credit2, Sched8, TWO_WAY, TWO_WAY_BACKLOGGED, TWO_WAY_WITH_QUEUES, UPDATE,
 };
-use hot_path::{WindowAdaptive, WindowStatic};
+use hot_path::{Batched, WindowAdaptive, WindowStatic};
 
-/// Benchmarks `case` as `name` (monomorphised: the step inlines into criterion's loop).
+/// Benchmarks `case` as `name` (monomorphised: the step inlines into criterion's loop), the
+/// time reported per message ([`Case::messages`] per step).
 fn run<C: Case>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut case: C) {
-    g.bench_function(name, |b| b.iter(|| black_box(case.step())));
+    let per_step = case.messages();
+    g.bench_function(name, |b| {
+        if per_step == 1 {
+            b.iter(|| black_box(case.step()));
+            return;
+        }
+        b.iter_custom(|messages| {
+            let steps = messages.div_ceil(per_step);
+            let start = Instant::now();
+            for _ in 0..steps {
+                black_box(case.step());
+            }
+            start
+                .elapsed()
+                .mul_f64(messages as f64 / (steps * per_step) as f64)
+        });
+    });
     case.check();
 }
 
@@ -43,6 +65,7 @@ fn bench(c: &mut Criterion) {
         "all_one_msg_two_way_sq_cq",
         AllOne::<TWO_WAY_WITH_QUEUES>::new(),
     );
+    run(&mut g, "all_batch8_two_way_backlogged", Batched::new());
     g.finish();
 }
 

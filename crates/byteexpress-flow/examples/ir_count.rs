@@ -1,7 +1,7 @@
 //! The loops of `benches/accounting.rs` ([`hot_path`]), run a fixed number of times, for
 //! instruction counts: `valgrind --tool=callgrind target/release/examples/ir_count NAME N` for
-//! N = 0 and N = n; the difference of the totals over n is the cost of one iteration (plus a
-//! call).
+//! N = 0 and N = n messages; the difference of the totals over n is the cost of one message
+//! (plus a call per iteration).
 //!
 //! Run: `cargo build --release -p byteexpress-flow --example ir_count`
 
@@ -13,13 +13,14 @@ use std::hint::black_box;
 use hot_path::{
     AllOne, Case, Credit2, Sched8, TWO_WAY, TWO_WAY_BACKLOGGED, TWO_WAY_WITH_QUEUES, UPDATE,
 };
-use hot_path::{WindowAdaptive, WindowStatic};
+use hot_path::{Batched, WindowAdaptive, WindowStatic};
 
-/// Runs `case` `n` times through a reference the optimiser cannot see through, so the state
-/// stays in memory between iterations (as between messages in a transport).
+/// Runs `case` for `n` messages (`n / messages()` iterations, rounded up) through a reference
+/// the optimiser cannot see through, so the state stays in memory between iterations (as
+/// between messages in a transport).
 fn run(n: u64, case: &mut dyn Case) {
     let case = black_box(case);
-    for _ in 0..n {
+    for _ in 0..n.div_ceil(case.messages()) {
         black_box(case.step());
     }
     case.check();
@@ -38,7 +39,7 @@ fn main() {
 }
 
 /// Every case by name, in report order.
-const NAMES: [&str; 8] = [
+const NAMES: [&str; 9] = [
     "credit_2msgs",
     "window_static",
     "window_adaptive",
@@ -47,6 +48,7 @@ const NAMES: [&str; 8] = [
     "all_one_msg_one_way",
     "all_one_msg_two_way_backlogged",
     "all_one_msg_two_way_sq_cq",
+    "all_batch8_two_way_backlogged",
 ];
 
 /// Runs `f` with the case called `name`, if there is one.
@@ -60,6 +62,7 @@ fn with_case(name: &str, f: &mut dyn FnMut(&mut dyn Case)) -> bool {
         "all_one_msg_one_way" => f(&mut AllOne::<UPDATE>::new()),
         "all_one_msg_two_way_backlogged" => f(&mut AllOne::<TWO_WAY_BACKLOGGED>::new()),
         "all_one_msg_two_way_sq_cq" => f(&mut AllOne::<TWO_WAY_WITH_QUEUES>::new()),
+        "all_batch8_two_way_backlogged" => f(&mut Batched::new()),
         _ => return false,
     }
     true

@@ -12,6 +12,10 @@ use byteexpress_flow::window::{AdaptiveConfig, DeviceWindow, Window};
 
 /// One benchmarked loop body.
 pub trait Case {
+    /// Messages one iteration accounts for (the reported time is divided by it).
+    fn messages(&self) -> u64 {
+        1
+    }
     /// One iteration; the result goes to `black_box`.
     fn step(&mut self) -> u64;
     /// Checks, after the runs, that the loop did what it claims.
@@ -319,5 +323,90 @@ impl<const R: u8> Case for AllOne<R> {
                 "the ends took turns, and credits came back on data messages"
             );
         }
+    }
+}
+
+/// Messages per turn of [`Batched`].
+pub const BATCH: usize = 8;
+
+impl End {
+    /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
+    /// [`BATCH`] messages join the back of their connections' queues (one per connection);
+    /// the scheduler grants [`BATCH`] chunks through the gate (a credit, and room for the
+    /// batch so far in both windows: `Window::can_post_more`), each taking its credit; the
+    /// windows are charged once for the batch; the receiver takes and re-posts each; the
+    /// sender's CQ poll returns the batch's send completions together, which release the
+    /// windows once (at `now`, µs). Returns the bytes charged.
+    #[inline(never)]
+    fn send_batch(&mut self, to: &mut End, now: u64) -> u64 {
+        for &c in &self.conns[..BATCH] {
+            self.s.enqueue(c, Class::Bulk, black_box(4096)).unwrap();
+        }
+        let mut bytes = 0u64;
+        for _ in 0..BATCH {
+            let (w, dev, credits) = (&self.w, &self.dev, &self.credits);
+            let g = self
+                .s
+                .next_by_class(|len, _| {
+                    credits.can_send() && w.can_post_more(dev, bytes, len.into())
+                })
+                .unwrap();
+            bytes += u64::from(g.len);
+            let pb = self.credits.try_send_data().unwrap();
+            to.credits.on_receive(MsgKind::Data, pb).unwrap();
+            to.credits.on_reposted(MsgKind::Data).unwrap();
+        }
+        let t = self.w.try_post(&mut self.dev, bytes).unwrap();
+        self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();
+        t.bytes
+    }
+}
+
+/// `all_batch8_two_way_backlogged`: both ends hold a standing backlog of 8 messages on each
+/// of their 8 connections (as [`TWO_WAY_BACKLOGGED`]) and take turns; a turn is
+/// [`End::send_batch`]: [`BATCH`] messages queued, granted, credited, received and completed,
+/// the windows charged and released once. The time is reported per message.
+pub struct Batched {
+    a: End,
+    b: End,
+    now: u64,
+    turn: bool,
+}
+
+impl Batched {
+    pub fn new() -> Self {
+        let AllOne { a, b, .. } = AllOne::<TWO_WAY_BACKLOGGED>::new();
+        Self {
+            a,
+            b,
+            now: 0,
+            turn: false,
+        }
+    }
+}
+
+impl Case for Batched {
+    fn messages(&self) -> u64 {
+        BATCH as u64
+    }
+
+    #[inline]
+    fn step(&mut self) -> u64 {
+        self.now += 1;
+        self.turn = !self.turn;
+        if self.turn {
+            self.a.send_batch(&mut self.b, self.now)
+        } else {
+            self.b.send_batch(&mut self.a, self.now)
+        }
+    }
+
+    fn check(&self) {
+        let (a, b) = (self.a.credits.stats(), self.b.credits.stats());
+        assert!(
+            a.data_sent.abs_diff(b.data_sent) <= BATCH as u64
+                && a.updates_sent + b.updates_sent == 0,
+            "the ends took turns, and credits came back on data messages"
+        );
     }
 }
