@@ -70,8 +70,8 @@ impl Scheduler {
                 round.remove(&mut self.slots, c, conn.slot, quantum);
             }
             let flow = std::mem::take(&mut self.slots[conn.slot as usize].flows[c]);
-            let bytes: u64 = flow.iter().map(|p| p.len - p.sent).sum();
-            dropped.messages += flow.iter().count() as u64;
+            let bytes: u64 = flow.unsent().sum();
+            dropped.messages += flow.unsent().count() as u64;
             dropped.bytes += bytes;
             round.backlog -= bytes;
         }
@@ -87,7 +87,9 @@ impl Scheduler {
     /// # Errors
     /// [`SchedError::EmptyMessage`] when `len` is 0, [`SchedError::UnknownConn`] when `conn`
     /// is not open.
-    #[inline]
+    // Always inlined: half of the per-message hot path, and small once the slot is found; left
+    // to LLVM's estimate it is called out of line (a call and 6 register saves per message).
+    #[inline(always)]
     pub fn enqueue(&mut self, conn: ConnId, class: Class, len: u64) -> Result<MsgId, SchedError> {
         if len == 0 {
             return Err(SchedError::EmptyMessage);
@@ -261,9 +263,8 @@ impl Scheduler {
 
     /// Unsent bytes queued on `conn` in `class` (unit: bytes); 0 for an unknown connection.
     pub fn queued_bytes(&self, conn: ConnId, class: Class) -> u64 {
-        self.slot(conn).map_or(0, |s| {
-            s.flows[class.index()].iter().map(|p| p.len - p.sent).sum()
-        })
+        self.slot(conn)
+            .map_or(0, |s| s.flows[class.index()].unsent().sum())
     }
 
     fn slot(&self, conn: ConnId) -> Option<&Slot> {

@@ -1,0 +1,79 @@
+//! The messages queued behind a flow's head: a FIFO ring of power-of-two capacity.
+//!
+//! Why not `VecDeque`: its index wraps with a compare and a conditional move on every push
+//! and pop, where a power-of-two capacity wraps with one mask; and its entries here would be
+//! [`Pending`](super::flow::Pending)s of 24 bytes, where a message behind the head has sent
+//! nothing yet, so [`Queued`] needs only its id and length (16 bytes, two words to move).
+
+use super::MsgId;
+
+/// A message behind its flow's head: none of it granted yet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Queued {
+    pub(super) id: MsgId,
+    /// Message length (bytes).
+    pub(super) len: u64,
+}
+
+/// FIFO of [`Queued`] messages. Grows on demand (doubling) and keeps its capacity.
+#[derive(Debug, Default)]
+pub(super) struct Ring {
+    /// Storage: length 0 or a power of two. Slots outside `front..front + len` (mod the
+    /// length) are stale.
+    buf: Box<[Queued]>,
+    /// Index in `buf` of the first message; `< buf.len()` when `buf` is not empty.
+    front: usize,
+    /// Messages held (messages), `<= buf.len()`.
+    len: usize,
+}
+
+impl Ring {
+    /// Appends a message.
+    #[inline]
+    pub(super) fn push_back(&mut self, msg: Queued) {
+        if self.len == self.buf.len() {
+            self.grow();
+        }
+        let mask = self.buf.len() - 1;
+        self.buf[(self.front + self.len) & mask] = msg;
+        self.len += 1;
+    }
+
+    /// Takes the first message, if any.
+    #[inline]
+    pub(super) fn pop_front(&mut self) -> Option<Queued> {
+        if self.len == 0 {
+            return None;
+        }
+        let mask = self.buf.len() - 1;
+        // `front` is already in range; the mask lets the bounds check go.
+        let msg = self.buf[self.front & mask];
+        self.front = (self.front + 1) & mask;
+        self.len -= 1;
+        Some(msg)
+    }
+
+    /// The messages, first to last.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Queued> {
+        let mask = self.buf.len().wrapping_sub(1);
+        (0..self.len).map(move |i| &self.buf[(self.front + i) & mask])
+    }
+
+    /// Doubles the capacity (4 at first), the messages moved to the start in order. Rare: a
+    /// warm ring keeps its capacity.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        let cap = (self.buf.len() * 2).max(4);
+        let stale = Queued {
+            id: MsgId(0),
+            len: 0,
+        };
+        let mut buf = vec![stale; cap].into_boxed_slice();
+        for (to, from) in buf.iter_mut().zip(self.iter()) {
+            *to = *from;
+        }
+        self.buf = buf;
+        self.front = 0;
+    }
+}
