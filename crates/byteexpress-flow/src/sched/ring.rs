@@ -31,12 +31,14 @@ impl Ring {
     /// Appends a message.
     #[inline]
     pub(super) fn push_back(&mut self, msg: Queued) {
-        if self.len == self.buf.len() {
-            self.grow();
+        // `len < buf.len()` also tells the compiler that the masked index is in bounds.
+        if self.len < self.buf.len() {
+            let mask = self.buf.len() - 1;
+            self.buf[(self.front + self.len) & mask] = msg;
+            self.len += 1;
+        } else {
+            self.grow_push(msg);
         }
-        let mask = self.buf.len() - 1;
-        self.buf[(self.front + self.len) & mask] = msg;
-        self.len += 1;
     }
 
     /// Takes the first message, if any.
@@ -59,11 +61,11 @@ impl Ring {
         (0..self.len).map(move |i| &self.buf[(self.front + i) & mask])
     }
 
-    /// Doubles the capacity (4 at first), the messages moved to the start in order. Rare: a
-    /// warm ring keeps its capacity.
+    /// Doubles the capacity (4 at first), the messages moved to the start in order, then
+    /// appends `msg`. Rare: a warm ring keeps its capacity.
     #[cold]
     #[inline(never)]
-    fn grow(&mut self) {
+    fn grow_push(&mut self, msg: Queued) {
         let cap = (self.buf.len() * 2).max(4);
         let stale = Queued {
             id: MsgId(0),
@@ -73,7 +75,9 @@ impl Ring {
         for (to, from) in buf.iter_mut().zip(self.iter()) {
             *to = *from;
         }
+        buf[self.len] = msg;
         self.buf = buf;
         self.front = 0;
+        self.len += 1;
     }
 }
