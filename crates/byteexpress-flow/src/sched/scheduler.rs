@@ -242,10 +242,13 @@ impl Scheduler {
             last: chunk.last,
         };
         let len = u64::from(chunk.len);
-        flow.head.sent += len;
         flow.deficit -= len;
         round.backlog -= len;
-        if chunk.last && flow.pop() {
+        if !chunk.last {
+            flow.head.sent += len;
+        } else if flow.pop() {
+            // The message is done: its `sent` needs no update, as `pop` replaced the head (or
+            // marked it none). The queue emptied: the connection leaves the round.
             flow.deficit = 0;
             let next = std::mem::replace(&mut flow.next, NIL);
             round.pass_turn(&mut self.slots, c, next, quantum);
