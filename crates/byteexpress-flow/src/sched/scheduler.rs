@@ -87,9 +87,7 @@ impl Scheduler {
     /// # Errors
     /// [`SchedError::EmptyMessage`] when `len` is 0, [`SchedError::UnknownConn`] when `conn`
     /// is not open.
-    // Always inlined: half of the per-message hot path, and small once the slot is found; left
-    // to LLVM's estimate it is called out of line (a call and 6 register saves per message).
-    #[inline(always)]
+    #[inline]
     pub fn enqueue(&mut self, conn: ConnId, class: Class, len: u64) -> Result<MsgId, SchedError> {
         if len == 0 {
             return Err(SchedError::EmptyMessage);
