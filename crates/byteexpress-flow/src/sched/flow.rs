@@ -12,9 +12,11 @@ use super::ring::{Queued, Ring};
 /// "No slot": the end of a round, or an empty round.
 pub(super) const NIL: u32 = u32::MAX;
 
-/// A queued message, partly sent. `len == 0` marks "none" (messages have at least 1 byte).
+/// The head message of a flow, partly sent. `len == 0` marks "none" (messages have at least
+/// 1 byte).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pending {
+    /// Its id, from `enqueue`.
     pub(super) id: MsgId,
     /// Message length (bytes).
     pub(super) len: u64,

@@ -5,18 +5,21 @@
 //! [`Pending`](super::flow::Pending)s of 24 bytes, where a message behind the head has sent
 //! nothing yet, so [`Queued`] needs only its id and length (16 bytes, two words to move).
 
+use std::fmt;
+
 use super::MsgId;
 
 /// A message behind its flow's head: none of it granted yet.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Queued {
+    /// Its id, from `enqueue`.
     pub(super) id: MsgId,
     /// Message length (bytes).
     pub(super) len: u64,
 }
 
 /// FIFO of [`Queued`] messages. Grows on demand (doubling) and keeps its capacity.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Ring {
     /// Storage: length 0 or a power of two. Slots outside `front..front + len` (mod the
     /// length) are stale.
@@ -47,10 +50,8 @@ impl Ring {
         if self.len == 0 {
             return None;
         }
-        let mask = self.buf.len() - 1;
-        // `front` is already in range; the mask lets the bounds check go.
-        let msg = self.buf[self.front & mask];
-        self.front = (self.front + 1) & mask;
+        let msg = self.buf[self.front];
+        self.front = (self.front + 1) & (self.buf.len() - 1);
         self.len -= 1;
         Some(msg)
     }
@@ -79,5 +80,12 @@ impl Ring {
         self.buf = buf;
         self.front = 0;
         self.len += 1;
+    }
+}
+
+impl fmt::Debug for Ring {
+    /// The messages, first to last (as a `VecDeque` shows them; stale slots left out).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
