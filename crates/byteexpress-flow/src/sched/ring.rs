@@ -1,7 +1,8 @@
 //! The messages queued behind a flow's head: a FIFO ring of power-of-two capacity.
 //!
 //! Why not `VecDeque`: its index wraps with a compare and a conditional move on every push
-//! and pop, where a power-of-two capacity wraps with one mask; and its entries here would be
+//! and pop, where here the ends are free-running counters masked by the power-of-two
+//! capacity (a pop is a compare, a mask and an increment); and its entries here would be
 //! [`Pending`](super::flow::Pending)s of 24 bytes, where a message behind the head has sent
 //! nothing yet, so [`Queued`] needs only its id and length (16 bytes, two words to move).
 
@@ -21,24 +22,25 @@ pub(super) struct Queued {
 /// FIFO of [`Queued`] messages. Grows on demand (doubling) and keeps its capacity.
 #[derive(Default)]
 pub(super) struct Ring {
-    /// Storage: length 0 or a power of two. Slots outside `front..front + len` (mod the
-    /// length) are stale.
+    /// Storage: length 0 or a power of two, message `i` (counted as `front` and `back` count)
+    /// at `i & (length - 1)`. Slots of no message between `front` and `back` are stale.
     buf: Box<[Queued]>,
-    /// Index in `buf` of the first message; `< buf.len()` when `buf` is not empty.
+    /// Messages taken out so far (messages, wrapping): the first is at `front & mask`.
     front: usize,
-    /// Messages held (messages), `<= buf.len()`.
-    len: usize,
+    /// Messages put in so far (messages, wrapping); `back - front <= buf.len()`.
+    back: usize,
 }
 
 impl Ring {
     /// Appends a message.
     #[inline]
     pub(super) fn push_back(&mut self, msg: Queued) {
-        // `len < buf.len()` also tells the compiler that the masked index is in bounds.
-        if self.len < self.buf.len() {
+        // Not full: `back - front < buf.len()`, which also tells the compiler that the masked
+        // index is in bounds.
+        if self.back.wrapping_sub(self.front) < self.buf.len() {
             let mask = self.buf.len() - 1;
-            self.buf[(self.front + self.len) & mask] = msg;
-            self.len += 1;
+            self.buf[self.back & mask] = msg;
+            self.back = self.back.wrapping_add(1);
         } else {
             self.grow_push(msg);
         }
@@ -47,19 +49,19 @@ impl Ring {
     /// Takes the first message, if any.
     #[inline]
     pub(super) fn pop_front(&mut self) -> Option<Queued> {
-        if self.len == 0 {
+        if self.front == self.back {
             return None;
         }
-        let msg = self.buf[self.front];
-        self.front = (self.front + 1) & (self.buf.len() - 1);
-        self.len -= 1;
+        let msg = self.buf[self.front & self.buf.len().wrapping_sub(1)];
+        self.front = self.front.wrapping_add(1);
         Some(msg)
     }
 
     /// The messages, first to last.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Queued> {
         let mask = self.buf.len().wrapping_sub(1);
-        (0..self.len).map(move |i| &self.buf[(self.front + i) & mask])
+        (0..self.back.wrapping_sub(self.front))
+            .map(move |i| &self.buf[self.front.wrapping_add(i) & mask])
     }
 
     /// Doubles the capacity (4 at first), the messages moved to the start in order, then
@@ -76,10 +78,11 @@ impl Ring {
         for (to, from) in buf.iter_mut().zip(self.iter()) {
             *to = *from;
         }
-        buf[self.len] = msg;
+        let len = self.back.wrapping_sub(self.front);
+        buf[len] = msg;
         self.buf = buf;
         self.front = 0;
-        self.len += 1;
+        self.back = len + 1;
     }
 }
 
