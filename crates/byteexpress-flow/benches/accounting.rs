@@ -20,7 +20,8 @@ use std::time::Instant;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use hot_path::{
-    AllOne, Case, Credit2, Sched8, TWO_WAY, TWO_WAY_BACKLOGGED, TWO_WAY_WITH_QUEUES, UPDATE,
+    AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_BACKLOGGED,
+    TWO_WAY_WITH_QUEUES, UPDATE,
 };
 use hot_path::{Batched, WindowAdaptive, WindowStatic};
 
@@ -53,6 +54,7 @@ fn bench(c: &mut Criterion) {
     run(&mut g, "window_static", WindowStatic::new());
     run(&mut g, "window_adaptive", WindowAdaptive::new());
     run(&mut g, "sched_8conns", Sched8::new());
+    run(&mut g, "sched_8conns_backlogged", Sched8Backlogged::new());
     run(&mut g, "all_one_msg_two_way", AllOne::<TWO_WAY>::new());
     run(&mut g, "all_one_msg_one_way", AllOne::<UPDATE>::new());
     run(

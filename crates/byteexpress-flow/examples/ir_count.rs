@@ -11,7 +11,8 @@ mod hot_path;
 use std::hint::black_box;
 
 use hot_path::{
-    AllOne, Case, Credit2, Sched8, TWO_WAY, TWO_WAY_BACKLOGGED, TWO_WAY_WITH_QUEUES, UPDATE,
+    AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_BACKLOGGED,
+    TWO_WAY_WITH_QUEUES, UPDATE,
 };
 use hot_path::{Batched, WindowAdaptive, WindowStatic};
 
@@ -39,11 +40,12 @@ fn main() {
 }
 
 /// Every case by name, in report order.
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 10] = [
     "credit_2msgs",
     "window_static",
     "window_adaptive",
     "sched_8conns",
+    "sched_8conns_backlogged",
     "all_one_msg_two_way",
     "all_one_msg_one_way",
     "all_one_msg_two_way_backlogged",
@@ -58,6 +60,7 @@ fn with_case(name: &str, f: &mut dyn FnMut(&mut dyn Case)) -> bool {
         "window_static" => f(&mut WindowStatic::new()),
         "window_adaptive" => f(&mut WindowAdaptive::new()),
         "sched_8conns" => f(&mut Sched8::new()),
+        "sched_8conns_backlogged" => f(&mut Sched8Backlogged::new()),
         "all_one_msg_two_way" => f(&mut AllOne::<TWO_WAY>::new()),
         "all_one_msg_one_way" => f(&mut AllOne::<UPDATE>::new()),
         "all_one_msg_two_way_backlogged" => f(&mut AllOne::<TWO_WAY_BACKLOGGED>::new()),

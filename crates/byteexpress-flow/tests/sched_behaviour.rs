@@ -72,6 +72,41 @@ fn large_message_is_granted_in_chunks_in_order() {
     assert!(s.is_empty());
 }
 
+/// A connection's queue keeps FIFO order and its byte count while it wraps around its
+/// storage and grows (also while wrapped), and a close counts what is still queued.
+#[test]
+fn queue_keeps_fifo_order_through_wraparound_and_growth() {
+    let mut s = Scheduler::new(SchedConfig::default());
+    let c = s.open();
+    let mut queued = std::collections::VecDeque::new();
+    let mut len = 1;
+    // Rounds of `push` enqueues then `pop` grants: the queue grows to 2, then refills and
+    // drains at a standing depth, then grows past several capacities while wrapped.
+    for (push, pop) in [(2, 2), (5, 3), (4, 4), (9, 2), (20, 17), (40, 1)] {
+        for _ in 0..push {
+            queued.push_back((s.enqueue(c, Class::Bulk, len).unwrap(), len));
+            len += 1;
+        }
+        for _ in 0..pop {
+            let g = s.next(yes).unwrap();
+            let (msg, len) = queued.pop_front().unwrap();
+            assert_eq!((g.msg, u64::from(g.len), g.last), (msg, len, true));
+        }
+        let bytes: u64 = queued.iter().map(|&(_, len)| len).sum();
+        assert_eq!(s.queued_bytes(c, Class::Bulk), bytes);
+        assert_eq!(s.backlog(Class::Bulk), bytes);
+    }
+    let bytes = queued.iter().map(|&(_, len)| len).sum();
+    let dropped = s.close(c).unwrap();
+    assert_eq!(
+        dropped,
+        Dropped {
+            messages: queued.len() as u64,
+            bytes
+        }
+    );
+}
+
 #[test]
 fn drr_shares_bytes_not_messages() {
     // Conn a sends 1 KiB messages, conn b 16 KiB ones; quantum 16 KiB.

@@ -160,6 +160,38 @@ impl Case for Sched8 {
     }
 }
 
+/// The scheduler alone behind a standing backlog: 8 messages of 4 KiB queued on each of 8
+/// connections; each iteration enqueues one more (a message joins the back of its queue) and
+/// grants one (the head of the connection whose turn it is), so the backlog stays put.
+pub struct Sched8Backlogged {
+    s: Scheduler,
+    conns: Vec<ConnId>,
+    i: usize,
+}
+
+impl Sched8Backlogged {
+    pub fn new() -> Self {
+        let (mut s, conns) = warm_sched(8);
+        for _ in 0..8 {
+            for &c in &conns {
+                s.enqueue(c, Class::Bulk, 4096).unwrap();
+            }
+        }
+        Self { s, conns, i: 0 }
+    }
+}
+
+impl Case for Sched8Backlogged {
+    #[inline]
+    fn step(&mut self) -> u64 {
+        self.i = (self.i + 1) & 7;
+        self.s
+            .enqueue(self.conns[self.i], Class::Bulk, black_box(4096))
+            .unwrap();
+        u64::from(self.s.next(|len| black_box(len) > 0).unwrap().len)
+    }
+}
+
 /// How the credit a message took comes back (the `R` of [`AllOne`]), and what else is counted:
 /// on the next data message the other way; the ends take turns sending, each message through
 /// its sender's scheduler and window.

@@ -6,16 +6,17 @@
 //! search (only `close` walks the round). A connection's DRR quantum is added once per turn,
 //! when it becomes the head of its round.
 
-use std::collections::VecDeque;
-
 use super::MsgId;
+use super::ring::{Queued, Ring};
 
 /// "No slot": the end of a round, or an empty round.
 pub(super) const NIL: u32 = u32::MAX;
 
-/// A queued message, partly sent. `len == 0` marks "none" (messages have at least 1 byte).
+/// The head message of a flow, partly sent. `len == 0` marks "none" (messages have at least
+/// 1 byte).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pending {
+    /// Its id, from `enqueue`.
     pub(super) id: MsgId,
     /// Message length (bytes).
     pub(super) len: u64,
@@ -35,14 +36,14 @@ impl Default for Pending {
 }
 
 /// One connection's queue in one class: its head message inline (what DRR looks at on every
-/// grant, one load from the slab entry), the messages behind it in a `VecDeque`. It is in its
+/// grant, one load from the slab entry), the messages behind it in a [`Ring`]. It is in its
 /// class's round exactly when it is non-empty.
 #[derive(Debug)]
 pub(super) struct Flow {
     /// The head message; `len == 0` when the queue is empty.
     pub(super) head: Pending,
     /// The messages behind the head, in FIFO order.
-    pub(super) rest: VecDeque<Pending>,
+    pub(super) rest: Ring,
     /// DRR deficit (bytes); 0 outside the round.
     pub(super) deficit: u64,
     /// Next slot in the round ([`NIL`] at the tail or outside the round).
@@ -53,7 +54,7 @@ impl Default for Flow {
     fn default() -> Self {
         Self {
             head: Pending::default(),
-            rest: VecDeque::new(),
+            rest: Ring::default(),
             deficit: 0,
             next: NIL,
         }
@@ -74,7 +75,10 @@ impl Flow {
             self.head = msg;
             true
         } else {
-            self.rest.push_back(msg);
+            self.rest.push_back(Queued {
+                id: msg.id,
+                len: msg.len,
+            });
             false
         }
     }
@@ -84,7 +88,11 @@ impl Flow {
     pub(super) fn pop(&mut self) -> bool {
         match self.rest.pop_front() {
             Some(next) => {
-                self.head = next;
+                self.head = Pending {
+                    id: next.id,
+                    len: next.len,
+                    sent: 0,
+                };
                 false
             }
             None => {
@@ -94,10 +102,10 @@ impl Flow {
         }
     }
 
-    /// Queued messages, head first.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Pending> {
-        let head = (!self.is_empty()).then_some(&self.head);
-        head.into_iter().chain(self.rest.iter())
+    /// Unsent bytes of each queued message (bytes), head first.
+    pub(super) fn unsent(&self) -> impl Iterator<Item = u64> {
+        let head = (!self.is_empty()).then(|| self.head.len - self.head.sent);
+        head.into_iter().chain(self.rest.iter().map(|q| q.len))
     }
 }
 

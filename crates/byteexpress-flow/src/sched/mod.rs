@@ -44,6 +44,7 @@ mod chunk;
 mod config;
 mod error;
 mod flow;
+mod ring;
 mod scheduler;
 mod types;
 

@@ -70,8 +70,8 @@ impl Scheduler {
                 round.remove(&mut self.slots, c, conn.slot, quantum);
             }
             let flow = std::mem::take(&mut self.slots[conn.slot as usize].flows[c]);
-            let bytes: u64 = flow.iter().map(|p| p.len - p.sent).sum();
-            dropped.messages += flow.iter().count() as u64;
+            let bytes: u64 = flow.unsent().sum();
+            dropped.messages += flow.unsent().count() as u64;
             dropped.bytes += bytes;
             round.backlog -= bytes;
         }
@@ -169,15 +169,23 @@ impl Scheduler {
     /// [`Credits::can_send_bulk`](crate::credit::Credits::can_send_bulk)).
     #[inline]
     pub fn next_by_class(&mut self, can_send: impl FnOnce(u32, Class) -> bool) -> Option<Grant> {
-        let class = self.peek_class()?;
+        // The rule of `peek_class`, each class with its own DRR step so that the class (its
+        // round and flow offsets) is a constant there.
+        let latency = !self.rounds[0].is_empty();
         let bulk = !self.rounds[1].is_empty();
-        let grant = self.drr_next(class, |len| can_send(len, class))?;
-        // One more latency grant in a row beside a bulk backlog, else the streak ends. (A
-        // latency grant beside bulk needs streak < latency_burst, so only a streak that ends
-        // can wrap here, and it becomes 0 anyway.)
-        let extends = u32::from(class == Class::Latency && bulk);
-        self.latency_streak = self.latency_streak.wrapping_add(1) * extends;
-        Some(grant)
+        if latency && (!bulk || self.latency_streak < self.cfg.latency_burst()) {
+            let grant = self.drr_next(Class::Latency, |len| can_send(len, Class::Latency))?;
+            // One more latency grant in a row beside a bulk backlog (below latency_burst
+            // before, so no overflow), else no streak.
+            self.latency_streak = if bulk { self.latency_streak + 1 } else { 0 };
+            Some(grant)
+        } else if bulk {
+            let grant = self.drr_next(Class::Bulk, |len| can_send(len, Class::Bulk))?;
+            self.latency_streak = 0;
+            Some(grant)
+        } else {
+            None
+        }
     }
 
     /// The class whose chunk [`Scheduler::next`] designates now, `None` when nothing is
@@ -232,10 +240,13 @@ impl Scheduler {
             last: chunk.last,
         };
         let len = u64::from(chunk.len);
-        flow.head.sent += len;
         flow.deficit -= len;
         round.backlog -= len;
-        if chunk.last && flow.pop() {
+        if !chunk.last {
+            flow.head.sent += len;
+        } else if flow.pop() {
+            // The message is done: its `sent` needs no update, as `pop` replaced the head (or
+            // marked it none). The queue emptied: the connection leaves the round.
             flow.deficit = 0;
             let next = std::mem::replace(&mut flow.next, NIL);
             round.pass_turn(&mut self.slots, c, next, quantum);
@@ -261,9 +272,8 @@ impl Scheduler {
 
     /// Unsent bytes queued on `conn` in `class` (unit: bytes); 0 for an unknown connection.
     pub fn queued_bytes(&self, conn: ConnId, class: Class) -> u64 {
-        self.slot(conn).map_or(0, |s| {
-            s.flows[class.index()].iter().map(|p| p.len - p.sent).sum()
-        })
+        self.slot(conn)
+            .map_or(0, |s| s.flows[class.index()].unsent().sum())
     }
 
     fn slot(&self, conn: ConnId) -> Option<&Slot> {

@@ -66,8 +66,8 @@ pub enum Offer {
     /// Nothing was queued and the gate admitted it: post this grant (the whole message, one
     /// chunk) now.
     Granted(Grant),
-    /// Queued under this id, as [`Scheduler::enqueue`] does; [`Scheduler::next`](super::Scheduler::next)
-    /// grants its chunks.
+    /// Queued under this id, as [`Scheduler::enqueue`](super::Scheduler::enqueue) does;
+    /// [`Scheduler::next`](super::Scheduler::next) grants its chunks.
     Queued(MsgId),
 }
 
