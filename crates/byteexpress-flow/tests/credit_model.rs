@@ -62,6 +62,8 @@ struct Side {
     send_cqes_polled: usize,
     /// Credits the peer returned so far (unit: credits).
     returned: usize,
+    /// Credits this side put in the headers it sent (unit: credits).
+    returns_sent: u64,
     /// Polled credit returns, by which came first: the return covering our n-th data SEND
     /// (the peer cannot return n credits before receiving n of them) or that SEND's own send
     /// completion.
@@ -141,6 +143,7 @@ impl Model {
                 sends_posted: 0,
                 send_cqes_polled: 0,
                 returned: 0,
+                returns_sent: 0,
                 returns_before_send_cqe: 0,
                 send_cqe_before_returns: 0,
             }
@@ -199,6 +202,7 @@ impl Model {
         }
         let side = &mut self.sides[s];
         let pb = side.credits.try_send_data().expect("credit checked");
+        side.returns_sent += u64::from(pb.credits);
         side.queues.try_post_send().expect("slot checked");
         side.data_sends.push(side.sends_posted);
         side.sends_posted += 1;
@@ -220,6 +224,7 @@ impl Model {
         }
         match side.credits.poll_update() {
             Some(pb) => {
+                side.returns_sent += u64::from(pb.credits);
                 side.queues.try_post_send().expect("slot checked");
                 side.sends_posted += 1;
                 self.wires[s].push_back(Msg {
@@ -364,6 +369,10 @@ impl Model {
                 "a slot return is owed by a side with no credit"
             );
             assert!(side.free_data <= self.grant);
+            // The credit counters (derived from the state) match what crossed the wire.
+            let stats = c.stats();
+            assert_eq!(stats.credits_returned, side.returns_sent, "side {s}");
+            assert_eq!(stats.credits_received, side.returned as u64, "side {s}");
             // WRs outstanding, counted from the model: on the wire, delivered but not yet
             // acknowledged, or completed but not yet polled.
             let sends = self.wires[s].len() as u32 + side.acks_due + count_send_cqes(&side.cq);

@@ -12,6 +12,8 @@ use super::CreditError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CreditConfig {
     grant: u32,
+    /// `max(1, grant / 2)`, read on every `poll_update`.
+    update_threshold: u32,
 }
 
 impl CreditConfig {
@@ -23,7 +25,10 @@ impl CreditConfig {
         if grant == 0 {
             return Err(CreditError::ZeroGrant);
         }
-        Ok(Self { grant })
+        Ok(Self {
+            grant,
+            update_threshold: (grant / 2).max(1),
+        })
     }
 
     /// Data buffers granted to the peer (unit: buffers); at least 1.
@@ -36,7 +41,7 @@ impl CreditConfig {
     /// `max(1, grant / 2)` (unit: credits); always in `1..=grant`.
     #[inline]
     pub fn update_threshold(&self) -> u32 {
-        (self.grant / 2).max(1)
+        self.update_threshold
     }
 
     /// Credits the bulk class leaves to the latency class: `grant - update_threshold()`

@@ -109,7 +109,17 @@ impl Credits {
 
     /// Counters since creation.
     pub fn stats(&self) -> CreditStats {
-        self.stats
+        // Two counters follow from the state instead of being counted per message: every
+        // data buffer received is unreposted, pending or returned; and the credits we hold
+        // (usable or in escrow) are the grant, less the data sent, plus the credits received.
+        let s = self.stats;
+        let unreturned = u64::from(self.unreposted_data) + u64::from(self.pending);
+        let held = u64::from(self.send_credits) + u64::from(self.escrow);
+        CreditStats {
+            credits_returned: s.data_received - unreturned,
+            credits_received: held + s.data_sent - u64::from(self.cfg.grant()),
+            ..s
+        }
     }
 
     /// Sends a data message if a credit is available: consumes one credit and returns the
@@ -174,7 +184,6 @@ impl Credits {
         if pb.slot_return {
             self.tx_slot_busy = false;
         }
-        self.stats.credits_received += u64::from(pb.credits);
         match kind {
             MsgKind::Data => {
                 self.send_credits += pb.credits;
@@ -225,7 +234,6 @@ impl Credits {
     fn take_piggyback(&mut self) -> Piggyback {
         let credits = std::mem::take(&mut self.pending);
         self.peer_credits += credits;
-        self.stats.credits_returned += u64::from(credits);
         let slot_return = self.rx_slot == RxSlot::ReturnOwed;
         if slot_return {
             self.rx_slot = RxSlot::Posted;

@@ -101,7 +101,12 @@ impl Window {
 
     /// Counters since creation.
     pub fn stats(&self) -> WindowStats {
-        self.stats
+        // Bytes posted are those completed plus those in flight: derived, not counted on
+        // every post.
+        WindowStats {
+            posted_bytes: self.stats.completed_bytes.wrapping_add(self.in_flight),
+            ..self.stats
+        }
     }
 
     /// Whether [`Window::try_post`] of `bytes` would be admitted now (both caps). Pure.
@@ -154,7 +159,6 @@ impl Window {
         self.in_flight = qp_sum;
         dev.set_in_flight(dev_sum);
         self.stats.posted += 1;
-        self.stats.posted_bytes = self.stats.posted_bytes.wrapping_add(bytes);
         self.stats.escapes += u64::from(over_cap);
         Ok(Ticket { bytes, over_cap })
     }
