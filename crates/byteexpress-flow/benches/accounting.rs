@@ -1,14 +1,21 @@
 //! Per-message cost of the flow-control hot path: credits (`try_send_data` + `on_receive`),
-//! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together
-//! (one message per iteration: `all_one_msg_two_way`, where the ends take turns and each
-//! message's header returns the credit of the one before, and `all_one_msg_one_way`, where
-//! explicit updates do), and together with the send-slot and CQ-entry accounting of
-//! `QueueBudget` (`all_one_msg_two_way_sq_cq`); and under a standing backlog, one message at
-//! a time through DRR (`all_one_msg_two_way_backlogged`) and as the RDMA engine of
-//! `byteexpress-rpc` accounts for it, in rounds of 8 chunks that charge the windows once and
-//! whose send completions, polled together, release them once (`all_batch8_two_way_backlogged`,
-//! time per message). The loops live in
-//! [`hot_path`], shared with `examples/ir_count.rs` (instruction counts).
+//! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together.
+//!
+//! Together (`all_*`), each message is accounted for at both ends of a link, each end with a
+//! scheduler of 8 connections, its QP window (static 256 KiB, the RDMA link's default) and a
+//! capped device window:
+//! - `all_one_msg_two_way`: one message per iteration, the ends taking turns, each message's
+//!   header returning the credit of the one before;
+//! - `all_one_msg_one_way`: every message one way, credits back in explicit updates;
+//! - `all_one_msg_two_way_sq_cq`: two-way, with the send-slot and CQ-entry accounting of
+//!   `QueueBudget`;
+//! - `all_one_msg_two_way_adaptive`: two-way, with adaptive windows;
+//! - under a standing backlog, one message at a time through DRR
+//!   (`all_one_msg_two_way_backlogged`), and as the RDMA engine of `byteexpress-rpc` accounts
+//!   for it: in rounds of 8 chunks that charge the windows once and whose send completions,
+//!   polled together, release them once (`all_batch8_two_way_backlogged`, time per message).
+//!
+//! The loops live in [`hot_path`], shared with `examples/ir_count.rs` (instruction counts).
 //!
 //! Run: `cargo bench -p byteexpress-flow --bench accounting`
 
@@ -20,7 +27,7 @@ use std::time::Instant;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use hot_path::{
-    AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_BACKLOGGED,
+    AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
     TWO_WAY_WITH_QUEUES, UPDATE,
 };
 use hot_path::{Batched, WindowAdaptive, WindowStatic};
@@ -68,6 +75,11 @@ fn bench(c: &mut Criterion) {
         AllOne::<TWO_WAY_WITH_QUEUES>::new(),
     );
     run(&mut g, "all_batch8_two_way_backlogged", Batched::new());
+    run(
+        &mut g,
+        "all_one_msg_two_way_adaptive",
+        AllOne::<TWO_WAY_ADAPTIVE>::new(),
+    );
     g.finish();
 }
 

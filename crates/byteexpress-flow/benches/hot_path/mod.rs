@@ -204,9 +204,14 @@ pub const TWO_WAY_WITH_QUEUES: u8 = 2;
 /// its 8 connections (a message joins the back of its queue; the one granted is the head
 /// of the connection whose turn it is).
 pub const TWO_WAY_BACKLOGGED: u8 = 3;
+/// As [`TWO_WAY`], the QP windows adaptive (`Config::window_target_delay` set) instead of the
+/// default static cap.
+pub const TWO_WAY_ADAPTIVE: u8 = 4;
 
 /// One end of a link: its scheduler (8 connections), QP window and device window, credits and
-/// queue budget.
+/// queue budget. The QP window is the RDMA link's default (`byteexpress-rpc`'s
+/// `Config::window_bytes`, static 256 KiB) or the adaptive one; the device window is capped
+/// (16 MiB), so its account is kept too.
 struct End {
     s: Scheduler,
     conns: Vec<ConnId>,
@@ -217,7 +222,7 @@ struct End {
 }
 
 impl End {
-    fn new() -> Self {
+    fn new(adaptive: bool) -> Self {
         let (s, conns) = warm_sched(8);
         let qcfg = QueueConfig::new(128, 65, 128 + 65).unwrap();
         let mut queues = QueueBudget::new(qcfg);
@@ -229,7 +234,11 @@ impl End {
             conns,
             credits: Credits::new(CreditConfig::new(64).unwrap()),
             queues,
-            w: adaptive_window(),
+            w: if adaptive {
+                adaptive_window()
+            } else {
+                Window::fixed(256 << 10).unwrap()
+            },
             dev: DeviceWindow::new(16 << 20).unwrap(),
         }
     }
@@ -290,7 +299,8 @@ impl End {
 /// credits in explicit updates (their receive and re-post counted too);
 /// `all_one_msg_two_way_sq_cq` ([`TWO_WAY_WITH_QUEUES`]): as two-way, every SEND also taking
 /// a send slot and its CQ entry, the receive completion freeing a receive entry that the
-/// re-post takes again, the send completion freeing the slot.
+/// re-post takes again, the send completion freeing the slot; `all_one_msg_two_way_adaptive`
+/// ([`TWO_WAY_ADAPTIVE`]): as two-way, with adaptive windows.
 pub struct AllOne<const R: u8> {
     a: End,
     b: End,
@@ -300,7 +310,8 @@ pub struct AllOne<const R: u8> {
 
 impl<const R: u8> AllOne<R> {
     pub fn new() -> Self {
-        let (mut a, mut b) = (End::new(), End::new());
+        let adaptive = R == TWO_WAY_ADAPTIVE;
+        let (mut a, mut b) = (End::new(adaptive), End::new(adaptive));
         if R == TWO_WAY_BACKLOGGED {
             for end in [&mut a, &mut b] {
                 for _ in 0..8 {
