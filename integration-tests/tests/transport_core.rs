@@ -538,6 +538,14 @@ async fn stalled_receiver_backpressures_through_credits_without_rnr_and_keeps_or
         st.credit_blocked > before.credit_blocked,
         "the client waited for credits: {st:?}"
     );
+    // The credits the stall held came back together, so a round posted several of the
+    // queued calls, charging the windows once.
+    let rounds = st.send_rounds - before.send_rounds;
+    let chunks = st.chunks_sent - before.chunks_sent;
+    assert!(
+        rounds < chunks,
+        "{rounds} send rounds for {chunks} chunks: {st:?}"
+    );
     assert_eq!(st.qp_state, Some(QpState::Rts), "{st:?}");
     assert_eq!((st.qp_errors, st.rnr_errors), (0, 0), "{st:?}");
 }

@@ -23,6 +23,9 @@ pub struct LinkStats {
     pub window_escapes: u64,
     /// Data SENDs posted (one per chunk; a message that fits one chunk is one SEND).
     pub chunks_sent: u64,
+    /// Rounds of the RDMA engine that posted data SENDs: each charged the windows once for the
+    /// chunks it granted, so `chunks_sent / send_rounds` is the mean batch.
+    pub send_rounds: u64,
     /// Messages sent in more than one chunk.
     pub messages_chunked: u64,
     /// Messages received in more than one chunk and reassembled (one copy each).
@@ -52,6 +55,7 @@ pub(crate) struct LinkCounters {
     pub window_blocked: AtomicU64,
     pub window_escapes: AtomicU64,
     pub chunks_sent: AtomicU64,
+    pub send_rounds: AtomicU64,
     pub messages_chunked: AtomicU64,
     pub messages_reassembled: AtomicU64,
     pub copied_out: AtomicU64,
@@ -79,6 +83,7 @@ impl LinkCounters {
             window_blocked: g(&self.window_blocked),
             window_escapes: g(&self.window_escapes),
             chunks_sent: g(&self.chunks_sent),
+            send_rounds: g(&self.send_rounds),
             messages_chunked: g(&self.messages_chunked),
             messages_reassembled: g(&self.messages_reassembled),
             copied_out: g(&self.copied_out),

@@ -558,6 +558,7 @@ impl Engine {
             if ticket.over_cap {
                 LinkCounters::bump(&self.counters.window_escapes);
             }
+            LinkCounters::bump(&self.counters.send_rounds);
         }
         Ok((batch, bytes))
     }
