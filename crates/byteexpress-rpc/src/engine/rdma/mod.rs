@@ -13,9 +13,9 @@
 //! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
 //! and in its device's shared window ([`device_window`]). Both windows are charged the chunks'
 //! wire bytes when they are posted, once for all the chunks one round posts
-//! (`Window::can_post_more`), and released when their send completions are polled, once per
-//! poll of the CQ, with the largest completion RTT of the poll (µs since post). A bulk chunk
-//! leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds
+//! (`Window::can_post_more`), and released when their send completions are polled: once per
+//! poll of the CQ with a static window, one by one with the completion's RTT (µs since post)
+//! when the window adapts to it. A bulk chunk leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds
 //! at most the update threshold (half the grant) unreturned: a small message never waits for a
 //! credit, and waits at the receiver behind at most that many chunks.
 //!
@@ -175,6 +175,7 @@ pub(crate) fn spawn(
         held_until: None,
         delivered: false,
         arrived: None,
+        batch: Vec::new(),
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer));
     link
@@ -198,13 +199,11 @@ struct SendMeta {
     posted_at: Instant,
 }
 
-/// SEND completions of one CQ poll, released from the windows together.
+/// SEND completions of one CQ poll, released from a static window together.
 #[derive(Default)]
 struct SendsDone {
     /// Bytes they had charged.
     bytes: u64,
-    /// The largest post → completion time among them (µs).
-    rtt_us: u64,
 }
 
 /// What one [`Engine::step`] did.
@@ -252,6 +251,9 @@ struct Engine {
     /// A message taken from the callers' channel while the engine slept, for
     /// [`Engine::send_queued`] to offer first.
     arrived: Option<Outgoing>,
+    /// The chunks of the round being posted ([`Engine::grant_batch`]), kept to reuse its
+    /// capacity.
+    batch: Vec<(Next, Piggyback)>,
 }
 
 impl Engine {
@@ -346,16 +348,17 @@ impl Engine {
             .poll(&mut wcs)
             .map_err(|e| Status::new(Code::Unavailable, format!("poll_cq: {e}")))?;
         self.delivered = false;
-        // The SEND completions of one poll release the windows once (their bytes summed, the
-        // largest RTT): completions may be merged (`Window::on_complete`).
+        // With a static window the SEND completions of one poll release the windows once,
+        // their bytes summed (completions may be merged, `Window::on_complete`; the RTT plays
+        // no part).
         let mut done = SendsDone::default();
         for wc in &wcs[..n] {
             if let Err(why) = self.on_completion(wc, &mut done) {
-                let _ = self.release(done.bytes, done.rtt_us);
+                let _ = self.release(done.bytes, 0);
                 return Err(why);
             }
         }
-        self.release(done.bytes, done.rtt_us)?;
+        self.release(done.bytes, 0)?;
         let sent = self.send_queued(rx)?;
         if self.delivered {
             return Ok(Round::Delivered);
@@ -374,8 +377,8 @@ impl Engine {
         })
     }
 
-    /// Handles one completion; a SEND's charged bytes and RTT are added to `done`, for the
-    /// caller to release.
+    /// Handles one completion. A SEND releases its window charge: at once with an adaptive
+    /// window, else added to `done` for the caller to release with the rest of the poll.
     fn on_completion(&mut self, wc: &Wc, done: &mut SendsDone) -> Result<(), Status> {
         if wc.status != WcStatus::Success {
             LinkCounters::bump(&self.counters.qp_errors);
@@ -397,8 +400,13 @@ impl Engine {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
                 if let Some((_buf, f)) = self.send_posted.complete(wc) {
-                    done.bytes += f.charged;
-                    done.rtt_us = done.rtt_us.max(f.posted_at.elapsed().as_micros() as u64);
+                    let rtt_us = f.posted_at.elapsed().as_micros() as u64;
+                    if self.parts.window.adaptive_config().is_some() {
+                        // The adaptive window reacts to each completion's RTT.
+                        self.release(f.charged, rtt_us)?;
+                    } else {
+                        done.bytes += f.charged;
+                    }
                 }
                 Ok(())
             }
@@ -439,9 +447,9 @@ impl Engine {
     /// needs, charging the windows once for all of them; then each is copied and posted.
     /// A large message's chunk ends the batch, so the CQ is polled between two chunk copies.
     fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
-        let (batch, mut unposted) = self.grant_batch(rx)?;
+        let (mut batch, mut unposted) = self.grant_batch(rx)?;
         let sent = !batch.is_empty();
-        for (n, pb) in batch {
+        for (n, pb) in batch.drain(..) {
             let wire = u64::from(n.wire);
             let posted = self.post_chunk(n, pb);
             if let Err(why) = posted {
@@ -451,6 +459,7 @@ impl Engine {
             }
             unposted -= wire;
         }
+        self.batch = batch;
         if self.queues.can_post_send()
             && self.parts.send_pool.available() > 0
             && let Some(pb) = self.credits.poll_update()
@@ -476,9 +485,11 @@ impl Engine {
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     ) -> Result<(Vec<(Next, Piggyback)>, u64), Status> {
-        let mut batch = Vec::new();
+        let mut batch = std::mem::take(&mut self.batch);
         let mut bytes = 0u64;
-        let mut dev = self.parts.device_window.lock();
+        // The device's window, shared with its other links, is locked once there is something
+        // to post, and held until the batch is charged (so what the gate admitted still fits).
+        let mut dev = None;
         loop {
             // A message that finds the outbox empty is offered on arrival (the scheduler's
             // idle bypass); any more are queued behind it, in order.
@@ -504,6 +515,7 @@ impl Engine {
                 }
                 break;
             }
+            let dev = dev.get_or_insert_with(|| self.parts.device_window.lock());
             let mut wait = None;
             let (credits, window) = (&self.credits, &self.parts.window);
             let gate = |len: u32, class| {
@@ -513,7 +525,7 @@ impl Engine {
                 };
                 wait = if !credit {
                     Some(Wait::Credit)
-                } else if !window.can_post_more(&dev, bytes, len.into()) {
+                } else if !window.can_post_more(dev, bytes, len.into()) {
                     Some(Wait::Window)
                 } else {
                     None
@@ -549,11 +561,11 @@ impl Engine {
                 break;
             }
         }
-        if bytes > 0 {
+        if let Some(dev) = dev.as_mut().filter(|_| bytes > 0) {
             let ticket = self
                 .parts
                 .window
-                .try_post(&mut dev, bytes)
+                .try_post(dev, bytes)
                 .map_err(|b| Status::new(Code::Internal, format!("window: {b:?}")))?;
             if ticket.over_cap {
                 LinkCounters::bump(&self.counters.window_escapes);

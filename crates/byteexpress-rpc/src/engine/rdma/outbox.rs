@@ -78,9 +78,10 @@ impl Outbox {
         }
     }
 
-    /// Whether nothing waits.
+    /// Whether nothing waits for a grant (a message whose last chunk was granted waits only
+    /// for [`Outbox::finish`], and does not count).
     pub(super) fn is_empty(&self) -> bool {
-        self.msgs.is_empty()
+        self.sched.is_empty()
     }
 
     /// Queues `msg`.
