@@ -89,6 +89,10 @@ fn data_carries_all_pending_returns_and_clears_them() {
     assert_eq!(c.pending_returns(), 0);
     assert_eq!(c.try_send_data().unwrap().credits, 0);
     assert_eq!(c.stats().credits_returned, 3);
+    assert!(
+        format!("{c:?}").contains("credits_returned: 3"),
+        "Debug shows the derived counters: {c:?}"
+    );
 }
 
 #[test]

@@ -305,7 +305,7 @@ proptest! {
         dev_cap in 1u64..600_000,
         qp_before in prop_oneof![Just(0u64), 1u64..300_000],
         dev_other in prop_oneof![Just(0u64), 1u64..300_000],
-        posts in proptest::collection::vec(1u64..100_000, 1..12),
+        posts in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..100_000], 1..12),
     ) {
         // The same starting state twice: something in flight on this QP and on another QP of
         // the device (each put there by an admitted post).

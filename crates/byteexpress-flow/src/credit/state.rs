@@ -24,7 +24,7 @@ enum RxSlot {
 /// - `peer_credits + unreposted_data + pending == grant` (what the peer may hold, what we hold,
 ///   what we owe back);
 /// - a `slot_return` is owed only while `send_credits >= 1` (the liveness invariant).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Credits {
     cfg: CreditConfig,
     /// Data messages we may still send (unit: credits).
@@ -242,5 +242,22 @@ impl Credits {
             credits,
             slot_return,
         }
+    }
+}
+
+impl std::fmt::Debug for Credits {
+    /// The fields, with the counters as [`Credits::stats`] gives them (two are derived).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credits")
+            .field("cfg", &self.cfg)
+            .field("send_credits", &self.send_credits)
+            .field("escrow", &self.escrow)
+            .field("tx_slot_busy", &self.tx_slot_busy)
+            .field("pending", &self.pending)
+            .field("unreposted_data", &self.unreposted_data)
+            .field("peer_credits", &self.peer_credits)
+            .field("rx_slot", &self.rx_slot)
+            .field("stats", &self.stats())
+            .finish()
     }
 }

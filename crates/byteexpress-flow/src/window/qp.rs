@@ -30,7 +30,7 @@ pub struct Blocked {
 
 /// Bytes in flight on one QP, capped statically or adaptively; posts also charge the
 /// device's [`DeviceWindow`]. Rules: [module docs](super).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Window {
     /// The cap now (bytes): the static cap, or the adaptive controller's window, copied
     /// after each completion so admission reads one field.
@@ -121,9 +121,9 @@ impl Window {
     /// For batching the accounting of several SENDs posted in one go: gather them while this
     /// answers `true` (with `batch` = the bytes gathered before), then charge them all with
     /// one `try_post`. The rule is the admission rule of each account applied to the batch's
-    /// total, with the single-chunk escape for the batch's first post only, so a batch is
-    /// over a cap only when it is one post, as for posts charged one by one. `batch == 0` is
-    /// [`Window::can_post`].
+    /// total, with the single-chunk escape while the batch holds no bytes yet, so a batch is
+    /// over a cap only when it holds one post of more than 0 bytes, as for posts charged one
+    /// by one. `batch == 0` is [`Window::can_post`].
     #[inline]
     pub fn can_post_more(&self, dev: &DeviceWindow, batch: u64, bytes: u64) -> bool {
         admits_more(self.in_flight, self.cap, batch, bytes) && dev.admits_more(batch, bytes)
@@ -207,5 +207,17 @@ impl Window {
         }
         self.cap = aimd.cwnd();
         Ok(adjust)
+    }
+}
+
+impl std::fmt::Debug for Window {
+    /// The fields, with the counters as [`Window::stats`] gives them (one is derived).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("cap", &self.cap)
+            .field("aimd", &self.aimd)
+            .field("in_flight", &self.in_flight)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
