@@ -374,7 +374,8 @@ pub const BATCH: usize = 8;
 
 impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
-    /// [`BATCH`] messages join the back of their connections' queues (one per connection);
+    /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
+    /// connection);
     /// the scheduler grants [`BATCH`] chunks through the gate (a credit, and room for the
     /// batch so far in both windows: `Window::can_post_more`), each taking its credit; the
     /// windows are charged once for the batch; the receiver takes and re-posts each; the
@@ -383,7 +384,7 @@ impl End {
     #[inline(never)]
     fn send_batch(&mut self, to: &mut End, now: u64) -> u64 {
         for &c in &self.conns[..BATCH] {
-            self.s.enqueue(c, Class::Bulk, black_box(4096)).unwrap();
+            self.s.enqueue(c, Class::Latency, black_box(4096)).unwrap();
         }
         let mut bytes = 0u64;
         for _ in 0..BATCH {
@@ -405,10 +406,12 @@ impl End {
     }
 }
 
-/// `all_batch8_two_way_backlogged`: both ends hold a standing backlog of 8 messages on each
-/// of their 8 connections (as [`TWO_WAY_BACKLOGGED`]) and take turns; a turn is
-/// [`End::send_batch`]: [`BATCH`] messages queued, granted, credited, received and completed,
-/// the windows charged and released once. The time is reported per message.
+/// `all_batch8_two_way_backlogged`: both ends hold a standing backlog of 8 single-chunk
+/// messages on each of their 8 connections (latency class, as the RDMA engine classes a
+/// message that fits one chunk; a chunk of a larger message ends the engine's batch) and take
+/// turns; a turn is [`End::send_batch`]: [`BATCH`] messages queued, granted, credited,
+/// received and completed, the windows charged and released once. The time is reported per
+/// message.
 pub struct Batched {
     a: End,
     b: End,
@@ -418,7 +421,14 @@ pub struct Batched {
 
 impl Batched {
     pub fn new() -> Self {
-        let AllOne { a, b, .. } = AllOne::<TWO_WAY_BACKLOGGED>::new();
+        let (mut a, mut b) = (End::new(false), End::new(false));
+        for end in [&mut a, &mut b] {
+            for _ in 0..8 {
+                for &c in &end.conns {
+                    end.s.enqueue(c, Class::Latency, 4096).unwrap();
+                }
+            }
+        }
         Self {
             a,
             b,
