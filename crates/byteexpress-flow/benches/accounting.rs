@@ -30,7 +30,7 @@ use hot_path::{
     AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
     TWO_WAY_WITH_QUEUES, UPDATE,
 };
-use hot_path::{Batched, WindowAdaptive, WindowStatic};
+use hot_path::{Batched, BulkChunks, WindowAdaptive, WindowStatic};
 
 /// Benchmarks `case` as `name` (monomorphised: the step inlines into criterion's loop), the
 /// time reported per message ([`Case::messages`] per step).
@@ -75,6 +75,11 @@ fn bench(c: &mut Criterion) {
         AllOne::<TWO_WAY_WITH_QUEUES>::new(),
     );
     run(&mut g, "all_batch8_two_way_backlogged", Batched::new());
+    run(
+        &mut g,
+        "all_bulk_chunk_two_way_backlogged",
+        BulkChunks::new(),
+    );
     run(
         &mut g,
         "all_one_msg_two_way_adaptive",

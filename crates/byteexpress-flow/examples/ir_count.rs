@@ -14,7 +14,7 @@ use hot_path::{
     AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
     TWO_WAY_WITH_QUEUES, UPDATE,
 };
-use hot_path::{Batched, WindowAdaptive, WindowStatic};
+use hot_path::{Batched, BulkChunks, WindowAdaptive, WindowStatic};
 
 /// Runs `case` for `n` messages (`n / messages()` iterations, rounded up) through a reference
 /// the optimiser cannot see through, so the state stays in memory between iterations (as
@@ -40,7 +40,7 @@ fn main() {
 }
 
 /// Every case by name, in report order.
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 12] = [
     "credit_2msgs",
     "window_static",
     "window_adaptive",
@@ -51,6 +51,7 @@ const NAMES: [&str; 11] = [
     "all_one_msg_two_way_backlogged",
     "all_one_msg_two_way_sq_cq",
     "all_batch8_two_way_backlogged",
+    "all_bulk_chunk_two_way_backlogged",
     "all_one_msg_two_way_adaptive",
 ];
 
@@ -67,6 +68,7 @@ fn with_case(name: &str, f: &mut dyn FnMut(&mut dyn Case)) -> bool {
         "all_one_msg_two_way_backlogged" => f(&mut AllOne::<TWO_WAY_BACKLOGGED>::new()),
         "all_one_msg_two_way_sq_cq" => f(&mut AllOne::<TWO_WAY_WITH_QUEUES>::new()),
         "all_batch8_two_way_backlogged" => f(&mut Batched::new()),
+        "all_bulk_chunk_two_way_backlogged" => f(&mut BulkChunks::new()),
         "all_one_msg_two_way_adaptive" => f(&mut AllOne::<TWO_WAY_ADAPTIVE>::new()),
         _ => return false,
     }
