@@ -382,6 +382,7 @@ impl Model {
                 self.qcfg.sq_depth()
             );
             assert_eq!(sends, side.queues.sends_outstanding());
+            assert_eq!(side.queues.free_sends(), self.qcfg.send_limit() - sends);
             // CQEs owed: one per outstanding send, per posted receive and per unpolled
             // receive CQE.
             let recvs = side.free_data

@@ -180,6 +180,13 @@ impl QueueBudget {
         self.send_blocked
     }
 
+    /// Send slots (with their CQ entries) free now: `send_limit - sends_outstanding` (unit:
+    /// WRs), for a caller that takes several before posting them.
+    #[inline]
+    pub fn free_sends(&self) -> u32 {
+        self.send_limit - self.sends
+    }
+
     /// Whether a SEND may be posted now (a free SQ slot and a free CQ entry).
     #[inline]
     pub fn can_post_send(&self) -> bool {

@@ -15,9 +15,10 @@
 //! wire bytes when they are posted, once for all the chunks one round posts
 //! (`Window::can_post_more`), and released when their send completions are polled: once per
 //! poll of the CQ with a static window, one by one with the completion's RTT (µs since post)
-//! when the window adapts to it. A bulk chunk leaves `CreditConfig::latency_reserve` credits untouched, so bulk holds
-//! at most the update threshold (half the grant) unreturned: a small message never waits for a
-//! credit, and waits at the receiver behind at most that many chunks.
+//! when the window adapts to it. A bulk chunk leaves `CreditConfig::latency_reserve` credits
+//! untouched, so bulk holds at most the update threshold (half the grant) unreturned: a small
+//! message never waits for a credit, and waits at the receiver behind at most that many
+//! chunks.
 //!
 //! Receive buffers come from a pool registered once; a single-chunk message reaches the
 //! application as a slice of its receive buffer (zero copy) and the buffer returns to the pool
@@ -199,13 +200,6 @@ struct SendMeta {
     posted_at: Instant,
 }
 
-/// SEND completions of one CQ poll, released from a static window together.
-#[derive(Default)]
-struct SendsDone {
-    /// Bytes they had charged.
-    bytes: u64,
-}
-
 /// What one [`Engine::step`] did.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Round {
@@ -351,14 +345,14 @@ impl Engine {
         // With a static window the SEND completions of one poll release the windows once,
         // their bytes summed (completions may be merged, `Window::on_complete`; the RTT plays
         // no part).
-        let mut done = SendsDone::default();
+        let mut done = 0;
         for wc in &wcs[..n] {
             if let Err(why) = self.on_completion(wc, &mut done) {
-                let _ = self.release(done.bytes, 0);
+                let _ = self.release(done, 0);
                 return Err(why);
             }
         }
-        self.release(done.bytes, 0)?;
+        self.release(done, 0)?;
         let sent = self.send_queued(rx)?;
         if self.delivered {
             return Ok(Round::Delivered);
@@ -378,8 +372,9 @@ impl Engine {
     }
 
     /// Handles one completion. A SEND releases its window charge: at once with an adaptive
-    /// window, else added to `done` for the caller to release with the rest of the poll.
-    fn on_completion(&mut self, wc: &Wc, done: &mut SendsDone) -> Result<(), Status> {
+    /// window, else added to `done` (bytes) for the caller to release with the rest of the
+    /// poll.
+    fn on_completion(&mut self, wc: &Wc, done: &mut u64) -> Result<(), Status> {
         if wc.status != WcStatus::Success {
             LinkCounters::bump(&self.counters.qp_errors);
             if wc.status == WcStatus::RnrRetryExcErr {
@@ -400,12 +395,13 @@ impl Engine {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
                 if let Some((_buf, f)) = self.send_posted.complete(wc) {
-                    let rtt_us = f.posted_at.elapsed().as_micros() as u64;
                     if self.parts.window.adaptive_config().is_some() {
-                        // The adaptive window reacts to each completion's RTT.
+                        // The adaptive window reacts to each completion's RTT (the clock is
+                        // read only for it).
+                        let rtt_us = f.posted_at.elapsed().as_micros() as u64;
                         self.release(f.charged, rtt_us)?;
                     } else {
-                        done.bytes += f.charged;
+                        *done += f.charged;
                     }
                 }
                 Ok(())
@@ -507,9 +503,10 @@ impl Engine {
             if fresh.is_none() && self.outbox.is_empty() {
                 break;
             }
-            let slots = self.queues.config().send_limit() - self.queues.sends_outstanding();
             let taken = batch.len();
-            if slots as usize <= taken || self.parts.send_pool.available() <= taken {
+            if self.queues.free_sends() as usize <= taken
+                || self.parts.send_pool.available() <= taken
+            {
                 if let Some(f) = fresh {
                     self.outbox.push(f);
                 }
