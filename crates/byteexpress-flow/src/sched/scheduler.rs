@@ -169,22 +169,22 @@ impl Scheduler {
     /// [`Credits::can_send_bulk`](crate::credit::Credits::can_send_bulk)).
     #[inline]
     pub fn next_by_class(&mut self, can_send: impl FnOnce(u32, Class) -> bool) -> Option<Grant> {
-        // The rule of `peek_class`, each class with its own DRR step so that the class (its
-        // round and flow offsets) is a constant there.
-        let latency = !self.rounds[0].is_empty();
-        let bulk = !self.rounds[1].is_empty();
-        if latency && (!bulk || self.latency_streak < self.cfg.latency_burst()) {
-            let grant = self.drr_next(Class::Latency, |len| can_send(len, Class::Latency))?;
-            // One more latency grant in a row beside a bulk backlog (below latency_burst
-            // before, so no overflow), else no streak.
-            self.latency_streak = if bulk { self.latency_streak + 1 } else { 0 };
-            Some(grant)
-        } else if bulk {
-            let grant = self.drr_next(Class::Bulk, |len| can_send(len, Class::Bulk))?;
-            self.latency_streak = 0;
-            Some(grant)
-        } else {
-            None
+        // Each class with its own DRR step, so that the class (its round and flow offsets) is
+        // a constant there.
+        match self.peek_class()? {
+            Class::Latency => {
+                let bulk = !self.rounds[1].is_empty();
+                let grant = self.drr_next(Class::Latency, |len| can_send(len, Class::Latency))?;
+                // One more latency grant in a row beside a bulk backlog (below latency_burst
+                // before, so no overflow), else no streak.
+                self.latency_streak = if bulk { self.latency_streak + 1 } else { 0 };
+                Some(grant)
+            }
+            Class::Bulk => {
+                let grant = self.drr_next(Class::Bulk, |len| can_send(len, Class::Bulk))?;
+                self.latency_streak = 0;
+                Some(grant)
+            }
         }
     }
 
