@@ -291,6 +291,30 @@ impl End {
     }
 }
 
+/// The two ends of a link, with adaptive QP windows or the default static ones, each with
+/// `per_conn` messages of `len` bytes in `class` queued on every connection.
+fn ends(adaptive: bool, per_conn: usize, class: Class, len: u64) -> (End, End) {
+    let (mut a, mut b) = (End::new(adaptive), End::new(adaptive));
+    for end in [&mut a, &mut b] {
+        for _ in 0..per_conn {
+            for &c in &end.conns {
+                end.s.enqueue(c, class, len).unwrap();
+            }
+        }
+    }
+    (a, b)
+}
+
+/// Asserts that the ends took turns, at most `per_turn` data messages apart, and that credits
+/// came back on data messages only.
+fn assert_took_turns(a: &End, b: &End, per_turn: u64) {
+    let (a, b) = (a.credits.stats(), b.credits.stats());
+    assert!(
+        a.data_sent.abs_diff(b.data_sent) <= per_turn && a.updates_sent + b.updates_sent == 0,
+        "the ends took turns, and credits came back on data messages"
+    );
+}
+
 /// The whole hot path for one message, per iteration: enqueue, schedule gated by window and
 /// credits (and send slots), post (window + credit), the receiver's receive and re-post, the
 /// completion. The credit comes back as `R` says: `all_one_msg_two_way` ([`TWO_WAY`]): the
@@ -310,17 +334,8 @@ pub struct AllOne<const R: u8> {
 
 impl<const R: u8> AllOne<R> {
     pub fn new() -> Self {
-        let adaptive = R == TWO_WAY_ADAPTIVE;
-        let (mut a, mut b) = (End::new(adaptive), End::new(adaptive));
-        if R == TWO_WAY_BACKLOGGED {
-            for end in [&mut a, &mut b] {
-                for _ in 0..8 {
-                    for &c in &end.conns {
-                        end.s.enqueue(c, Class::Bulk, 4096).unwrap();
-                    }
-                }
-            }
-        }
+        let per_conn = if R == TWO_WAY_BACKLOGGED { 8 } else { 0 };
+        let (a, b) = ends(R == TWO_WAY_ADAPTIVE, per_conn, Class::Bulk, 4096);
         Self { a, b, i: 0, now: 0 }
     }
 }
@@ -361,10 +376,7 @@ impl<const R: u8> Case for AllOne<R> {
                 "credits came back in updates"
             );
         } else {
-            assert!(
-                a.data_sent.abs_diff(b.data_sent) <= 1 && a.updates_sent + b.updates_sent == 0,
-                "the ends took turns, and credits came back on data messages"
-            );
+            assert_took_turns(&self.a, &self.b, 1);
         }
     }
 }
@@ -406,64 +418,6 @@ impl End {
     }
 }
 
-/// `all_batch8_two_way_backlogged`: both ends hold a standing backlog of 8 single-chunk
-/// messages on each of their 8 connections (latency class, as the RDMA engine classes a
-/// message that fits one chunk; a chunk of a larger message ends the engine's batch) and take
-/// turns; a turn is [`End::send_batch`]: [`BATCH`] messages queued, granted, credited,
-/// received and completed, the windows charged and released once. The time is reported per
-/// message.
-pub struct Batched {
-    a: End,
-    b: End,
-    now: u64,
-    turn: bool,
-}
-
-impl Batched {
-    pub fn new() -> Self {
-        let (mut a, mut b) = (End::new(false), End::new(false));
-        for end in [&mut a, &mut b] {
-            for _ in 0..8 {
-                for &c in &end.conns {
-                    end.s.enqueue(c, Class::Latency, 4096).unwrap();
-                }
-            }
-        }
-        Self {
-            a,
-            b,
-            now: 0,
-            turn: false,
-        }
-    }
-}
-
-impl Case for Batched {
-    fn messages(&self) -> u64 {
-        BATCH as u64
-    }
-
-    #[inline]
-    fn step(&mut self) -> u64 {
-        self.now += 1;
-        self.turn = !self.turn;
-        if self.turn {
-            self.a.send_batch(&mut self.b, self.now)
-        } else {
-            self.b.send_batch(&mut self.a, self.now)
-        }
-    }
-
-    fn check(&self) {
-        let (a, b) = (self.a.credits.stats(), self.b.credits.stats());
-        assert!(
-            a.data_sent.abs_diff(b.data_sent) <= BATCH as u64
-                && a.updates_sent + b.updates_sent == 0,
-            "the ends took turns, and credits came back on data messages"
-        );
-    }
-}
-
 /// Size of the bulk messages of [`BulkChunks`] (bytes): 16 chunks of 64 KiB.
 const BULK_MESSAGE: u64 = 1 << 20;
 
@@ -502,27 +456,39 @@ impl End {
     }
 }
 
-/// `all_bulk_chunk_two_way_backlogged`: each end keeps two 1 MiB bulk messages queued on
-/// each of its 8 connections and the ends take turns, one chunk (64 KiB) per turn:
-/// [`End::send_bulk_chunk`]. The per-chunk accounting of a bulk push; a message is queued
-/// once per 16 chunks.
-pub struct BulkChunks {
+/// What an end sends in its turn of [`Turns`]: [`End::send_batch`].
+pub const TURN_BATCH: u8 = 0;
+/// [`End::send_bulk_chunk`].
+pub const TURN_BULK_CHUNK: u8 = 1;
+
+/// Two backlogged ends taking turns, a turn being what `T` says; the time is reported per
+/// message.
+pub struct Turns<const T: u8> {
     a: End,
     b: End,
     now: u64,
     turn: bool,
 }
 
-impl BulkChunks {
+/// `all_batch8_two_way_backlogged`: both ends hold a standing backlog of 8 single-chunk
+/// messages on each of their 8 connections (latency class, as the RDMA engine classes a
+/// message that fits one chunk; a chunk of a larger message ends the engine's batch); a turn
+/// is [`End::send_batch`]: [`BATCH`] messages queued, granted, credited, received and
+/// completed, the windows charged and released once.
+pub type Batched = Turns<TURN_BATCH>;
+
+/// `all_bulk_chunk_two_way_backlogged`: each end keeps two 1 MiB bulk messages queued on
+/// each of its 8 connections, one chunk (64 KiB) per turn: [`End::send_bulk_chunk`]. The
+/// per-chunk accounting of a bulk push; a message is queued once per 16 chunks.
+pub type BulkChunks = Turns<TURN_BULK_CHUNK>;
+
+impl<const T: u8> Turns<T> {
     pub fn new() -> Self {
-        let (mut a, mut b) = (End::new(false), End::new(false));
-        for end in [&mut a, &mut b] {
-            for _ in 0..2 {
-                for &c in &end.conns {
-                    end.s.enqueue(c, Class::Bulk, BULK_MESSAGE).unwrap();
-                }
-            }
-        }
+        let (a, b) = if T == TURN_BATCH {
+            ends(false, 8, Class::Latency, 4096)
+        } else {
+            ends(false, 2, Class::Bulk, BULK_MESSAGE)
+        };
         Self {
             a,
             b,
@@ -530,25 +496,35 @@ impl BulkChunks {
             turn: false,
         }
     }
+
+    /// One turn from `from` to `to` at `now` (µs); the bytes charged.
+    #[inline]
+    fn send(from: &mut End, to: &mut End, now: u64) -> u64 {
+        if T == TURN_BATCH {
+            from.send_batch(to, now)
+        } else {
+            from.send_bulk_chunk(to, now)
+        }
+    }
 }
 
-impl Case for BulkChunks {
+impl<const T: u8> Case for Turns<T> {
+    fn messages(&self) -> u64 {
+        if T == TURN_BATCH { BATCH as u64 } else { 1 }
+    }
+
     #[inline]
     fn step(&mut self) -> u64 {
         self.now += 1;
         self.turn = !self.turn;
         if self.turn {
-            self.a.send_bulk_chunk(&mut self.b, self.now)
+            Self::send(&mut self.a, &mut self.b, self.now)
         } else {
-            self.b.send_bulk_chunk(&mut self.a, self.now)
+            Self::send(&mut self.b, &mut self.a, self.now)
         }
     }
 
     fn check(&self) {
-        let (a, b) = (self.a.credits.stats(), self.b.credits.stats());
-        assert!(
-            a.data_sent.abs_diff(b.data_sent) <= 1 && a.updates_sent + b.updates_sent == 0,
-            "the ends took turns, and credits came back on data messages"
-        );
+        assert_took_turns(&self.a, &self.b, self.messages());
     }
 }
