@@ -125,8 +125,6 @@ pub(super) struct Slot {
 pub(super) struct Round {
     pub(super) head: u32,
     pub(super) tail: u32,
-    /// Unsent bytes queued in this class (bytes).
-    pub(super) backlog: u64,
 }
 
 impl Default for Round {
@@ -134,7 +132,6 @@ impl Default for Round {
         Self {
             head: NIL,
             tail: NIL,
-            backlog: 0,
         }
     }
 }
@@ -181,13 +178,23 @@ impl Round {
 
     /// Connections in the round: O(connections in the round).
     pub(super) fn len(&self, slots: &[Slot], c: usize) -> usize {
-        let mut n = 0;
+        self.members(slots, c).count()
+    }
+
+    /// The slots in this round, head first (walks the list).
+    pub(super) fn members<'a>(
+        &self,
+        slots: &'a [Slot],
+        c: usize,
+    ) -> impl Iterator<Item = u32> + 'a {
         let mut at = self.head;
-        while at != NIL {
-            n += 1;
-            at = slots[at as usize].flows[c].next;
-        }
-        n
+        std::iter::from_fn(move || {
+            let slot = at;
+            (slot != NIL).then(|| {
+                at = slots[slot as usize].flows[c].next;
+                slot
+            })
+        })
     }
 
     /// Removes `slot` wherever it is (connection closed): O(connections in the round).

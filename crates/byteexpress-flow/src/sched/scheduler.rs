@@ -73,7 +73,6 @@ impl Scheduler {
             let bytes: u64 = flow.unsent().sum();
             dropped.messages += flow.unsent().count() as u64;
             dropped.bytes += bytes;
-            round.backlog -= bytes;
         }
         let slot = &mut self.slots[conn.slot as usize];
         slot.generation = slot.generation.wrapping_add(1);
@@ -108,7 +107,6 @@ impl Scheduler {
             }
             round.tail = conn.slot;
         }
-        round.backlog += len;
         self.next_msg += 1;
         Ok(id)
     }
@@ -241,7 +239,6 @@ impl Scheduler {
         };
         let len = u64::from(chunk.len);
         flow.deficit -= len;
-        round.backlog -= len;
         if !chunk.last {
             flow.head.sent += len;
         } else if flow.pop() {
@@ -254,9 +251,14 @@ impl Scheduler {
         Some(grant)
     }
 
-    /// Unsent bytes queued in `class` over all connections (unit: bytes).
+    /// Unsent bytes queued in `class` over all connections (unit: bytes). Walks the queues
+    /// (O(messages queued in `class`)): the hot path keeps no running total.
     pub fn backlog(&self, class: Class) -> u64 {
-        self.rounds[class.index()].backlog
+        let c = class.index();
+        self.rounds[c]
+            .members(&self.slots, c)
+            .map(|slot| self.slots[slot as usize].flows[c].unsent().sum::<u64>())
+            .sum()
     }
 
     /// Connections with queued messages in `class` (walks the round: O(that number)).
