@@ -6,7 +6,9 @@
 
 use std::hint::black_box;
 
-use byteexpress_flow::credit::{CreditConfig, Credits, MsgKind, QueueBudget, QueueConfig};
+use byteexpress_flow::credit::{
+    CreditConfig, Credits, MsgKind, Piggyback, QueueBudget, QueueConfig,
+};
 use byteexpress_flow::sched::{Class, ConnId, Offer, SchedConfig, Scheduler};
 use byteexpress_flow::window::{AdaptiveConfig, DeviceWindow, Window};
 
@@ -388,9 +390,11 @@ impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
     /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
     /// connection);
-    /// the scheduler grants [`BATCH`] chunks through the gate (a credit, and room for the
-    /// batch so far in both windows: `Window::can_post_more`), each taking its credit; the
-    /// windows are charged once for the batch; the receiver takes and re-posts each; the
+    /// the scheduler grants [`BATCH`] chunks through the gate (a credit beside those the
+    /// batch holds, `Credits::can_send_more`, and room for the batch so far in both windows,
+    /// `Window::can_post_more`); the batch takes its credits and the windows are charged
+    /// once (`Credits::try_send_data_batch`, `Window::try_post`); the receiver takes each
+    /// message (the first returning credits) and re-posts its buffer; the
     /// sender's CQ poll returns the batch's send completions together, which release the
     /// windows once (at `now`, µs). Returns the bytes charged.
     #[inline(never)]
@@ -399,16 +403,21 @@ impl End {
             self.s.enqueue(c, Class::Latency, black_box(4096)).unwrap();
         }
         let mut bytes = 0u64;
-        for _ in 0..BATCH {
+        for taken in 0..BATCH as u32 {
             let (w, dev, credits) = (&self.w, &self.dev, &self.credits);
             let g = self
                 .s
                 .next_by_class(|len, _| {
-                    credits.can_send() && w.can_post_more(dev, bytes, len.into())
+                    credits.can_send_more(taken) && w.can_post_more(dev, bytes, len.into())
                 })
                 .unwrap();
             bytes += u64::from(g.len);
-            let pb = self.credits.try_send_data().unwrap();
+        }
+        // The headers: the first message's piggyback, the others empty; opaque to the
+        // optimiser, as the receiver reads them from the wire.
+        let mut headers = [Piggyback::default(); BATCH];
+        headers[0] = self.credits.try_send_data_batch(BATCH as u32).unwrap();
+        for &pb in black_box(&headers) {
             to.credits.on_receive(MsgKind::Data, pb).unwrap();
             to.credits.on_reposted(MsgKind::Data).unwrap();
         }

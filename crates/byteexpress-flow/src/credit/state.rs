@@ -79,6 +79,22 @@ impl Credits {
         self.send_credits > self.cfg.latency_reserve()
     }
 
+    /// Whether one more data message may take a credit after `taken` were granted and not
+    /// yet taken (a batch being gathered for [`Credits::try_send_data_batch`]): more than
+    /// `taken` credits are left. `can_send_more(0) == can_send()`.
+    #[inline]
+    pub fn can_send_more(&self, taken: u32) -> bool {
+        self.send_credits > taken
+    }
+
+    /// As [`Credits::can_send_more`] for a bulk chunk: more than `taken` plus
+    /// [`CreditConfig::latency_reserve`] credits are left. `can_send_bulk_more(0) ==
+    /// can_send_bulk()`.
+    #[inline]
+    pub fn can_send_bulk_more(&self, taken: u32) -> bool {
+        u64::from(self.send_credits) > u64::from(taken) + u64::from(self.cfg.latency_reserve())
+    }
+
     /// Send credits available now (unit: credits); never above `grant`.
     #[inline]
     pub fn send_credits(&self) -> u32 {
@@ -134,6 +150,28 @@ impl Credits {
         }
         self.send_credits -= 1;
         self.stats.data_sent += 1;
+        Some(self.take_piggyback())
+    }
+
+    /// Sends `n` data messages back to back, as `n` calls of [`Credits::try_send_data`] with
+    /// no other event between them would: takes `n` credits and returns the piggyback of the
+    /// first message's header; the other `n - 1` headers carry [`Piggyback::default`] (no
+    /// credits, no `slot_return`: the first took everything owed, rule 2). For a transport
+    /// that gathers a batch with [`Credits::can_send_more`] and then posts it.
+    ///
+    /// Returns `None` (and counts a block) when fewer than `n` credits are left, taking
+    /// nothing; `n == 0` returns `None` and counts nothing.
+    #[inline]
+    pub fn try_send_data_batch(&mut self, n: u32) -> Option<Piggyback> {
+        if n == 0 {
+            return None;
+        }
+        if self.send_credits < n {
+            self.stats.blocked += 1;
+            return None;
+        }
+        self.send_credits -= n;
+        self.stats.data_sent += u64::from(n);
         Some(self.take_piggyback())
     }
 

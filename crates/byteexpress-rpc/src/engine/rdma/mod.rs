@@ -15,7 +15,9 @@
 //! wire bytes when they are posted, once for all the chunks one round posts
 //! (`Window::can_post_more`), and released when their send completions are polled: once per
 //! poll of the CQ with a static window, one by one with the completion's RTT (µs since post)
-//! when the window adapts to it. A bulk chunk leaves `CreditConfig::latency_reserve` credits
+//! when the window adapts to it. The round's credits are taken together too
+//! (`Credits::try_send_data_batch`): its first chunk's header returns the credits owed to the
+//! peer. A bulk chunk leaves `CreditConfig::latency_reserve` credits
 //! untouched, so bulk holds at most the update threshold (half the grant) unreturned: a small
 //! message never waits for a credit, and waits at the receiver behind at most that many
 //! chunks.
@@ -247,7 +249,7 @@ struct Engine {
     arrived: Option<Outgoing>,
     /// The chunks of the round being posted ([`Engine::grant_batch`]), kept to reuse its
     /// capacity.
-    batch: Vec<(Next, Piggyback)>,
+    batch: Vec<Next>,
 }
 
 impl Engine {
@@ -439,15 +441,18 @@ impl Engine {
     /// Posts chunks as the scheduler designates them while the gate admits them (credit, SQ
     /// slot, send buffer, windows), then an explicit credit update if one is due.
     ///
-    /// In two steps: [`Engine::grant_batch`] decides which chunks go and takes what each
-    /// needs, charging the windows once for all of them; then each is copied and posted.
+    /// In two steps: [`Engine::grant_batch`] decides which chunks go and takes what they
+    /// need, their credits and window charge once for all of them; then each is copied and
+    /// posted, the first carrying the credits owed to the peer.
     /// A large message's chunk ends the batch, so the CQ is polled between two chunk copies.
     fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
-        let (mut batch, mut unposted) = self.grant_batch(rx)?;
+        let (mut batch, first, mut unposted) = self.grant_batch(rx)?;
         let sent = !batch.is_empty();
-        for (n, pb) in batch.drain(..) {
+        // The first header returns everything owed (`Credits::try_send_data_batch`).
+        let mut pb = first;
+        for n in batch.drain(..) {
             let wire = u64::from(n.wire);
-            let posted = self.post_chunk(n, pb);
+            let posted = self.post_chunk(n, std::mem::take(&mut pb));
             if let Err(why) = posted {
                 // The link fails; what the windows hold for chunks never posted goes back.
                 let _ = self.release(unposted, 0);
@@ -471,8 +476,10 @@ impl Engine {
     /// Grants the chunks to post now, in the scheduler's order, while the gate admits them:
     /// a send credit (above the latency reserve for bulk), a send slot and a send buffer for
     /// each, and room in the QP and device windows for all of them together
-    /// (`Window::can_post_more`). Takes each chunk's credit (its header's piggyback) and
-    /// charges the windows once for the batch; returns the batch and the bytes charged.
+    /// (`Window::can_post_more`), counting the credits the batch holds
+    /// (`Credits::can_send_more`). Takes the batch's credits and charges the windows once for
+    /// it; returns the batch, the piggyback of its first header (the others carry none) and
+    /// the bytes charged.
     ///
     /// Messages the callers queued meanwhile join the outbox before every grant, so a small
     /// call that arrives while a bulk message is being posted goes out next; a chunk of a
@@ -480,7 +487,7 @@ impl Engine {
     fn grant_batch(
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-    ) -> Result<(Vec<(Next, Piggyback)>, u64), Status> {
+    ) -> Result<(Vec<Next>, Piggyback, u64), Status> {
         let mut batch = std::mem::take(&mut self.batch);
         let mut bytes = 0u64;
         // The device's window, shared with its other links, is locked once there is something
@@ -515,10 +522,12 @@ impl Engine {
             let dev = dev.get_or_insert_with(|| self.parts.device_window.lock());
             let mut wait = None;
             let (credits, window) = (&self.credits, &self.parts.window);
+            // Below `free_sends`, a u32.
+            let held = taken as u32;
             let gate = |len: u32, class| {
                 let credit = match class {
-                    Class::Latency => credits.can_send(),
-                    Class::Bulk => credits.can_send_bulk(),
+                    Class::Latency => credits.can_send_more(held),
+                    Class::Bulk => credits.can_send_bulk_more(held),
                 };
                 wait = if !credit {
                     Some(Wait::Credit)
@@ -545,20 +554,22 @@ impl Engine {
                 }
                 break;
             };
-            let pb = self
-                .credits
-                .try_send_data()
-                .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
             bytes += u64::from(n.wire);
             let chunked = n.chunked;
-            batch.push((n, pb));
+            batch.push(n);
             if chunked {
                 // One chunk of a large message per round: completions (a small call's
                 // answer among them) are polled before the next one is copied.
                 break;
             }
         }
-        if let Some(dev) = dev.as_mut().filter(|_| bytes > 0) {
+        let mut first = Piggyback::default();
+        if let Some(dev) = dev.as_mut().filter(|_| !batch.is_empty()) {
+            // Below `free_sends`, a u32.
+            first = self
+                .credits
+                .try_send_data_batch(batch.len() as u32)
+                .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
             let ticket = self
                 .parts
                 .window
@@ -569,11 +580,11 @@ impl Engine {
             }
             LinkCounters::bump(&self.counters.send_rounds);
         }
-        Ok((batch, bytes))
+        Ok((batch, first, bytes))
     }
 
-    /// Copies a granted chunk (its credit already taken: `pb`) into a send buffer and posts
-    /// it; the windows were charged for it by [`Engine::grant_batch`].
+    /// Copies a granted chunk (its credit already taken; `pb` its header's piggyback) into a
+    /// send buffer and posts it; the windows were charged for it by [`Engine::grant_batch`].
     fn post_chunk(&mut self, n: Next, pb: Piggyback) -> Result<(), Status> {
         let msg = match &n.msg {
             Source::Queued(id) => self.outbox.msg(*id),
