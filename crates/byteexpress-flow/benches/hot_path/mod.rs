@@ -317,9 +317,9 @@ fn assert_took_turns(a: &End, b: &End, per_turn: u64) {
     );
 }
 
-/// The whole hot path for one message, per iteration: enqueue, schedule gated by window and
-/// credits (and send slots), post (window + credit), the receiver's receive and re-post, the
-/// completion. The credit comes back as `R` says: `all_one_msg_two_way` ([`TWO_WAY`]): the
+/// The whole hot path of a message, two messages per iteration (the loop's own work shared by
+/// two; time per message): enqueue, schedule gated by window and credits (and send slots),
+/// post (window + credit), the receiver's receive and re-post, the completion. The credit comes back as `R` says: `all_one_msg_two_way` ([`TWO_WAY`]): the
 /// ends take turns, so each message's header returns the credit of the one before it;
 /// `all_one_msg_one_way` ([`UPDATE`]): every message goes one way and the receiver returns
 /// credits in explicit updates (their receive and re-post counted too);
@@ -342,32 +342,45 @@ impl<const R: u8> AllOne<R> {
     }
 }
 
+impl<const R: u8> AllOne<R> {
+    /// One message on connection `i` of `from` to `to` at `now`; the bytes charged.
+    #[inline]
+    fn one(from: &mut End, to: &mut End, i: usize, now: u64) -> u64 {
+        if R == TWO_WAY_WITH_QUEUES {
+            from.send::<true>(to, i, now)
+        } else {
+            from.send::<false>(to, i, now)
+        }
+    }
+}
+
 impl<const R: u8> Case for AllOne<R> {
+    /// Two messages per iteration, so the loop's own work is shared by two.
+    fn messages(&self) -> u64 {
+        2
+    }
+
     #[inline]
     fn step(&mut self) -> u64 {
-        self.i = (self.i + 1) & 7;
+        self.i = (self.i + 2) & 7;
         self.now += 1;
         if R == UPDATE {
-            let bytes = self.a.send::<false>(&mut self.b, self.i, self.now);
-            if let Some(update) = self.b.credits.poll_update() {
-                self.a
-                    .credits
-                    .on_receive(MsgKind::CreditUpdate, update)
-                    .unwrap();
-                self.a.credits.on_reposted(MsgKind::CreditUpdate).unwrap();
+            let mut bytes = 0;
+            for i in [self.i, self.i + 1] {
+                bytes += self.a.send::<false>(&mut self.b, i, self.now);
+                if let Some(update) = self.b.credits.poll_update() {
+                    self.a
+                        .credits
+                        .on_receive(MsgKind::CreditUpdate, update)
+                        .unwrap();
+                    self.a.credits.on_reposted(MsgKind::CreditUpdate).unwrap();
+                }
             }
             return bytes;
         }
-        let (from, to) = if self.i & 1 == 0 {
-            (&mut self.a, &mut self.b)
-        } else {
-            (&mut self.b, &mut self.a)
-        };
-        if R == TWO_WAY_WITH_QUEUES {
-            from.send::<true>(to, self.i, self.now)
-        } else {
-            from.send::<false>(to, self.i, self.now)
-        }
+        // The ends take turns: one message each way.
+        Self::one(&mut self.a, &mut self.b, self.i, self.now)
+            + Self::one(&mut self.b, &mut self.a, self.i + 1, self.now)
     }
 
     fn check(&self) {
