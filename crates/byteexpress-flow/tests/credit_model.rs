@@ -369,6 +369,17 @@ impl Model {
                 "a slot return is owed by a side with no credit"
             );
             assert!(side.free_data <= self.grant);
+            // What we take the peer to hold is what it holds: its credits (usable or in
+            // escrow), the returns on their way to it and the data it sent us not yet taken.
+            let peer = &self.sides[1 - s];
+            let (ps, cs) = (peer.credits.stats(), c.stats());
+            assert_eq!(
+                u64::from(c.peer_credits()),
+                u64::from(peer.credits.send_credits() + peer.credits.escrowed_credits())
+                    + (side.returns_sent - peer.returned as u64)
+                    + (ps.data_sent - cs.data_received),
+                "side {s}: peer credits"
+            );
             // The credit counters (derived from the state) match what crossed the wire.
             let stats = c.stats();
             assert_eq!(stats.credits_returned, side.returns_sent, "side {s}");

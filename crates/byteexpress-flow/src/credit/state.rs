@@ -21,8 +21,9 @@ enum RxSlot {
 ///
 /// Invariants (checked by the proptests):
 /// - `send_credits + escrow <= grant`;
-/// - `peer_credits + unreposted_data + pending == grant` (what the peer may hold, what we hold,
-///   what we owe back);
+/// - what the peer may still send us (its credits, as far as we know), what we hold and what we
+///   owe back make the grant: `peer_credits + unreposted_data + pending == grant`, so
+///   `peer_credits` is not stored but derived ([`Credits::peer_credits`]);
 /// - a `slot_return` is owed only while `send_credits >= 1` (the liveness invariant).
 #[derive(Clone)]
 pub struct Credits {
@@ -37,9 +38,6 @@ pub struct Credits {
     pending: u32,
     /// Received data buffers not yet re-posted (unit: buffers).
     unreposted_data: u32,
-    /// Upper bound on the credits the peer holds: grant minus what we received and did not
-    /// return yet (unit: credits).
-    peer_credits: u32,
     rx_slot: RxSlot,
     stats: CreditStats,
 }
@@ -54,7 +52,6 @@ impl Credits {
             tx_slot_busy: false,
             pending: 0,
             unreposted_data: 0,
-            peer_credits: cfg.grant(),
             rx_slot: RxSlot::Posted,
             stats: CreditStats::default(),
         }
@@ -111,6 +108,13 @@ impl Credits {
     #[inline]
     pub fn pending_returns(&self) -> u32 {
         self.pending
+    }
+
+    /// Upper bound on the data messages the peer may still send us (unit: credits): the grant
+    /// less the buffers we received and have not returned yet (unreposted or pending).
+    #[inline]
+    pub fn peer_credits(&self) -> u32 {
+        self.cfg.grant() - self.unreposted_data - self.pending
     }
 
     /// Whether our own `CREDIT_UPDATE` is outstanding (no further update may be sent).
@@ -199,7 +203,7 @@ impl Credits {
     #[inline]
     pub fn on_receive(&mut self, kind: MsgKind, pb: Piggyback) -> Result<(), CreditError> {
         match kind {
-            MsgKind::Data if self.peer_credits == 0 => return Err(CreditError::DataOverrun),
+            MsgKind::Data if self.peer_credits() == 0 => return Err(CreditError::DataOverrun),
             MsgKind::CreditUpdate if self.rx_slot != RxSlot::Posted => {
                 return Err(CreditError::UpdateSlotBusy);
             }
@@ -225,7 +229,6 @@ impl Credits {
         match kind {
             MsgKind::Data => {
                 self.send_credits += pb.credits;
-                self.peer_credits -= 1;
                 self.unreposted_data += 1;
                 self.stats.data_received += 1;
             }
@@ -271,7 +274,6 @@ impl Credits {
     #[inline]
     fn take_piggyback(&mut self) -> Piggyback {
         let credits = std::mem::take(&mut self.pending);
-        self.peer_credits += credits;
         let slot_return = self.rx_slot == RxSlot::ReturnOwed;
         if slot_return {
             self.rx_slot = RxSlot::Posted;
@@ -293,7 +295,7 @@ impl std::fmt::Debug for Credits {
             .field("tx_slot_busy", &self.tx_slot_busy)
             .field("pending", &self.pending)
             .field("unreposted_data", &self.unreposted_data)
-            .field("peer_credits", &self.peer_credits)
+            .field("peer_credits", &self.peer_credits())
             .field("rx_slot", &self.rx_slot)
             .field("stats", &self.stats())
             .finish()
