@@ -12,8 +12,11 @@
 //! - `all_one_msg_two_way_adaptive`: two-way, with adaptive windows;
 //! - under a standing backlog, one message at a time through DRR
 //!   (`all_one_msg_two_way_backlogged`), and as the RDMA engine of `byteexpress-rpc` accounts
-//!   for it: in rounds of 8 chunks that charge the windows once and whose send completions,
-//!   polled together, release them once (`all_batch8_two_way_backlogged`, time per message).
+//!   for it: in rounds of 8 chunks whose credits are taken at once and whose send
+//!   completions, polled together, release the windows once (`all_batch8_two_way_backlogged`);
+//! - bulk chunks, one per round (`all_bulk_chunk_two_way_backlogged`).
+//!
+//! Time is reported per message (a case may run several per iteration, `Case::messages`).
 //!
 //! The loops live in [`hot_path`], shared with `examples/ir_count.rs` (instruction counts).
 //!

@@ -251,10 +251,9 @@ impl End {
     #[inline]
     fn send<const QUEUES: bool>(&mut self, to: &mut End, i: usize, now: u64) -> u64 {
         let queues = QUEUES;
-        // The gate posts (charges the window) when the credit and slot are there: one
-        // admission check instead of `can_post` then `try_post`. An idle scheduler grants the
-        // message at once (`offer`); behind a backlog it is queued and `next` grants the
-        // chunk whose turn it is.
+        // As the RDMA engine's gate: the credit and the slot, then the windows, charged as
+        // they admit the message. An idle scheduler grants the message at once (`offer`);
+        // behind a backlog it is queued and `next` grants the chunk whose turn it is.
         let (w, dev, credits, q) = (&mut self.w, &mut self.dev, &self.credits, &self.queues);
         let mut ticket = None;
         let mut gate = |len: u32, _| {
@@ -402,14 +401,13 @@ pub const BATCH: usize = 8;
 impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
     /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
-    /// connection);
-    /// the scheduler grants [`BATCH`] chunks through the gate (a credit beside those the
-    /// batch holds, `Credits::can_send_more`, and room for the batch so far in both windows,
-    /// `Window::can_post_more`); the batch takes its credits and the windows are charged
-    /// once (`Credits::try_send_data_batch`, `Window::try_post`); the receiver takes each
-    /// message (the first returning credits) and re-posts its buffer; the
-    /// sender's CQ poll returns the batch's send completions together, which release the
-    /// windows once (at `now`, µs). Returns the bytes charged.
+    /// connection); the scheduler grants [`BATCH`] chunks through the gate (a credit beside
+    /// those the batch holds, `Credits::can_send_more`, then room in both windows, charged as
+    /// each chunk is admitted, `Window::try_post`); the batch takes its credits at once
+    /// (`Credits::try_send_data_batch`); the receiver takes each message (the first returning
+    /// credits) and re-posts its buffer; the sender's CQ poll returns the batch's send
+    /// completions together, which release the windows once (at `now`, µs). Returns the
+    /// bytes charged.
     #[inline(never)]
     fn send_batch(&mut self, to: &mut End, now: u64) -> u64 {
         for &c in &self.conns[..BATCH] {
@@ -417,11 +415,11 @@ impl End {
         }
         let mut bytes = 0u64;
         for taken in 0..BATCH as u32 {
-            let (w, dev, credits) = (&self.w, &self.dev, &self.credits);
+            let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
             let g = self
                 .s
                 .next_by_class(|len, _| {
-                    credits.can_send_more(taken) && w.can_post_more(dev, bytes, len.into())
+                    credits.can_send_more(taken) && w.try_post(dev, len.into()).is_ok()
                 })
                 .unwrap();
             bytes += u64::from(g.len);
@@ -434,9 +432,8 @@ impl End {
             to.credits.on_receive(MsgKind::Data, pb).unwrap();
             to.credits.on_reposted(MsgKind::Data).unwrap();
         }
-        let t = self.w.try_post(&mut self.dev, bytes).unwrap();
-        self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();
-        t.bytes
+        self.w.on_complete(&mut self.dev, bytes, 10, now).unwrap();
+        bytes
     }
 }
 
@@ -457,19 +454,18 @@ impl End {
         let g = self
             .s
             .next_by_class(|len, _| {
-                if !credits.can_send_bulk() {
-                    return false;
+                credits.can_send_bulk() && {
+                    ticket = w.try_post(dev, len.into()).ok();
+                    ticket.is_some()
                 }
-                ticket = w.try_post(dev, len.into()).ok();
-                ticket.is_some()
             })
             .unwrap();
+        let t = ticket.unwrap();
         if g.last {
             self.s
                 .enqueue(g.conn, Class::Bulk, black_box(BULK_MESSAGE))
                 .unwrap();
         }
-        let t = ticket.unwrap();
         let pb = self.credits.try_send_data().unwrap();
         to.credits.on_receive(MsgKind::Data, pb).unwrap();
         to.credits.on_reposted(MsgKind::Data).unwrap();
@@ -489,14 +485,13 @@ pub struct Turns<const T: u8> {
     a: End,
     b: End,
     now: u64,
-    turn: bool,
 }
 
 /// `all_batch8_two_way_backlogged`: both ends hold a standing backlog of 8 single-chunk
 /// messages on each of their 8 connections (latency class, as the RDMA engine classes a
 /// message that fits one chunk; a chunk of a larger message ends the engine's batch); a turn
-/// is [`End::send_batch`]: [`BATCH`] messages queued, granted, credited, received and
-/// completed, the windows charged and released once.
+/// is [`End::send_batch`]: [`BATCH`] messages queued, granted (each charging the windows),
+/// credited at once, received, and completed together (the windows released once).
 pub type Batched = Turns<TURN_BATCH>;
 
 /// `all_bulk_chunk_two_way_backlogged`: each end keeps two 1 MiB bulk messages queued on
@@ -511,12 +506,7 @@ impl<const T: u8> Turns<T> {
         } else {
             ends(false, 2, Class::Bulk, BULK_MESSAGE)
         };
-        Self {
-            a,
-            b,
-            now: 0,
-            turn: false,
-        }
+        Self { a, b, now: 0 }
     }
 
     /// One turn from `from` to `to` at `now` (µs); the bytes charged.
@@ -531,22 +521,19 @@ impl<const T: u8> Turns<T> {
 }
 
 impl<const T: u8> Case for Turns<T> {
+    /// Two turns per iteration, one each way, so the loop's own work is shared.
     fn messages(&self) -> u64 {
-        if T == TURN_BATCH { BATCH as u64 } else { 1 }
+        2 * if T == TURN_BATCH { BATCH as u64 } else { 1 }
     }
 
     #[inline]
     fn step(&mut self) -> u64 {
         self.now += 1;
-        self.turn = !self.turn;
-        if self.turn {
-            Self::send(&mut self.a, &mut self.b, self.now)
-        } else {
-            Self::send(&mut self.b, &mut self.a, self.now)
-        }
+        Self::send(&mut self.a, &mut self.b, self.now)
+            + Self::send(&mut self.b, &mut self.a, self.now)
     }
 
     fn check(&self) {
-        assert_took_turns(&self.a, &self.b, self.messages());
+        assert_took_turns(&self.a, &self.b, self.messages() / 2);
     }
 }

@@ -12,8 +12,8 @@
 //! and the gate admits it: a send credit, a free send-queue slot and CQ entry
 //! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
 //! and in its device's shared window ([`device_window`]). Both windows are charged the chunks'
-//! wire bytes when they are posted, once for all the chunks one round posts
-//! (`Window::can_post_more`), and released when their send completions are polled: once per
+//! wire bytes as the gate admits them (`Window::try_post`), and released when their send
+//! completions are polled: once per
 //! poll of the CQ with a static window, one by one with the completion's RTT (µs since post)
 //! when the window adapts to it. The round's credits are taken together too
 //! (`Credits::try_send_data_batch`): its first chunk's header returns the credits owed to the
@@ -442,7 +442,7 @@ impl Engine {
     /// slot, send buffer, windows), then an explicit credit update if one is due.
     ///
     /// In two steps: [`Engine::grant_batch`] decides which chunks go and takes what they
-    /// need, their credits and window charge once for all of them; then each is copied and
+    /// need (the window as it admits each, the credits once for all); then each is copied and
     /// posted, the first carrying the credits owed to the peer.
     /// A large message's chunk ends the batch, so the CQ is polled between two chunk copies.
     fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
@@ -474,12 +474,11 @@ impl Engine {
     }
 
     /// Grants the chunks to post now, in the scheduler's order, while the gate admits them:
-    /// a send credit (above the latency reserve for bulk), a send slot and a send buffer for
-    /// each, and room in the QP and device windows for all of them together
-    /// (`Window::can_post_more`), counting the credits the batch holds
-    /// (`Credits::can_send_more`). Takes the batch's credits and charges the windows once for
-    /// it; returns the batch, the piggyback of its first header (the others carry none) and
-    /// the bytes charged.
+    /// a send credit beside those the batch holds (`Credits::can_send_more`; above the latency
+    /// reserve for bulk), a send slot and a send buffer for each, and room in the QP and device
+    /// windows, which the gate charges as it admits each chunk (`Window::try_post`). Then
+    /// takes the batch's credits at once; returns the batch, the piggyback of its first header
+    /// (the others carry none) and the bytes charged.
     ///
     /// Messages the callers queued meanwhile join the outbox before every grant, so a small
     /// call that arrives while a bulk message is being posted goes out next; a chunk of a
@@ -491,7 +490,7 @@ impl Engine {
         let mut batch = std::mem::take(&mut self.batch);
         let mut bytes = 0u64;
         // The device's window, shared with its other links, is locked once there is something
-        // to post, and held until the batch is charged (so what the gate admitted still fits).
+        // to post, and held for the round.
         let mut dev = None;
         loop {
             // A message that finds the outbox empty is offered on arrival (the scheduler's
@@ -521,7 +520,8 @@ impl Engine {
             }
             let dev = dev.get_or_insert_with(|| self.parts.device_window.lock());
             let mut wait = None;
-            let (credits, window) = (&self.credits, &self.parts.window);
+            let (credits, window) = (&self.credits, &mut self.parts.window);
+            let escapes = &self.counters.window_escapes;
             // Below `free_sends`, a u32.
             let held = taken as u32;
             let gate = |len: u32, class| {
@@ -531,10 +531,16 @@ impl Engine {
                 };
                 wait = if !credit {
                     Some(Wait::Credit)
-                } else if !window.can_post_more(dev, bytes, len.into()) {
-                    Some(Wait::Window)
                 } else {
-                    None
+                    match window.try_post(dev, len.into()) {
+                        Ok(ticket) => {
+                            if ticket.over_cap {
+                                LinkCounters::bump(escapes);
+                            }
+                            None
+                        }
+                        Err(_) => Some(Wait::Window),
+                    }
                 };
                 wait.is_none()
             };
@@ -563,21 +569,17 @@ impl Engine {
                 break;
             }
         }
+        drop(dev);
         let mut first = Piggyback::default();
-        if let Some(dev) = dev.as_mut().filter(|_| !batch.is_empty()) {
+        if !batch.is_empty() {
             // Below `free_sends`, a u32.
-            first = self
-                .credits
-                .try_send_data_batch(batch.len() as u32)
-                .ok_or_else(|| Status::new(Code::Internal, "credit vanished"))?;
-            let ticket = self
-                .parts
-                .window
-                .try_post(dev, bytes)
-                .map_err(|b| Status::new(Code::Internal, format!("window: {b:?}")))?;
-            if ticket.over_cap {
-                LinkCounters::bump(&self.counters.window_escapes);
-            }
+            let Some(pb) = self.credits.try_send_data_batch(batch.len() as u32) else {
+                // (The gate admitted each chunk's credit: not reached.) The link fails and
+                // gives back what the windows hold for the batch.
+                let _ = self.release(bytes, 0);
+                return Err(Status::new(Code::Internal, "credit vanished"));
+            };
+            first = pb;
             LinkCounters::bump(&self.counters.send_rounds);
         }
         Ok((batch, first, bytes))
