@@ -4,8 +4,8 @@
 //! Together (`all_*`), each message is accounted for at both ends of a link, each end with a
 //! scheduler of 8 connections, its QP window (static 256 KiB, the RDMA link's default) and a
 //! capped device window:
-//! - `all_one_msg_two_way`: one message per iteration, the ends taking turns, each message's
-//!   header returning the credit of the one before;
+//! - `all_one_msg_two_way`: the ends taking turns (one message each way per iteration), each
+//!   message's header returning the credit of the one before;
 //! - `all_one_msg_one_way`: every message one way, credits back in explicit updates;
 //! - `all_one_msg_two_way_sq_cq`: two-way, with the send-slot and CQ-entry accounting of
 //!   `QueueBudget`;

@@ -257,7 +257,7 @@ impl End {
         let (w, dev, credits, q) = (&mut self.w, &mut self.dev, &self.credits, &self.queues);
         let mut ticket = None;
         let mut gate = |len: u32, _| {
-            if !credits.can_send() || (queues && !q.can_post_send()) {
+            if !credits.can_send_more(0) || (queues && !q.can_post_send()) {
                 return false;
             }
             ticket = w.try_post(dev, len.into()).ok();
@@ -265,7 +265,7 @@ impl End {
         };
         match self
             .s
-            .offer(self.conns[i], Class::Bulk, black_box(4096), &mut gate)
+            .offer(self.conns[i], Class::Latency, black_box(4096), &mut gate)
             .unwrap()
         {
             Offer::Granted(_) => {}
@@ -274,12 +274,13 @@ impl End {
             }
         }
         let t = ticket.unwrap();
-        let pb = self.credits.try_send_data().unwrap();
+        let pb = self.credits.try_send_data_batch(1).unwrap();
         if queues {
             self.queues.try_post_send().unwrap();
             to.queues.on_recv_completion().unwrap();
         }
-        to.credits.on_receive(MsgKind::Data, pb).unwrap();
+        // The receiver reads the piggyback from the wire.
+        to.credits.on_receive(MsgKind::Data, black_box(pb)).unwrap();
         if queues {
             to.queues.try_post_recv().unwrap();
         }
@@ -318,14 +319,18 @@ fn assert_took_turns(a: &End, b: &End, per_turn: u64) {
 
 /// The whole hot path of a message, two messages per iteration (the loop's own work shared by
 /// two; time per message): enqueue, schedule gated by window and credits (and send slots),
-/// post (window + credit), the receiver's receive and re-post, the completion. The credit comes back as `R` says: `all_one_msg_two_way` ([`TWO_WAY`]): the
-/// ends take turns, so each message's header returns the credit of the one before it;
-/// `all_one_msg_one_way` ([`UPDATE`]): every message goes one way and the receiver returns
-/// credits in explicit updates (their receive and re-post counted too);
-/// `all_one_msg_two_way_sq_cq` ([`TWO_WAY_WITH_QUEUES`]): as two-way, every SEND also taking
-/// a send slot and its CQ entry, the receive completion freeing a receive entry that the
-/// re-post takes again, the send completion freeing the slot; `all_one_msg_two_way_adaptive`
-/// ([`TWO_WAY_ADAPTIVE`]): as two-way, with adaptive windows.
+/// post (window + credit), the receiver's receive and re-post, the completion. The credit
+/// comes back as `R` says:
+/// - `all_one_msg_two_way` ([`TWO_WAY`]): the ends take turns, so each message's header
+///   returns the credit of the one before it;
+/// - `all_one_msg_one_way` ([`UPDATE`]): every message goes one way and the receiver returns
+///   credits in explicit updates (their receive and re-post counted too);
+/// - `all_one_msg_two_way_sq_cq` ([`TWO_WAY_WITH_QUEUES`]): as two-way, every SEND also
+///   taking a send slot and its CQ entry, the receive completion freeing a receive entry that
+///   the re-post takes again, the send completion freeing the slot;
+/// - `all_one_msg_two_way_adaptive` ([`TWO_WAY_ADAPTIVE`]): as two-way, with adaptive windows;
+/// - `all_one_msg_two_way_backlogged` ([`TWO_WAY_BACKLOGGED`]): as two-way behind a standing
+///   backlog, one message per round.
 pub struct AllOne<const R: u8> {
     a: End,
     b: End,
@@ -336,7 +341,7 @@ pub struct AllOne<const R: u8> {
 impl<const R: u8> AllOne<R> {
     pub fn new() -> Self {
         let per_conn = if R == TWO_WAY_BACKLOGGED { 8 } else { 0 };
-        let (a, b) = ends(R == TWO_WAY_ADAPTIVE, per_conn, Class::Bulk, 4096);
+        let (a, b) = ends(R == TWO_WAY_ADAPTIVE, per_conn, Class::Latency, 4096);
         Self { a, b, i: 0, now: 0 }
     }
 }
@@ -454,7 +459,7 @@ impl End {
         let g = self
             .s
             .next_by_class(|len, _| {
-                credits.can_send_bulk() && {
+                credits.can_send_bulk_more(0) && {
                     ticket = w.try_post(dev, len.into()).ok();
                     ticket.is_some()
                 }
@@ -466,8 +471,8 @@ impl End {
                 .enqueue(g.conn, Class::Bulk, black_box(BULK_MESSAGE))
                 .unwrap();
         }
-        let pb = self.credits.try_send_data().unwrap();
-        to.credits.on_receive(MsgKind::Data, pb).unwrap();
+        let pb = self.credits.try_send_data_batch(1).unwrap();
+        to.credits.on_receive(MsgKind::Data, black_box(pb)).unwrap();
         to.credits.on_reposted(MsgKind::Data).unwrap();
         self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();
         t.bytes
