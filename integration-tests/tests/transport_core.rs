@@ -538,8 +538,8 @@ async fn stalled_receiver_backpressures_through_credits_without_rnr_and_keeps_or
         st.credit_blocked > before.credit_blocked,
         "the client waited for credits: {st:?}"
     );
-    // Calls queued together went out in rounds of several chunks, each round charging the
-    // windows once.
+    // Calls queued together went out in rounds of several chunks, each round taking its
+    // credits at once.
     let rounds = st.send_rounds - before.send_rounds;
     let chunks = st.chunks_sent - before.chunks_sent;
     assert!(

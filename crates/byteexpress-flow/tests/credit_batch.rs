@@ -85,13 +85,23 @@ proptest! {
             }
             prop_assert_eq!(format!("{batched:?}"), format!("{singles:?}"));
         } else {
-            // Nothing taken; a refused batch of at least one counts one block.
+            // Nothing taken, nothing owed cleared; a refused batch of at least one counts one
+            // block.
             prop_assert_eq!(got, None);
             let mut unchanged = end.stats();
             unchanged.blocked += u64::from(n > 0);
             prop_assert_eq!(batched.stats(), unchanged);
-            prop_assert_eq!(batched.send_credits(), end.send_credits());
-            prop_assert_eq!(batched.pending_returns(), end.pending_returns());
+            let state = |c: &Credits| {
+                (
+                    c.send_credits(),
+                    c.escrowed_credits(),
+                    c.pending_returns(),
+                    c.peer_credits(),
+                    c.update_outstanding(),
+                    c.slot_return_owed(),
+                )
+            };
+            prop_assert_eq!(state(&batched), state(&end));
         }
     }
 }

@@ -371,6 +371,7 @@ impl Model {
             assert!(side.free_data <= self.grant);
             // What we take the peer to hold is what it holds: its credits (usable or in
             // escrow), the returns on their way to it and the data it sent us not yet taken.
+            // (Given the two counter checks below, this pins the formula of `peer_credits`.)
             let peer = &self.sides[1 - s];
             let (ps, cs) = (peer.credits.stats(), c.stats());
             assert_eq!(

@@ -23,8 +23,8 @@ pub struct LinkStats {
     pub window_escapes: u64,
     /// Data SENDs posted (one per chunk; a message that fits one chunk is one SEND).
     pub chunks_sent: u64,
-    /// Rounds of the RDMA engine that posted data SENDs: each charged the windows once for the
-    /// chunks it granted, so `chunks_sent / send_rounds` is the mean batch.
+    /// Rounds of the RDMA engine that posted data SENDs: each took the credits of the chunks it
+    /// granted at once, so `chunks_sent / send_rounds` is the mean batch.
     pub send_rounds: u64,
     /// Messages sent in more than one chunk.
     pub messages_chunked: u64,

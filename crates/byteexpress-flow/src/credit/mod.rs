@@ -22,6 +22,9 @@
 //!
 //! 1. **Data costs one credit.** X sends a data message only if `send_credits >= 1`, and
 //!    decrements it ([`Credits::try_send_data`]). With no credit the message waits in X's queue.
+//!    A transport that posts n data messages back to back may take their n credits at once
+//!    ([`Credits::can_send_more`], [`Credits::try_send_data_batch`]); by rule 2 the first
+//!    message then carries everything owed and the others nothing.
 //! 2. **Every message carries everything owed.** Each outgoing message, data or update, carries
 //!    all of `pending` and the `slot_return` flag if one is owed; both are then cleared.
 //! 3. **Returns are bounded.** On receipt, `send_credits + escrow + credits <= grant` must hold

@@ -26,6 +26,8 @@
 //! the admission rule to the batch's total with the escape for its first post only, so the
 //! batch is admitted exactly when posting its SENDs one by one would be (checked by
 //! `tests/window_props.rs`). Completions of several posts may likewise be reported together.
+//! (`byteexpress-rpc`'s RDMA engine charges each SEND as its gate admits it, which costs no
+//! second admission check, and reports a poll's completions together.)
 //!
 //! # Static cap
 //! [`Window::fixed`] caps at a number of bytes; [`Window::from_bdp`] sizes that cap to the

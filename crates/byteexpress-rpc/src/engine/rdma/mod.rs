@@ -13,14 +13,13 @@
 //! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
 //! and in its device's shared window ([`device_window`]). Both windows are charged the chunks'
 //! wire bytes as the gate admits them (`Window::try_post`), and released when their send
-//! completions are polled: once per
-//! poll of the CQ with a static window, one by one with the completion's RTT (µs since post)
-//! when the window adapts to it. The round's credits are taken together too
-//! (`Credits::try_send_data_batch`): its first chunk's header returns the credits owed to the
-//! peer. A bulk chunk leaves `CreditConfig::latency_reserve` credits
-//! untouched, so bulk holds at most the update threshold (half the grant) unreturned: a small
-//! message never waits for a credit, and waits at the receiver behind at most that many
-//! chunks.
+//! completions are polled: once per poll of the CQ with a static window, one by one with the
+//! completion's RTT (µs since post) when the window adapts to it. The credits of the chunks
+//! one round grants are taken at once (`Credits::try_send_data_batch`), and its first chunk's
+//! header returns the credits owed to the peer. A bulk chunk leaves
+//! `CreditConfig::latency_reserve` credits untouched, so bulk holds at most the update
+//! threshold (half the grant) unreturned: a small message never waits for a credit, and waits
+//! at the receiver behind at most that many chunks.
 //!
 //! Receive buffers come from a pool registered once; a single-chunk message reaches the
 //! application as a slice of its receive buffer (zero copy) and the buffer returns to the pool
@@ -490,7 +489,8 @@ impl Engine {
         let mut batch = std::mem::take(&mut self.batch);
         let mut bytes = 0u64;
         // The device's window, shared with its other links, is locked once there is something
-        // to post, and held for the round.
+        // to post, and held for the round: one lock per round rather than one per chunk, at
+        // the price of holding it while arrivals join the outbox.
         let mut dev = None;
         loop {
             // A message that finds the outbox empty is offered on arrival (the scheduler's
