@@ -384,6 +384,7 @@ impl Model {
             // The credit counters (derived from the state) match what crossed the wire.
             let stats = c.stats();
             assert_eq!(stats.credits_returned, side.returns_sent, "side {s}");
+            assert_eq!(stats.data_received, side.received.len() as u64, "side {s}");
             assert_eq!(stats.credits_received, side.returned as u64, "side {s}");
             // WRs outstanding, counted from the model: on the wire, delivered but not yet
             // acknowledged, or completed but not yet polled.

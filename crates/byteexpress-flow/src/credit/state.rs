@@ -130,13 +130,14 @@ impl Credits {
     /// Counters since creation.
     pub fn stats(&self) -> CreditStats {
         // Two counters follow from the state instead of being counted per message: every
-        // data buffer received is unreposted, pending or returned; and the credits we hold
-        // (usable or in escrow) are the grant, less the data sent, plus the credits received.
+        // data buffer received is unreposted, pending or returned (returns are counted once
+        // per header that carries them); and the credits we hold (usable or in escrow) are
+        // the grant, less the data sent, plus the credits received.
         let s = self.stats;
         let unreturned = u64::from(self.unreposted_data) + u64::from(self.pending);
         let held = u64::from(self.send_credits) + u64::from(self.escrow);
         CreditStats {
-            credits_returned: s.data_received - unreturned,
+            data_received: s.credits_returned + unreturned,
             credits_received: held + s.data_sent - u64::from(self.cfg.grant()),
             ..s
         }
@@ -230,7 +231,6 @@ impl Credits {
             MsgKind::Data => {
                 self.send_credits += pb.credits;
                 self.unreposted_data += 1;
-                self.stats.data_received += 1;
             }
             MsgKind::CreditUpdate => {
                 self.escrow = pb.credits;
@@ -274,6 +274,7 @@ impl Credits {
     #[inline]
     fn take_piggyback(&mut self) -> Piggyback {
         let credits = std::mem::take(&mut self.pending);
+        self.stats.credits_returned += u64::from(credits);
         let slot_return = self.rx_slot == RxSlot::ReturnOwed;
         if slot_return {
             self.rx_slot = RxSlot::Posted;
