@@ -20,42 +20,82 @@
 //!
 //! The loops live in [`hot_path`], shared with `examples/ir_count.rs` (instruction counts).
 //!
+//! After criterion's report, one line per `all_*` case measured compares its mean time per
+//! message (every timed iteration, warm-up included) with the target of 20 ns, saying whether
+//! the case is on the hot path ([`HOT_PATH`]) or the gate-bound one.
+//!
 //! Run: `cargo bench -p byteexpress-flow --bench accounting`
 
 mod hot_path;
 
 use std::hint::black_box;
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkGroup, Criterion, criterion_group};
 use hot_path::{
     AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
     TWO_WAY_WITH_QUEUES, UPDATE,
 };
 use hot_path::{Batched, BulkChunks, WindowAdaptive, WindowStatic};
 
-/// Benchmarks `case` as `name` (monomorphised: the step inlines into criterion's loop), the
-/// time reported per message ([`Case::messages`] per step).
-fn run<C: Case>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut case: C) {
+/// The cases of the hot path: what the RDMA engine does per message when it is not waiting
+/// for its peer (crate README, Cost). Their target: at most [`TARGET_NS`] per message.
+const HOT_PATH: [&str; 6] = [
+    "all_one_msg_two_way",
+    "all_one_msg_one_way",
+    "all_one_msg_two_way_sq_cq",
+    "all_one_msg_two_way_adaptive",
+    "all_batch8_two_way_backlogged",
+    "all_bulk_chunk_two_way_backlogged",
+];
+
+/// Target per message on the hot path (ns).
+const TARGET_NS: f64 = 20.0;
+
+/// Per case: the time and the messages of every timed iteration.
+static MEASURED: Mutex<Vec<(&'static str, Duration, u64)>> = Mutex::new(Vec::new());
+
+/// Benchmarks `case` as `name` (monomorphised: the step inlines into the timed loop), the
+/// time reported per message ([`Case::messages`] per step), and keeps the totals for the
+/// target lines.
+fn run<C: Case>(g: &mut BenchmarkGroup<'_, WallTime>, name: &'static str, mut case: C) {
     let per_step = case.messages();
+    let (mut spent, mut done) = (Duration::ZERO, 0u64);
     g.bench_function(name, |b| {
-        if per_step == 1 {
-            b.iter(|| black_box(case.step()));
-            return;
-        }
         b.iter_custom(|messages| {
             let steps = messages.div_ceil(per_step);
             let start = Instant::now();
             for _ in 0..steps {
                 black_box(case.step());
             }
-            start
-                .elapsed()
-                .mul_f64(messages as f64 / (steps * per_step) as f64)
+            let took = start.elapsed();
+            spent += took;
+            done += steps * per_step;
+            took.mul_f64(messages as f64 / (steps * per_step) as f64)
         });
     });
     case.check();
+    MEASURED.lock().unwrap().push((name, spent, done));
+}
+
+/// Prints, for each `all_*` case measured, its mean time per message against the target.
+fn report_targets() {
+    for &(name, spent, done) in MEASURED.lock().unwrap().iter() {
+        // Criterion's test mode (`cargo test --benches`) runs each case once: nothing to judge.
+        if !name.starts_with("all_") || done < 1_000_000 {
+            continue;
+        }
+        let ns = spent.as_nanos() as f64 / done as f64;
+        let met = if ns <= TARGET_NS { "met" } else { "missed" };
+        let path = if HOT_PATH.contains(&name) {
+            "hot path"
+        } else {
+            "gate-bound"
+        };
+        println!("target ({path}): {name} {ns:.1} ns <= {TARGET_NS} ns per message: {met}");
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -92,4 +132,9 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    report_targets();
+}
