@@ -60,13 +60,6 @@ impl DeviceWindow {
         admits(self.in_flight, self.cap, bytes)
     }
 
-    /// As [`DeviceWindow::admits`] for a batch: whether a batch of `batch` bytes (not yet
-    /// charged) may take `bytes` more ([`Window::can_post_more`](super::Window::can_post_more)).
-    #[inline]
-    pub fn admits_more(&self, batch: u64, bytes: u64) -> bool {
-        admits_more(self.in_flight, self.cap, batch, bytes)
-    }
-
     /// Sets the bytes in flight after an admitted post (the sum the admission computed).
     #[inline]
     pub(super) fn set_in_flight(&mut self, bytes: u64) {
@@ -83,24 +76,6 @@ impl DeviceWindow {
 #[inline]
 pub(super) fn admits(in_flight: u64, cap: u64, bytes: u64) -> bool {
     admit(in_flight, cap, bytes).is_some()
-}
-
-/// The admission rule for one account applied to a batch: whether posts already batched
-/// (`batch` bytes, not yet charged) may take `bytes` more and still be admitted as one post
-/// of `batch + bytes`, over the cap only through the single-chunk escape of the batch's first
-/// post.
-#[inline]
-pub(super) fn admits_more(in_flight: u64, cap: u64, batch: u64, bytes: u64) -> bool {
-    if batch == 0 {
-        return admits(in_flight, cap, bytes);
-    }
-    match in_flight
-        .checked_add(batch)
-        .and_then(|b| b.checked_add(bytes))
-    {
-        Some(sum) => sum <= cap,
-        None => false,
-    }
 }
 
 /// The admission rule for one account, deciding the post too: `None` when refused, else the

@@ -21,13 +21,9 @@
 //! flight)` at every admission (checked by `tests/window_props.rs`).
 //!
 //! # Batches
-//! A transport that posts several SENDs in one go may charge them with one `try_post` of
-//! their total: it gathers them while [`Window::can_post_more`] admits the next, which applies
-//! the admission rule to the batch's total with the escape for its first post only, so the
-//! batch is admitted exactly when posting its SENDs one by one would be (checked by
-//! `tests/window_props.rs`). Completions of several posts may likewise be reported together.
-//! (`byteexpress-rpc`'s RDMA engine charges each SEND as its gate admits it, which costs no
-//! second admission check, and reports a poll's completions together.)
+//! Completions of several posts may be reported together, with one [`Window::on_complete`]
+//! of their total (`byteexpress-rpc`'s RDMA engine does so for the SEND completions of one CQ
+//! poll with a static window); each post is charged as it is admitted.
 //!
 //! # Static cap
 //! [`Window::fixed`] caps at a number of bytes; [`Window::from_bdp`] sizes that cap to the

@@ -1,7 +1,7 @@
 //! The per-QP window.
 
 use super::adaptive::Aimd;
-use super::device::{admit, admits, admits_more};
+use super::device::{admit, admits};
 use super::{AdaptiveConfig, Adjust, DeviceWindow, Limit, WindowError, WindowStats, bdp_bytes};
 
 /// Proof of an admitted post: what was charged (bytes) and whether it went through the
@@ -113,20 +113,6 @@ impl Window {
     #[inline]
     pub fn can_post(&self, dev: &DeviceWindow, bytes: u64) -> bool {
         admits(self.in_flight, self.cap, bytes) && dev.admits(bytes)
-    }
-
-    /// Whether a batch of posts gathered so far, `batch` bytes not yet charged, may take
-    /// `bytes` more: then one [`Window::try_post`] of the whole batch is admitted. Pure.
-    ///
-    /// For batching the accounting of several SENDs posted in one go: gather them while this
-    /// answers `true` (with `batch` = the bytes gathered before), then charge them all with
-    /// one `try_post`. The rule is the admission rule of each account applied to the batch's
-    /// total, with the single-chunk escape while the batch holds no bytes yet, so a batch is
-    /// over a cap only when it holds one post of more than 0 bytes, as for posts charged one
-    /// by one. `batch == 0` is [`Window::can_post`].
-    #[inline]
-    pub fn can_post_more(&self, dev: &DeviceWindow, batch: u64, bytes: u64) -> bool {
-        admits_more(self.in_flight, self.cap, batch, bytes) && dev.admits_more(batch, bytes)
     }
 
     /// Posts `bytes` if both this QP's cap and `dev`'s cap admit it (or the account is empty:

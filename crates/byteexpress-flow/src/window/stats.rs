@@ -5,8 +5,7 @@
 /// 16 EiB (47 years at 100 Gb/s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WindowStats {
-    /// Posts admitted: `try_post` calls, so a batch charged at once
-    /// ([`Window::can_post_more`](super::Window::can_post_more)) counts one.
+    /// Posts admitted (`try_post` calls).
     pub posted: u64,
     /// Bytes admitted (unit: bytes).
     pub posted_bytes: u64,
