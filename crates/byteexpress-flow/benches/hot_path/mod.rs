@@ -202,18 +202,20 @@ pub const TWO_WAY: u8 = 0;
 pub const UPDATE: u8 = 1;
 /// As [`TWO_WAY`], with send slots and CQ entries on both ends.
 pub const TWO_WAY_WITH_QUEUES: u8 = 2;
-/// As [`TWO_WAY`], each end's scheduler holding a standing backlog of 8 messages on each of
-/// its 8 connections (a message joins the back of its queue; the one granted is the head
-/// of the connection whose turn it is).
+/// As [`TWO_WAY`] in the gate-bound state: each end's scheduler holds a standing backlog of 8
+/// messages on each of its 8 connections (a message joins the back of its queue; the one
+/// granted is the head of the connection whose turn it is), and each end holds one credit
+/// (a grant of 1), so a round grants one message and then, as the RDMA engine's round asks
+/// for the next chunk, the gate refuses it for want of a credit.
 pub const TWO_WAY_BACKLOGGED: u8 = 3;
 /// As [`TWO_WAY`], the QP windows adaptive (`Config::window_target_delay` set) instead of the
 /// default static cap.
 pub const TWO_WAY_ADAPTIVE: u8 = 4;
 
-/// One end of a link: its scheduler (8 connections), QP window and device window, credits and
-/// queue budget. The QP window is the RDMA link's default (`byteexpress-rpc`'s
-/// `Config::window_bytes`, static 256 KiB) or the adaptive one; the device window is capped
-/// (16 MiB), so its account is kept too.
+/// One end of a link: its scheduler (8 connections), QP window and device window, credits
+/// (a grant of `grant` buffers) and queue budget. The QP window is the RDMA link's default
+/// (`byteexpress-rpc`'s `Config::window_bytes`, static 256 KiB) or the adaptive one; the
+/// device window is capped (16 MiB), so its account is kept too.
 struct End {
     s: Scheduler,
     conns: Vec<ConnId>,
@@ -224,7 +226,7 @@ struct End {
 }
 
 impl End {
-    fn new(adaptive: bool) -> Self {
+    fn new(adaptive: bool, grant: u32) -> Self {
         let (s, conns) = warm_sched(8);
         let qcfg = QueueConfig::new(128, 65, 128 + 65).unwrap();
         let mut queues = QueueBudget::new(qcfg);
@@ -234,7 +236,7 @@ impl End {
         Self {
             s,
             conns,
-            credits: Credits::new(CreditConfig::new(64).unwrap()),
+            credits: Credits::new(CreditConfig::new(grant).unwrap()),
             queues,
             w: if adaptive {
                 adaptive_window()
@@ -247,9 +249,15 @@ impl End {
 
     /// One 4 KiB message on connection `i` from this end to `to`, every account it touches
     /// on both ends (with the send slot and CQ entries when `QUEUES`), its completion
-    /// reported at `now` (µs). Returns the bytes the window charged.
+    /// reported at `now` (µs). When `GATE_BOUND`, a message granted from the queue is followed
+    /// by the round's refused request for another. Returns the bytes the window charged.
     #[inline]
-    fn send<const QUEUES: bool>(&mut self, to: &mut End, i: usize, now: u64) -> u64 {
+    fn send<const QUEUES: bool, const GATE_BOUND: bool>(
+        &mut self,
+        to: &mut End,
+        i: usize,
+        now: u64,
+    ) -> u64 {
         let queues = QUEUES;
         // As the RDMA engine's gate: the credit and the slot, then the windows, charged as
         // they admit the message. An idle scheduler grants the message at once (`offer`);
@@ -271,6 +279,12 @@ impl End {
             Offer::Granted(_) => {}
             Offer::Queued(_) => {
                 self.s.next_by_class(&mut gate).unwrap();
+                if GATE_BOUND {
+                    // The round asks for the next chunk; the gate, the batch holding the one
+                    // credit there was, refuses it, and the round ends.
+                    let refused = self.s.next_by_class(|_, _| credits.can_send_more(1));
+                    assert!(refused.is_none(), "the gate refuses a second message");
+                }
             }
         }
         let t = ticket.unwrap();
@@ -295,8 +309,8 @@ impl End {
 
 /// The two ends of a link, with adaptive QP windows or the default static ones, each with
 /// `per_conn` messages of `len` bytes in `class` queued on every connection.
-fn ends(adaptive: bool, per_conn: usize, class: Class, len: u64) -> (End, End) {
-    let (mut a, mut b) = (End::new(adaptive), End::new(adaptive));
+fn ends(adaptive: bool, grant: u32, per_conn: usize, class: Class, len: u64) -> (End, End) {
+    let (mut a, mut b) = (End::new(adaptive, grant), End::new(adaptive, grant));
     for end in [&mut a, &mut b] {
         for _ in 0..per_conn {
             for &c in &end.conns {
@@ -329,8 +343,9 @@ fn assert_took_turns(a: &End, b: &End, per_turn: u64) {
 ///   taking a send slot and its CQ entry, the receive completion freeing a receive entry that
 ///   the re-post takes again, the send completion freeing the slot;
 /// - `all_one_msg_two_way_adaptive` ([`TWO_WAY_ADAPTIVE`]): as two-way, with adaptive windows;
-/// - `all_one_msg_two_way_backlogged` ([`TWO_WAY_BACKLOGGED`]): as two-way behind a standing
-///   backlog, one message per round.
+/// - `all_one_msg_two_way_backlogged` ([`TWO_WAY_BACKLOGGED`]): as two-way in the gate-bound
+///   state: behind a standing backlog, one credit per end, so one message per round and the
+///   round's request for another refused.
 pub struct AllOne<const R: u8> {
     a: End,
     b: End,
@@ -341,7 +356,9 @@ pub struct AllOne<const R: u8> {
 impl<const R: u8> AllOne<R> {
     pub fn new() -> Self {
         let per_conn = if R == TWO_WAY_BACKLOGGED { 8 } else { 0 };
-        let (a, b) = ends(R == TWO_WAY_ADAPTIVE, per_conn, Class::Latency, 4096);
+        // Gate-bound: one credit per end.
+        let grant = if R == TWO_WAY_BACKLOGGED { 1 } else { 64 };
+        let (a, b) = ends(R == TWO_WAY_ADAPTIVE, grant, per_conn, Class::Latency, 4096);
         Self { a, b, i: 0, now: 0 }
     }
 }
@@ -351,9 +368,11 @@ impl<const R: u8> AllOne<R> {
     #[inline]
     fn one(from: &mut End, to: &mut End, i: usize, now: u64) -> u64 {
         if R == TWO_WAY_WITH_QUEUES {
-            from.send::<true>(to, i, now)
+            from.send::<true, false>(to, i, now)
+        } else if R == TWO_WAY_BACKLOGGED {
+            from.send::<false, true>(to, i, now)
         } else {
-            from.send::<false>(to, i, now)
+            from.send::<false, false>(to, i, now)
         }
     }
 }
@@ -371,7 +390,7 @@ impl<const R: u8> Case for AllOne<R> {
         if R == UPDATE {
             let mut bytes = 0;
             for i in [self.i, self.i + 1] {
-                bytes += self.a.send::<false>(&mut self.b, i, self.now);
+                bytes += self.a.send::<false, false>(&mut self.b, i, self.now);
                 if let Some(update) = self.b.credits.poll_update() {
                     self.a
                         .credits
@@ -507,9 +526,9 @@ pub type BulkChunks = Turns<TURN_BULK_CHUNK>;
 impl<const T: u8> Turns<T> {
     pub fn new() -> Self {
         let (a, b) = if T == TURN_BATCH {
-            ends(false, 8, Class::Latency, 4096)
+            ends(false, 64, 8, Class::Latency, 4096)
         } else {
-            ends(false, 2, Class::Bulk, BULK_MESSAGE)
+            ends(false, 64, 2, Class::Bulk, BULK_MESSAGE)
         };
         Self { a, b, now: 0 }
     }
