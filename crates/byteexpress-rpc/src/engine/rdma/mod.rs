@@ -475,7 +475,9 @@ impl Engine {
     /// Grants the chunks to post now, in the scheduler's order, while the gate admits them:
     /// a send credit beside those the batch holds (`Credits::can_send_more`; above the latency
     /// reserve for bulk), a send slot and a send buffer for each, and room in the QP and device
-    /// windows, which the gate charges as it admits each chunk (`Window::try_post`). Then
+    /// windows, which the gate charges as it admits each chunk (`Window::try_post`). The
+    /// scheduler is asked only while a send slot, a send buffer and a credit are left for one
+    /// more chunk, so a round that runs out of credits ends without a refused request. Then
     /// takes the batch's credits at once; returns the batch, the piggyback of its first header
     /// (the others carry none) and the bytes charged.
     ///
@@ -510,11 +512,21 @@ impl Engine {
                 break;
             }
             let taken = batch.len();
-            if self.queues.free_sends() as usize <= taken
+            // Below `free_sends`, a u32.
+            let held = taken as u32;
+            // No send slot or send buffer for one more chunk, or no credit for any (a latency
+            // chunk needs one beside those the batch holds, a bulk chunk more): the round ends
+            // without asking the scheduler, whose gate would refuse whatever it designated.
+            let no_credit = !self.credits.can_send_more(held);
+            if no_credit
+                || self.queues.free_sends() as usize <= taken
                 || self.parts.send_pool.available() <= taken
             {
                 if let Some(f) = fresh {
                     self.outbox.push(f);
+                }
+                if no_credit {
+                    LinkCounters::bump(&self.counters.credit_blocked);
                 }
                 break;
             }
@@ -522,8 +534,6 @@ impl Engine {
             let mut wait = None;
             let (credits, window) = (&self.credits, &mut self.parts.window);
             let escapes = &self.counters.window_escapes;
-            // Below `free_sends`, a u32.
-            let held = taken as u32;
             let gate = |len: u32, class| {
                 let credit = match class {
                     Class::Latency => credits.can_send_more(held),
