@@ -1,20 +1,22 @@
 //! Per-message cost of the flow-control hot path: credits (`try_send_data` + `on_receive`),
-//! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone and together.
+//! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone, and together
+//! as the RDMA engine uses them (`offer` or `enqueue` + `next_by_class`, the credit and window
+//! gate, `try_send_data_batch`, the queue budget, the end of each round).
 //!
-//! Together (`all_*`), each message is accounted for at both ends of a link, each end with a
-//! scheduler of 8 connections, its QP window (static 256 KiB, the RDMA link's default) and a
-//! capped device window:
+//! Together (`all_*`), each message is accounted for at both ends of a link, as the RDMA engine
+//! of `byteexpress-rpc` accounts for it, each end with a scheduler of 8 connections, its QP
+//! window (static 256 KiB, the RDMA link's default), a capped device window, credits and a
+//! queue budget (send slots, receives, CQ entries):
 //! - `all_one_msg_two_way`: the ends taking turns (one message each way per iteration), each
 //!   message's header returning the credit of the one before;
 //! - `all_one_msg_one_way`: every message one way, credits back in explicit updates;
-//! - `all_one_msg_two_way_sq_cq`: two-way, with the send-slot and CQ-entry accounting of
-//!   `QueueBudget`;
 //! - `all_one_msg_two_way_adaptive`: two-way, with adaptive windows;
 //! - under a standing backlog, every message through DRR: in the gate-bound state, one credit
-//!   per end, so a round grants one message and the gate refuses its request for another
-//!   (`all_one_msg_two_way_backlogged`); and in rounds of 8 chunks whose credits are taken at
-//!   once and whose send completions, polled together, release the windows once
-//!   (`all_batch8_two_way_backlogged`), as the RDMA engine of `byteexpress-rpc` batches them;
+//!   per end, so a round grants one message and ends for want of a credit
+//!   (`all_one_msg_two_way_backlogged`); and in rounds of 8 chunks (as many as there are send
+//!   slots) whose credits are taken at once and whose send completions, polled together,
+//!   release the windows once (`all_batch8_two_way_backlogged`), as the RDMA engine of
+//!   `byteexpress-rpc` batches them;
 //! - bulk chunks, one per round (`all_bulk_chunk_two_way_backlogged`).
 //!
 //! Time is reported per message (a case may run several per iteration, `Case::messages`).
@@ -36,7 +38,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group};
 use hot_path::{
     AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
-    TWO_WAY_WITH_QUEUES, UPDATE,
+    UPDATE,
 };
 use hot_path::{Batched, BulkChunks, WindowAdaptive, WindowStatic};
 
@@ -68,11 +70,6 @@ fn bench(c: &mut Criterion) {
         "all_one_msg_two_way_backlogged",
         AllOne::<TWO_WAY_BACKLOGGED>::new(),
     );
-    run(
-        &mut g,
-        "all_one_msg_two_way_sq_cq",
-        AllOne::<TWO_WAY_WITH_QUEUES>::new(),
-    );
     run(&mut g, "all_batch8_two_way_backlogged", Batched::new());
     run(
         &mut g,
@@ -92,14 +89,9 @@ criterion_group!(benches, bench);
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    // Under `cargo bench` (`cargo test --benches` runs each case once, without `--bench`):
-    // the `all_*` cases the filter names (all with no filter, or the filter `target`).
+    // Under `cargo bench` (`cargo test --benches` runs each case once, without `--bench`).
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--bench") {
-        let filter = args
-            .iter()
-            .find(|a| !a.starts_with('-'))
-            .map(String::as_str);
-        target_check::run(filter.filter(|&f| f != "target"));
+    if let Some((filter, exact)) = target_check::wanted(&args) {
+        target_check::run(filter, exact);
     }
 }

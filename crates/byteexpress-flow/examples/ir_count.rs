@@ -12,7 +12,7 @@ use std::hint::black_box;
 
 use hot_path::{
     AllOne, Case, Credit2, Sched8, Sched8Backlogged, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
-    TWO_WAY_WITH_QUEUES, UPDATE,
+    UPDATE,
 };
 use hot_path::{Batched, BulkChunks, WindowAdaptive, WindowStatic};
 
@@ -40,7 +40,7 @@ fn main() {
 }
 
 /// Every case by name, in report order.
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 11] = [
     "credit_2msgs",
     "window_static",
     "window_adaptive",
@@ -49,7 +49,6 @@ const NAMES: [&str; 12] = [
     "all_one_msg_two_way",
     "all_one_msg_one_way",
     "all_one_msg_two_way_backlogged",
-    "all_one_msg_two_way_sq_cq",
     "all_batch8_two_way_backlogged",
     "all_bulk_chunk_two_way_backlogged",
     "all_one_msg_two_way_adaptive",
@@ -66,7 +65,6 @@ fn with_case(name: &str, f: &mut dyn FnMut(&mut dyn Case)) -> bool {
         "all_one_msg_two_way" => f(&mut AllOne::<TWO_WAY>::new()),
         "all_one_msg_one_way" => f(&mut AllOne::<UPDATE>::new()),
         "all_one_msg_two_way_backlogged" => f(&mut AllOne::<TWO_WAY_BACKLOGGED>::new()),
-        "all_one_msg_two_way_sq_cq" => f(&mut AllOne::<TWO_WAY_WITH_QUEUES>::new()),
         "all_batch8_two_way_backlogged" => f(&mut Batched::new()),
         "all_bulk_chunk_two_way_backlogged" => f(&mut BulkChunks::new()),
         "all_one_msg_two_way_adaptive" => f(&mut AllOne::<TWO_WAY_ADAPTIVE>::new()),

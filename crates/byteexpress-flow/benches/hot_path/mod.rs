@@ -200,22 +200,22 @@ impl Case for Sched8Backlogged {
 pub const TWO_WAY: u8 = 0;
 /// In an explicit update every `update_threshold` messages, as on a one-way push.
 pub const UPDATE: u8 = 1;
-/// As [`TWO_WAY`], with send slots and CQ entries on both ends.
-pub const TWO_WAY_WITH_QUEUES: u8 = 2;
 /// As [`TWO_WAY`] in the gate-bound state: each end's scheduler holds a standing backlog of 8
 /// messages on each of its 8 connections (a message joins the back of its queue; the one
 /// granted is the head of the connection whose turn it is), and each end holds one credit
-/// (a grant of 1), so a round grants one message and then, as the RDMA engine's round asks
-/// for the next chunk, the gate refuses it for want of a credit.
+/// (a grant of 1), so a round grants one message and then, more being queued and no credit
+/// left, ends (as the RDMA engine's round ends: it checks for a credit before it asks the
+/// scheduler).
 pub const TWO_WAY_BACKLOGGED: u8 = 3;
 /// As [`TWO_WAY`], the QP windows adaptive (`Config::window_target_delay` set) instead of the
 /// default static cap.
 pub const TWO_WAY_ADAPTIVE: u8 = 4;
 
 /// One end of a link: its scheduler (8 connections), QP window and device window, credits
-/// (a grant of `grant` buffers) and queue budget. The QP window is the RDMA link's default
-/// (`byteexpress-rpc`'s `Config::window_bytes`, static 256 KiB) or the adaptive one; the
-/// device window is capped (16 MiB), so its account is kept too.
+/// (a grant of `grant` buffers) and queue budget (send slots, receives and CQ entries). The QP
+/// window is the RDMA link's default (`byteexpress-rpc`'s `Config::window_bytes`, static
+/// 256 KiB) or the adaptive one; the device window is capped (16 MiB), so its account is
+/// kept too.
 struct End {
     s: Scheduler,
     conns: Vec<ConnId>,
@@ -223,14 +223,18 @@ struct End {
     queues: QueueBudget,
     w: Window,
     dev: DeviceWindow,
+    /// Rounds that ended with messages queued and no credit left (the engine's
+    /// `credit_blocked`).
+    credit_blocked: u64,
 }
 
 impl End {
-    fn new(adaptive: bool, grant: u32) -> Self {
+    /// An end granting `grant` receive buffers to its peer, with `sq_depth` send slots.
+    fn new(adaptive: bool, grant: u32, sq_depth: u32) -> Self {
         let (s, conns) = warm_sched(8);
-        let qcfg = QueueConfig::new(128, 65, 128 + 65).unwrap();
+        let qcfg = QueueConfig::new(sq_depth, grant + 1, sq_depth + grant + 1).unwrap();
         let mut queues = QueueBudget::new(qcfg);
-        for _ in 0..65 {
+        for _ in 0..=grant {
             queues.try_post_recv().unwrap();
         }
         Self {
@@ -244,32 +248,63 @@ impl End {
                 Window::fixed(256 << 10).unwrap()
             },
             dev: DeviceWindow::new(16 << 20).unwrap(),
+            credit_blocked: 0,
         }
     }
 
-    /// One 4 KiB message on connection `i` from this end to `to`, every account it touches
-    /// on both ends (with the send slot and CQ entries when `QUEUES`), its completion
-    /// reported at `now` (µs). When `GATE_BOUND`, a message granted from the queue is followed
-    /// by the round's refused request for another. Returns the bytes the window charged.
+    /// The SEND of a data message from this end, carrying `pb`, lands at `to`: the send slot
+    /// (and its CQ entry) taken here; at `to`, the receive completion frees its receive and
+    /// CQ entry, the header's credits are applied, and the buffer is re-posted.
+    #[inline(always)]
+    fn land(&mut self, to: &mut End, pb: Piggyback) {
+        self.queues.try_post_send().unwrap();
+        to.queues.on_recv_completion().unwrap();
+        to.credits.on_receive(MsgKind::Data, pb).unwrap();
+        to.queues.try_post_recv().unwrap();
+        to.credits.on_reposted(MsgKind::Data).unwrap();
+    }
+
+    /// The end of one of this end's rounds, as the engine ends it: an explicit credit update
+    /// if one is due and a send slot is free, sent to `to` (received, its slot re-posted, its
+    /// send completion polled).
+    #[inline(always)]
+    fn end_round(&mut self, to: &mut End) {
+        if !self.queues.can_post_send() {
+            return;
+        }
+        if let Some(update) = self.credits.poll_update() {
+            self.queues.try_post_send().unwrap();
+            to.queues.on_recv_completion().unwrap();
+            to.credits
+                .on_receive(MsgKind::CreditUpdate, black_box(update))
+                .unwrap();
+            to.queues.try_post_recv().unwrap();
+            to.credits.on_reposted(MsgKind::CreditUpdate).unwrap();
+            self.queues.on_send_completion().unwrap();
+        }
+    }
+
+    /// One 4 KiB message on connection `i` from this end to `to` in a round of its own, every
+    /// account it touches on both ends, its completion reported at `now` (µs). When
+    /// `GATE_BOUND`, a message granted from the queue leaves the round without a credit for
+    /// another, so it ends there. Returns the bytes the window charged.
     #[inline]
-    fn send<const QUEUES: bool, const GATE_BOUND: bool>(
-        &mut self,
-        to: &mut End,
-        i: usize,
-        now: u64,
-    ) -> u64 {
-        let queues = QUEUES;
-        // As the RDMA engine's gate: the credit and the slot, then the windows, charged as
-        // they admit the message. An idle scheduler grants the message at once (`offer`);
-        // behind a backlog it is queued and `next` grants the chunk whose turn it is.
-        let (w, dev, credits, q) = (&mut self.w, &mut self.dev, &self.credits, &self.queues);
+    fn send<const GATE_BOUND: bool>(&mut self, to: &mut End, i: usize, now: u64) -> u64 {
+        // As the RDMA engine's round: it asks the scheduler only while a credit and a send
+        // slot are left for one more chunk; its gate takes the credit, then the windows,
+        // charged as they admit the message. An idle scheduler grants the message at once
+        // (`offer`); behind a backlog it is queued and `next` grants the chunk whose turn it
+        // is.
+        if !self.credits.can_send_more(0) || self.queues.free_sends() == 0 {
+            return 0;
+        }
+        let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
         let mut ticket = None;
         let mut gate = |len: u32, _| {
-            if !credits.can_send_more(0) || (queues && !q.can_post_send()) {
-                return false;
+            credits.can_send_more(0) && {
+                ticket = w.try_post(dev, len.into()).ok();
+                ticket.is_some()
             }
-            ticket = w.try_post(dev, len.into()).ok();
-            ticket.is_some()
         };
         match self
             .s
@@ -279,38 +314,38 @@ impl End {
             Offer::Granted(_) => {}
             Offer::Queued(_) => {
                 self.s.next_by_class(&mut gate).unwrap();
-                if GATE_BOUND {
-                    // The round asks for the next chunk; the gate, the batch holding the one
-                    // credit there was, refuses it, and the round ends.
-                    let refused = self.s.next_by_class(|_, _| credits.can_send_more(1));
-                    assert!(refused.is_none(), "the gate refuses a second message");
+                // More is queued, but the batch holds the one credit there was: the round
+                // ends without asking the scheduler (the engine counts `credit_blocked`).
+                if GATE_BOUND && !self.credits.can_send_more(1) {
+                    self.credit_blocked += 1;
                 }
             }
         }
         let t = ticket.unwrap();
-        let pb = self.credits.try_send_data_batch(1).unwrap();
-        if queues {
-            self.queues.try_post_send().unwrap();
-            to.queues.on_recv_completion().unwrap();
-        }
         // The receiver reads the piggyback from the wire.
-        to.credits.on_receive(MsgKind::Data, black_box(pb)).unwrap();
-        if queues {
-            to.queues.try_post_recv().unwrap();
-        }
-        to.credits.on_reposted(MsgKind::Data).unwrap();
-        if queues {
-            self.queues.on_send_completion().unwrap();
-        }
+        let pb = black_box(self.credits.try_send_data_batch(1).unwrap());
+        self.land(to, pb);
+        self.end_round(to);
+        // The sender's CQ poll: the send completion frees the slot and releases the windows.
+        self.queues.on_send_completion().unwrap();
         self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();
         t.bytes
     }
 }
 
-/// The two ends of a link, with adaptive QP windows or the default static ones, each with
-/// `per_conn` messages of `len` bytes in `class` queued on every connection.
-fn ends(adaptive: bool, grant: u32, per_conn: usize, class: Class, len: u64) -> (End, End) {
-    let (mut a, mut b) = (End::new(adaptive, grant), End::new(adaptive, grant));
+/// The two ends of a link, with adaptive QP windows or the default static ones, a grant of
+/// `grant` and `sq_depth` send slots each, each with `per_conn` messages of `len` bytes in
+/// `class` queued on every connection.
+fn ends(
+    adaptive: bool,
+    grant: u32,
+    sq_depth: u32,
+    per_conn: usize,
+    class: Class,
+    len: u64,
+) -> (End, End) {
+    let end = || End::new(adaptive, grant, sq_depth);
+    let (mut a, mut b) = (end(), end());
     for end in [&mut a, &mut b] {
         for _ in 0..per_conn {
             for &c in &end.conns {
@@ -332,20 +367,19 @@ fn assert_took_turns(a: &End, b: &End, per_turn: u64) {
 }
 
 /// The whole hot path of a message, two messages per iteration (the loop's own work shared by
-/// two; time per message): enqueue, schedule gated by window and credits (and send slots),
-/// post (window + credit), the receiver's receive and re-post, the completion. The credit
-/// comes back as `R` says:
+/// two; time per message), each in a round of its own as the RDMA engine runs it: enqueue,
+/// schedule gated by credits and windows (while a send slot is free), post (window, credit,
+/// send slot), the receiver's receive completion, receive and re-post, the end of the round
+/// (an explicit update if due), the send completion. The credit comes back as `R` says:
 /// - `all_one_msg_two_way` ([`TWO_WAY`]): the ends take turns, so each message's header
 ///   returns the credit of the one before it;
 /// - `all_one_msg_one_way` ([`UPDATE`]): every message goes one way and the receiver returns
-///   credits in explicit updates (their receive and re-post counted too);
-/// - `all_one_msg_two_way_sq_cq` ([`TWO_WAY_WITH_QUEUES`]): as two-way, every SEND also
-///   taking a send slot and its CQ entry, the receive completion freeing a receive entry that
-///   the re-post takes again, the send completion freeing the slot;
+///   credits in explicit updates at the end of its rounds (their SEND, receive and re-post
+///   counted too);
 /// - `all_one_msg_two_way_adaptive` ([`TWO_WAY_ADAPTIVE`]): as two-way, with adaptive windows;
 /// - `all_one_msg_two_way_backlogged` ([`TWO_WAY_BACKLOGGED`]): as two-way in the gate-bound
-///   state: behind a standing backlog, one credit per end, so one message per round and the
-///   round's request for another refused.
+///   state: behind a standing backlog, one credit per end, so one message per round, the
+///   round ending for want of a credit.
 pub struct AllOne<const R: u8> {
     a: End,
     b: End,
@@ -358,22 +392,15 @@ impl<const R: u8> AllOne<R> {
         let per_conn = if R == TWO_WAY_BACKLOGGED { 8 } else { 0 };
         // Gate-bound: one credit per end.
         let grant = if R == TWO_WAY_BACKLOGGED { 1 } else { 64 };
-        let (a, b) = ends(R == TWO_WAY_ADAPTIVE, grant, per_conn, Class::Latency, 4096);
+        let (a, b) = ends(
+            R == TWO_WAY_ADAPTIVE,
+            grant,
+            128,
+            per_conn,
+            Class::Latency,
+            4096,
+        );
         Self { a, b, i: 0, now: 0 }
-    }
-}
-
-impl<const R: u8> AllOne<R> {
-    /// One message on connection `i` of `from` to `to` at `now`; the bytes charged.
-    #[inline]
-    fn one(from: &mut End, to: &mut End, i: usize, now: u64) -> u64 {
-        if R == TWO_WAY_WITH_QUEUES {
-            from.send::<true, false>(to, i, now)
-        } else if R == TWO_WAY_BACKLOGGED {
-            from.send::<false, true>(to, i, now)
-        } else {
-            from.send::<false, false>(to, i, now)
-        }
     }
 }
 
@@ -390,20 +417,21 @@ impl<const R: u8> Case for AllOne<R> {
         if R == UPDATE {
             let mut bytes = 0;
             for i in [self.i, self.i + 1] {
-                bytes += self.a.send::<false, false>(&mut self.b, i, self.now);
-                if let Some(update) = self.b.credits.poll_update() {
-                    self.a
-                        .credits
-                        .on_receive(MsgKind::CreditUpdate, update)
-                        .unwrap();
-                    self.a.credits.on_reposted(MsgKind::CreditUpdate).unwrap();
-                }
+                bytes += self.a.send::<false>(&mut self.b, i, self.now);
+                // The receiver's round: nothing to send but, once due, an update.
+                self.b.end_round(&mut self.a);
             }
             return bytes;
         }
         // The ends take turns: one message each way.
-        Self::one(&mut self.a, &mut self.b, self.i, self.now)
-            + Self::one(&mut self.b, &mut self.a, self.i + 1, self.now)
+        let gate_bound = R == TWO_WAY_BACKLOGGED;
+        if gate_bound {
+            self.a.send::<true>(&mut self.b, self.i, self.now)
+                + self.b.send::<true>(&mut self.a, self.i + 1, self.now)
+        } else {
+            self.a.send::<false>(&mut self.b, self.i, self.now)
+                + self.b.send::<false>(&mut self.a, self.i + 1, self.now)
+        }
     }
 
     fn check(&self) {
@@ -416,6 +444,13 @@ impl<const R: u8> Case for AllOne<R> {
         } else {
             assert_took_turns(&self.a, &self.b, 1);
         }
+        if R == TWO_WAY_BACKLOGGED {
+            assert_eq!(
+                self.a.credit_blocked + self.b.credit_blocked,
+                a.data_sent + b.data_sent,
+                "every round ended for want of a credit"
+            );
+        }
     }
 }
 
@@ -425,36 +460,41 @@ pub const BATCH: usize = 8;
 impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
     /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
-    /// connection); the scheduler grants [`BATCH`] chunks through the gate (a credit beside
-    /// those the batch holds, `Credits::can_send_more`, then room in both windows, charged as
-    /// each chunk is admitted, `Window::try_post`); the batch takes its credits at once
-    /// (`Credits::try_send_data_batch`); the receiver takes each message (the first returning
-    /// credits) and re-posts its buffer; the sender's CQ poll returns the batch's send
-    /// completions together, which release the windows once (at `now`, µs). Returns the
-    /// bytes charged.
+    /// connection); while a send slot is free for one more (this end has [`BATCH`] of them,
+    /// so the round ends there), the scheduler grants the chunk whose turn it is through the
+    /// gate (a credit beside those the batch holds, `Credits::can_send_more`, then room in
+    /// both windows, charged as each chunk is admitted, `Window::try_post`); the batch takes
+    /// its credits at once (`Credits::try_send_data_batch`); each SEND takes a slot and lands
+    /// (the first returning credits, the receiver re-posting each buffer); the sender's CQ
+    /// poll returns the batch's send completions together, which release the windows once
+    /// (at `now`, µs). Returns the bytes charged.
     #[inline(never)]
     fn send_batch(&mut self, to: &mut End, now: u64) -> u64 {
         for &c in &self.conns[..BATCH] {
             self.s.enqueue(c, Class::Latency, black_box(4096)).unwrap();
         }
         let mut bytes = 0u64;
-        for taken in 0..BATCH as u32 {
+        let mut taken = 0u32;
+        while self.credits.can_send_more(taken) && self.queues.free_sends() > taken {
             let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
-            let g = self
-                .s
-                .next_by_class(|len, _| {
-                    credits.can_send_more(taken) && w.try_post(dev, len.into()).is_ok()
-                })
-                .unwrap();
+            let Some(g) = self.s.next_by_class(|len, _| {
+                credits.can_send_more(taken) && w.try_post(dev, len.into()).is_ok()
+            }) else {
+                break;
+            };
             bytes += u64::from(g.len);
+            taken += 1;
         }
         // The headers: the first message's piggyback, the others empty; opaque to the
         // optimiser, as the receiver reads them from the wire.
         let mut headers = [Piggyback::default(); BATCH];
-        headers[0] = self.credits.try_send_data_batch(BATCH as u32).unwrap();
-        for &pb in black_box(&headers) {
-            to.credits.on_receive(MsgKind::Data, pb).unwrap();
-            to.credits.on_reposted(MsgKind::Data).unwrap();
+        headers[0] = self.credits.try_send_data_batch(taken).unwrap();
+        for &pb in &black_box(headers)[..taken as usize] {
+            self.land(to, pb);
+        }
+        self.end_round(to);
+        for _ in 0..taken {
+            self.queues.on_send_completion().unwrap();
         }
         self.w.on_complete(&mut self.dev, bytes, 10, now).unwrap();
         bytes
@@ -466,13 +506,17 @@ const BULK_MESSAGE: u64 = 1 << 20;
 
 impl End {
     /// One chunk of a bulk message from this end to `to`, as the RDMA engine posts bulk
-    /// chunks (one per round, so nothing is batched): the scheduler grants the chunk whose
-    /// turn it is through the gate (a credit above the latency reserve, the window post);
-    /// the credit is taken, the receiver takes and re-posts the buffer, the completion
-    /// releases the window (at `now`, µs). A connection whose message's last chunk went
-    /// queues another, so the backlog stands. Returns the bytes charged.
+    /// chunks (one per round, so nothing is batched): with a send slot free, the scheduler
+    /// grants the chunk whose turn it is through the gate (a credit above the latency
+    /// reserve, the window post); the credit is taken, the SEND takes a slot and lands (the
+    /// receiver re-posting the buffer), the round ends, and the send completion frees the
+    /// slot and releases the window (at `now`, µs). A connection whose message's last chunk
+    /// went queues another, so the backlog stands. Returns the bytes charged.
     #[inline(never)]
     fn send_bulk_chunk(&mut self, to: &mut End, now: u64) -> u64 {
+        if !self.credits.can_send_more(0) || self.queues.free_sends() == 0 {
+            return 0;
+        }
         let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
         let mut ticket = None;
         let g = self
@@ -490,9 +534,10 @@ impl End {
                 .enqueue(g.conn, Class::Bulk, black_box(BULK_MESSAGE))
                 .unwrap();
         }
-        let pb = self.credits.try_send_data_batch(1).unwrap();
-        to.credits.on_receive(MsgKind::Data, black_box(pb)).unwrap();
-        to.credits.on_reposted(MsgKind::Data).unwrap();
+        let pb = black_box(self.credits.try_send_data_batch(1).unwrap());
+        self.land(to, pb);
+        self.end_round(to);
+        self.queues.on_send_completion().unwrap();
         self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();
         t.bytes
     }
@@ -526,9 +571,10 @@ pub type BulkChunks = Turns<TURN_BULK_CHUNK>;
 impl<const T: u8> Turns<T> {
     pub fn new() -> Self {
         let (a, b) = if T == TURN_BATCH {
-            ends(false, 64, 8, Class::Latency, 4096)
+            // BATCH send slots: the round ends when they run out.
+            ends(false, 64, BATCH as u32, 8, Class::Latency, 4096)
         } else {
-            ends(false, 64, 2, Class::Bulk, BULK_MESSAGE)
+            ends(false, 64, 128, 2, Class::Bulk, BULK_MESSAGE)
         };
         Self { a, b, now: 0 }
     }

@@ -12,26 +12,31 @@
 //! seconds to minutes that slow every loop by up to 1.8× (2026-11-30: the gate-bound loop of
 //! one `ir_count` binary took 16.4 and 28.1 ns per message a few seconds apart, and a
 //! credit-only loop run beside it 6.8 and 10.0 ns; within one criterion run, the samples of
-//! `all_one_msg_two_way` formed two clusters, about 8.8 and 15.9 ns). Run one after another, as criterion runs them, a case that
-//! falls wholly into a slow phase reports the phase; interleaved, every case sees the same
-//! phases, and the lower decile is the cost of the code when nothing else was running (an
-//! estimator robust to one-sided noise: Chen & Revels, "Robust benchmarking in noisy
-//! environments", 2016). When the whole check runs in a slow phase, every case's lower
-//! decile shows it, and the check says so rather than hiding it: then run it again.
+//! `all_one_msg_two_way` formed two clusters, about 8.8 and 15.9 ns). Run one after another,
+//! as criterion runs them, a case that falls wholly into a slow phase reports the phase;
+//! interleaved, every case meets the same phases, and the lower decile is the cost with the
+//! least interference seen (minimum-type estimators suit one-sided noise: Chen & Revels,
+//! "Robust benchmarking in noisy environments", 2016). The median and the mean are printed
+//! beside it, so a run's exposure to slow phases shows. A check that ran wholly in a slow
+//! phase shows it in every case at once (`all_one_msg_two_way`, the cheapest, well above its
+//! figure in the crate README's table): run it again then.
+//!
+//! A filter (criterion's, the first argument that is not an option or an option's value) is
+//! matched here as a substring of the case names (exactly with `--exact`); `--list`, `--test`
+//! and `--profile-time` skip the check.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use super::hot_path::{
-    AllOne, Batched, BulkChunks, Case, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED,
-    TWO_WAY_WITH_QUEUES, UPDATE,
+    AllOne, Batched, BulkChunks, Case, TWO_WAY, TWO_WAY_ADAPTIVE, TWO_WAY_BACKLOGGED, UPDATE,
 };
 
 /// Target per message (ns), for every `all_*` case.
 pub const TARGET_NS: f64 = 20.0;
 
 /// Slices per case.
-const SLICES: usize = 50;
+const SLICES: usize = 100;
 
 /// Wall time of one slice (about; its message count is fixed per case after a calibration
 /// slice).
@@ -75,10 +80,6 @@ fn cases() -> Vec<(&'static str, Box<dyn Sliced>)> {
         ("all_one_msg_two_way", Box::new(S(AllOne::<TWO_WAY>::new()))),
         ("all_one_msg_one_way", Box::new(S(AllOne::<UPDATE>::new()))),
         (
-            "all_one_msg_two_way_sq_cq",
-            Box::new(S(AllOne::<TWO_WAY_WITH_QUEUES>::new())),
-        ),
-        (
             "all_one_msg_two_way_adaptive",
             Box::new(S(AllOne::<TWO_WAY_ADAPTIVE>::new())),
         ),
@@ -99,12 +100,56 @@ fn per_message(took: Duration, messages: u64) -> f64 {
     took.as_nanos() as f64 / messages as f64
 }
 
-/// Runs the check on the `all_*` cases whose names contain `filter` (all of them when there
-/// is none) and prints a `target` line per case.
-pub fn run(filter: Option<&str>) {
+/// Options of criterion's command line that take a value (`--name value`).
+const TAKE_VALUE: [&str; 17] = [
+    "--color",
+    "--sample-size",
+    "--warm-up-time",
+    "--measurement-time",
+    "--nresamples",
+    "--noise-threshold",
+    "--confidence-level",
+    "--significance-level",
+    "--save-baseline",
+    "--baseline",
+    "--baseline-lenient",
+    "--load-baseline",
+    "--profile-time",
+    "--output-format",
+    "--plotting-backend",
+    "--format",
+    "--logfile",
+];
+
+/// From the bench's arguments (without the program name): whether to run the check (under
+/// `cargo bench`, which passes `--bench`; not when listing, testing or profiling), the filter
+/// if any (the filter `target` selects every case), and whether it must match exactly.
+pub fn wanted(args: &[String]) -> Option<(Option<&str>, bool)> {
+    let skip = ["--list", "--test", "--profile-time"];
+    if !args.iter().any(|a| a == "--bench") || args.iter().any(|a| skip.contains(&a.as_str())) {
+        return None;
+    }
+    let mut filter = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if TAKE_VALUE.contains(&a.as_str()) {
+            it.next();
+        } else if !a.starts_with('-') && filter.is_none() {
+            filter = Some(a.as_str());
+        }
+    }
+    let exact = args.iter().any(|a| a == "--exact");
+    Some((filter.filter(|&f| f != "target"), exact))
+}
+
+/// Runs the check on the `all_*` cases `filter` names (a substring of the name, or the whole
+/// name when `exact`; all of them when there is none) and prints a `target` line per case.
+pub fn run(filter: Option<&str>, exact: bool) {
     let mut cases: Vec<_> = cases()
         .into_iter()
-        .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
+        .filter(|(name, _)| {
+            filter.is_none_or(|f| if exact { *name == f } else { name.contains(f) })
+        })
         .collect();
     if cases.is_empty() {
         return;
@@ -139,8 +184,8 @@ pub fn run(filter: Option<&str>) {
         case.check();
         let t = &mut times[i];
         t.sort_by(f64::total_cmp);
-        let low = t[SLICES / 10];
-        let median = t[SLICES / 2];
+        let low = t[t.len() / 10];
+        let median = t[t.len() / 2];
         let mean = per_message(totals[i].0, totals[i].1);
         let met = if low <= TARGET_NS { "met" } else { "missed" };
         println!(
