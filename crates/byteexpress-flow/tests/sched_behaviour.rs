@@ -313,3 +313,24 @@ fn offer_on_an_idle_scheduler_ends_a_latency_streak_left_by_a_closed_bulk_backlo
     s.enqueue(l, Class::Latency, 10).unwrap();
     assert_eq!(s.next(yes).unwrap().class, Class::Latency);
 }
+
+#[test]
+fn a_connection_is_idle_exactly_while_nothing_is_queued_on_it_in_any_class() {
+    let mut s = sched(64 * 1024, 64 * 1024, 8);
+    let (a, b) = (s.open(), s.open());
+    assert!(s.is_idle(a) && s.is_idle(b), "opened with nothing queued");
+    s.enqueue(a, Class::Bulk, 100 * KIB).unwrap();
+    s.enqueue(b, Class::Latency, KIB).unwrap();
+    assert!(!s.is_idle(a) && !s.is_idle(b));
+    // The latency message goes first (one grant); `a`'s bulk message takes two chunks.
+    assert_eq!(s.next(yes).unwrap().conn, b);
+    assert!(s.is_idle(b) && !s.is_idle(a));
+    let first = s.next(yes).unwrap();
+    assert!(!first.last && !s.is_idle(a), "one chunk still queued");
+    assert!(s.next(yes).unwrap().last);
+    assert!(s.is_idle(a));
+    // A closed connection's id is unknown, so idle.
+    s.enqueue(a, Class::Latency, KIB).unwrap();
+    s.close(a).unwrap();
+    assert!(s.is_idle(a));
+}

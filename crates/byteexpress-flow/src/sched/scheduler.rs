@@ -272,6 +272,15 @@ impl Scheduler {
         self.rounds[0].is_empty() && self.rounds[1].is_empty()
     }
 
+    /// Whether nothing is queued on `conn`, in any class (true for an unknown connection). O(1):
+    /// a connection's queues are kept, so an idle one can stay open at the cost of its slab
+    /// entry, its DRR state being reset whenever its queues empty.
+    #[inline]
+    pub fn is_idle(&self, conn: ConnId) -> bool {
+        self.slot(conn)
+            .is_none_or(|s| s.flows.iter().all(|f| f.is_empty()))
+    }
+
     /// Unsent bytes queued on `conn` in `class` (unit: bytes); 0 for an unknown connection.
     pub fn queued_bytes(&self, conn: ConnId, class: Class) -> u64 {
         self.slot(conn)

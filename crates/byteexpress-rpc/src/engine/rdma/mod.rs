@@ -517,11 +517,10 @@ impl Engine {
             // No send slot or send buffer for one more chunk, or no credit for any (a latency
             // chunk needs one beside those the batch holds, a bulk chunk more): the round ends
             // without asking the scheduler, whose gate would refuse whatever it designated.
-            let no_credit = !self.credits.can_send_more(held);
-            if no_credit
-                || self.queues.free_sends() as usize <= taken
-                || self.parts.send_pool.available() <= taken
-            {
+            let no_slot = self.queues.free_sends() as usize <= taken
+                || self.parts.send_pool.available() <= taken;
+            let no_credit = !no_slot && !self.credits.can_send_more(held);
+            if no_slot || no_credit {
                 if let Some(f) = fresh {
                     self.outbox.push(f);
                 }

@@ -43,14 +43,22 @@ pub(super) struct Next {
     pub chunked: bool,
 }
 
+/// Logical connections whose scheduler connections stay open while idle, at most (beyond
+/// those with messages queued): one slab entry of the scheduler each.
+const MAX_IDLE_CONNS: usize = 1024;
+
 /// Queued messages of one link.
 #[derive(Debug)]
 pub(super) struct Outbox {
     mode: SchedMode,
     sched: Scheduler,
-    /// Scheduler connection of each `conn_id` with queued messages (Fair); opened on first use,
-    /// closed when its queues empty.
+    /// Scheduler connection of each `conn_id` (Fair); opened on first use and kept while idle
+    /// (so a message costs one lookup, not an open and a close), the idle ones closed when the
+    /// map reaches `sweep_at` entries.
     conns: HashMap<u32, ConnId>,
+    /// Map size at which idle connections are closed: [`MAX_IDLE_CONNS`], or twice the
+    /// connections left busy by the last sweep if more (so sweeps stay amortised O(1)).
+    sweep_at: usize,
     /// The one connection everything goes on (Fifo).
     fifo: Option<ConnId>,
     msgs: HashMap<MsgId, OutMsg>,
@@ -72,6 +80,7 @@ impl Outbox {
             mode,
             sched: Scheduler::new(cfg),
             conns: HashMap::new(),
+            sweep_at: MAX_IDLE_CONNS,
             fifo: None,
             msgs: HashMap::new(),
             chunk: c as usize,
@@ -116,7 +125,6 @@ impl Outbox {
                 None
             }
             Offer::Granted(g) => {
-                self.release_if_idle(g.conn, msg.conn_id());
                 let (header, off, len) = msg.next_chunk(self.chunk);
                 debug_assert!(msg.done());
                 Some(Next {
@@ -143,10 +151,17 @@ impl Outbox {
                 Class::Latency,
             ),
             SchedMode::Fair => {
-                let conn = *self
-                    .conns
-                    .entry(conn_id)
-                    .or_insert_with(|| self.sched.open());
+                let conn = match self.conns.get(&conn_id) {
+                    Some(&conn) => conn,
+                    None => {
+                        if self.conns.len() >= self.sweep_at {
+                            self.close_idle();
+                        }
+                        let conn = self.sched.open();
+                        self.conns.insert(conn_id, conn);
+                        conn
+                    }
+                };
                 let class = if wire <= self.chunk as u64 {
                     Class::Latency
                 } else {
@@ -158,17 +173,19 @@ impl Outbox {
         (conn, class, wire)
     }
 
-    /// Frees `conn` (the scheduler's connection of `conn_id`) if nothing is queued on it
-    /// (Fair): its DRR state resets anyway.
-    fn release_if_idle(&mut self, conn: ConnId, conn_id: u32) {
-        if self.mode == SchedMode::Fair
-            && Class::ALL
-                .iter()
-                .all(|&c| self.sched.queued_bytes(conn, c) == 0)
-        {
-            let _ = self.sched.close(conn);
-            self.conns.remove(&conn_id);
-        }
+    /// Closes the scheduler connections with nothing queued (their DRR state is reset
+    /// anyway) and forgets their `conn_id`s; the next sweep waits for [`MAX_IDLE_CONNS`] more
+    /// than the busy ones left.
+    fn close_idle(&mut self) {
+        let sched = &mut self.sched;
+        self.conns.retain(|_, &mut conn| {
+            let idle = sched.is_idle(conn);
+            if idle {
+                let _ = sched.close(conn);
+            }
+            !idle
+        });
+        self.sweep_at = MAX_IDLE_CONNS.max(2 * self.conns.len());
     }
 
     /// The chunk the scheduler designates, if `gate(wire bytes, class)` admits it; `None` when
@@ -183,9 +200,6 @@ impl Outbox {
         let (header, off, len) = msg.next_chunk(self.chunk);
         debug_assert_eq!(g.len as usize, crate::wire::header::HEADER_LEN + len);
         debug_assert_eq!(g.last, msg.done());
-        if g.last {
-            self.release_if_idle(g.conn, header.conn_id);
-        }
         Some(Next {
             header,
             msg: Source::Queued(g.msg),
@@ -314,9 +328,10 @@ mod tests {
         assert_eq!(n.header.call_id, 7);
         assert_eq!(n.wire as usize, HEADER_LEN + n.len);
         assert!(o.is_empty(), "nothing was queued");
-        assert!(
-            o.conns.is_empty(),
-            "its scheduler connection was closed again"
+        assert_eq!(
+            o.conns.len(),
+            1,
+            "its scheduler connection stays open, idle"
         );
         assert!(o.sched.is_empty());
     }
@@ -362,5 +377,29 @@ mod tests {
             let order = drain(&mut o);
             assert_eq!(order.len(), sends, "body of {body} bytes");
         }
+    }
+
+    #[test]
+    fn idle_connections_are_closed_when_the_map_is_full_and_busy_ones_keep_their_messages() {
+        let mut o = Outbox::new(SchedMode::Fair, CHUNK);
+        // Each logical connection sends one message, granted on arrival: all stay open, idle.
+        for c in 0..MAX_IDLE_CONNS as u32 {
+            assert!(o.offer(msg(c, c.into(), 10), |_, _| true).is_some());
+        }
+        assert_eq!(o.conns.len(), MAX_IDLE_CONNS);
+        // Connection 0 gets busy: a message queued.
+        o.push(msg(0, 5000, 10));
+        // A new conn_id finds the map full: every idle connection is closed, the busy one kept.
+        let new = MAX_IDLE_CONNS as u32;
+        o.push(msg(new, 5001, 10));
+        assert_eq!(o.conns.len(), 2, "connection 0 (busy) and the new one");
+        assert!(o.conns.contains_key(&0) && o.conns.contains_key(&new));
+        let mut order = drain(&mut o);
+        order.sort_by_key(|&(call, _)| call);
+        assert_eq!(
+            order,
+            vec![(5000, Kind::Request), (5001, Kind::Request)],
+            "the queued messages survived the sweep"
+        );
     }
 }
