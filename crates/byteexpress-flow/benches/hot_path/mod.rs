@@ -295,9 +295,10 @@ impl End {
         // charged as they admit the message. An idle scheduler grants the message at once
         // (`offer`); behind a backlog it is queued and `next` grants the chunk whose turn it
         // is.
-        if !self.credits.can_send_more(0) || self.queues.free_sends() == 0 {
-            return 0;
-        }
+        assert!(
+            self.queues.free_sends() > 0 && self.credits.can_send_more(0),
+            "a slot and a credit for the message"
+        );
         let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
         let mut ticket = None;
         let mut gate = |len: u32, _| {
@@ -390,12 +391,12 @@ pub struct AllOne<const R: u8> {
 impl<const R: u8> AllOne<R> {
     pub fn new() -> Self {
         let per_conn = if R == TWO_WAY_BACKLOGGED { 8 } else { 0 };
-        // Gate-bound: one credit per end.
-        let grant = if R == TWO_WAY_BACKLOGGED { 1 } else { 64 };
+        // The engine's default grant (16), or for the gate-bound state one credit per end.
+        let grant = if R == TWO_WAY_BACKLOGGED { 1 } else { 16 };
         let (a, b) = ends(
             R == TWO_WAY_ADAPTIVE,
             grant,
-            128,
+            SQ_DEPTH,
             per_conn,
             Class::Latency,
             4096,
@@ -457,12 +458,15 @@ impl<const R: u8> Case for AllOne<R> {
 /// Messages per turn of [`Batched`].
 pub const BATCH: usize = 8;
 
+/// Send slots of each end: the RDMA link's default (`Config::max_send_wr`).
+const SQ_DEPTH: u32 = 64;
+
 impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
     /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
-    /// connection); while a send slot is free for one more (this end has [`BATCH`] of them,
-    /// so the round ends there), the scheduler grants the chunk whose turn it is through the
-    /// gate (a credit beside those the batch holds, `Credits::can_send_more`, then room in
+    /// connection); while a send slot and a credit are left for one more (this end has a
+    /// grant of [`BATCH`], so the round ends there for want of a credit), the scheduler
+    /// grants the chunk whose turn it is through the gate (a credit beside those the batch holds, `Credits::can_send_more`, then room in
     /// both windows, charged as each chunk is admitted, `Window::try_post`); the batch takes
     /// its credits at once (`Credits::try_send_data_batch`); each SEND takes a slot and lands
     /// (the first returning credits, the receiver re-posting each buffer); the sender's CQ
@@ -475,7 +479,7 @@ impl End {
         }
         let mut bytes = 0u64;
         let mut taken = 0u32;
-        while self.credits.can_send_more(taken) && self.queues.free_sends() > taken {
+        while self.queues.free_sends() > taken && self.credits.can_send_more(taken) {
             let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
             let Some(g) = self.s.next_by_class(|len, _| {
                 credits.can_send_more(taken) && w.try_post(dev, len.into()).is_ok()
@@ -514,9 +518,10 @@ impl End {
     /// went queues another, so the backlog stands. Returns the bytes charged.
     #[inline(never)]
     fn send_bulk_chunk(&mut self, to: &mut End, now: u64) -> u64 {
-        if !self.credits.can_send_more(0) || self.queues.free_sends() == 0 {
-            return 0;
-        }
+        assert!(
+            self.queues.free_sends() > 0 && self.credits.can_send_more(0),
+            "a slot and a credit for the chunk"
+        );
         let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
         let mut ticket = None;
         let g = self
@@ -571,10 +576,10 @@ pub type BulkChunks = Turns<TURN_BULK_CHUNK>;
 impl<const T: u8> Turns<T> {
     pub fn new() -> Self {
         let (a, b) = if T == TURN_BATCH {
-            // BATCH send slots: the round ends when they run out.
-            ends(false, 64, BATCH as u32, 8, Class::Latency, 4096)
+            // A grant of BATCH: the round ends when the credits run out.
+            ends(false, BATCH as u32, SQ_DEPTH, 8, Class::Latency, 4096)
         } else {
-            ends(false, 64, 128, 2, Class::Bulk, BULK_MESSAGE)
+            ends(false, 16, SQ_DEPTH, 2, Class::Bulk, BULK_MESSAGE)
         };
         Self { a, b, now: 0 }
     }

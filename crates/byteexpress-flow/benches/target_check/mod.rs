@@ -100,8 +100,10 @@ fn per_message(took: Duration, messages: u64) -> f64 {
     took.as_nanos() as f64 / messages as f64
 }
 
-/// Options of criterion's command line that take a value (`--name value`).
+/// Options of criterion's command line that take a value (`--name value`; `--name=value` is
+/// one argument).
 const TAKE_VALUE: [&str; 17] = [
+    "-c",
     "--color",
     "--sample-size",
     "--warm-up-time",
@@ -111,22 +113,24 @@ const TAKE_VALUE: [&str; 17] = [
     "--confidence-level",
     "--significance-level",
     "--save-baseline",
+    "-s",
     "--baseline",
+    "-b",
     "--baseline-lenient",
     "--load-baseline",
-    "--profile-time",
     "--output-format",
     "--plotting-backend",
-    "--format",
-    "--logfile",
 ];
 
 /// From the bench's arguments (without the program name): whether to run the check (under
-/// `cargo bench`, which passes `--bench`; not when listing, testing or profiling), the filter
-/// if any (the filter `target` selects every case), and whether it must match exactly.
+/// `cargo bench`, which passes `--bench`; not when listing, testing, profiling or running
+/// ignored benchmarks), the filter if any (the filter `target` selects every case), and
+/// whether it must match exactly.
 pub fn wanted(args: &[String]) -> Option<(Option<&str>, bool)> {
-    let skip = ["--list", "--test", "--profile-time"];
-    if !args.iter().any(|a| a == "--bench") || args.iter().any(|a| skip.contains(&a.as_str())) {
+    let skip = |a: &String| {
+        ["--list", "--test", "--ignored"].contains(&a.as_str()) || a.starts_with("--profile-time")
+    };
+    if !args.iter().any(|a| a == "--bench") || args.iter().any(skip) {
         return None;
     }
     let mut filter = None;
@@ -152,6 +156,10 @@ pub fn run(filter: Option<&str>, exact: bool) {
         })
         .collect();
     if cases.is_empty() {
+        println!(
+            "target check: no all_* case matches {:?} (a substring here, not a regex)",
+            filter.unwrap_or_default()
+        );
         return;
     }
     // Calibration (and warm-up): the messages of a slice of about `SLICE`.
