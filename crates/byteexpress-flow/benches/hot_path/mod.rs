@@ -252,16 +252,16 @@ impl End {
         }
     }
 
-    /// The SEND of a data message from this end, carrying `pb`, lands at `to`: the send slot
-    /// (and its CQ entry) taken here; at `to`, the receive completion frees its receive and
-    /// CQ entry, the header's credits are applied, and the buffer is re-posted.
+    /// The SEND of a message of `kind` from this end, carrying `pb`, lands at `to`: the send
+    /// slot (and its CQ entry) taken here; at `to`, the receive completion frees its receive
+    /// and CQ entry, the header's credits are applied, and the buffer is re-posted.
     #[inline(always)]
-    fn land(&mut self, to: &mut End, pb: Piggyback) {
+    fn land(&mut self, to: &mut End, kind: MsgKind, pb: Piggyback) {
         self.queues.try_post_send().unwrap();
         to.queues.on_recv_completion().unwrap();
-        to.credits.on_receive(MsgKind::Data, pb).unwrap();
+        to.credits.on_receive(kind, pb).unwrap();
         to.queues.try_post_recv().unwrap();
-        to.credits.on_reposted(MsgKind::Data).unwrap();
+        to.credits.on_reposted(kind).unwrap();
     }
 
     /// The end of one of this end's rounds, as the engine ends it: an explicit credit update
@@ -273,13 +273,7 @@ impl End {
             return;
         }
         if let Some(update) = self.credits.poll_update() {
-            self.queues.try_post_send().unwrap();
-            to.queues.on_recv_completion().unwrap();
-            to.credits
-                .on_receive(MsgKind::CreditUpdate, black_box(update))
-                .unwrap();
-            to.queues.try_post_recv().unwrap();
-            to.credits.on_reposted(MsgKind::CreditUpdate).unwrap();
+            self.land(to, MsgKind::CreditUpdate, black_box(update));
             self.queues.on_send_completion().unwrap();
         }
     }
@@ -291,7 +285,7 @@ impl End {
     #[inline]
     fn send<const GATE_BOUND: bool>(&mut self, to: &mut End, i: usize, now: u64) -> u64 {
         // As the RDMA engine's round: it asks the scheduler only while a credit and a send
-        // slot are left for one more chunk; its gate takes the credit, then the windows,
+        // slot are left for one more chunk; its gate (for a latency message) is the windows,
         // charged as they admit the message. An idle scheduler grants the message at once
         // (`offer`); behind a backlog it is queued and `next` grants the chunk whose turn it
         // is.
@@ -299,13 +293,12 @@ impl End {
             self.queues.free_sends() > 0 && self.credits.can_send_more(0),
             "a slot and a credit for the message"
         );
-        let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
+        let (w, dev) = (&mut self.w, &mut self.dev);
         let mut ticket = None;
+        // (The credit of a latency message is the round's check above.)
         let mut gate = |len: u32, _| {
-            credits.can_send_more(0) && {
-                ticket = w.try_post(dev, len.into()).ok();
-                ticket.is_some()
-            }
+            ticket = w.try_post(dev, len.into()).ok();
+            ticket.is_some()
         };
         match self
             .s
@@ -325,7 +318,7 @@ impl End {
         let t = ticket.unwrap();
         // The receiver reads the piggyback from the wire.
         let pb = black_box(self.credits.try_send_data_batch(1).unwrap());
-        self.land(to, pb);
+        self.land(to, MsgKind::Data, pb);
         self.end_round(to);
         // The sender's CQ poll: the send completion frees the slot and releases the windows.
         self.queues.on_send_completion().unwrap();
@@ -369,7 +362,7 @@ fn assert_took_turns(a: &End, b: &End, per_turn: u64) {
 
 /// The whole hot path of a message, two messages per iteration (the loop's own work shared by
 /// two; time per message), each in a round of its own as the RDMA engine runs it: enqueue,
-/// schedule gated by credits and windows (while a send slot is free), post (window, credit,
+/// schedule gated by the windows (while a credit and a send slot are left), post (window, credit,
 /// send slot), the receiver's receive completion, receive and re-post, the end of the round
 /// (an explicit update if due), the send completion. The credit comes back as `R` says:
 /// - `all_one_msg_two_way` ([`TWO_WAY`]): the ends take turns, so each message's header
@@ -464,10 +457,11 @@ const SQ_DEPTH: u32 = 64;
 impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
     /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
-    /// connection); while a send slot and a credit are left for one more (this end has a
-    /// grant of [`BATCH`], so the round ends there for want of a credit), the scheduler
-    /// grants the chunk whose turn it is through the gate (a credit beside those the batch holds, `Credits::can_send_more`, then room in
-    /// both windows, charged as each chunk is admitted, `Window::try_post`); the batch takes
+    /// connection); while a send slot and a credit are left for one more (a credit beside
+    /// those the batch holds, `Credits::can_send_more`; this end has a grant of [`BATCH`], so
+    /// the round ends there for want of a credit), the scheduler grants the chunk whose turn
+    /// it is through the gate (room in both windows, charged as each chunk is admitted,
+    /// `Window::try_post`); the batch takes
     /// its credits at once (`Credits::try_send_data_batch`); each SEND takes a slot and lands
     /// (the first returning credits, the receiver re-posting each buffer); the sender's CQ
     /// poll returns the batch's send completions together, which release the windows once
@@ -480,10 +474,11 @@ impl End {
         let mut bytes = 0u64;
         let mut taken = 0u32;
         while self.queues.free_sends() > taken && self.credits.can_send_more(taken) {
-            let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
-            let Some(g) = self.s.next_by_class(|len, _| {
-                credits.can_send_more(taken) && w.try_post(dev, len.into()).is_ok()
-            }) else {
+            let (w, dev) = (&mut self.w, &mut self.dev);
+            let Some(g) = self
+                .s
+                .next_by_class(|len, _| w.try_post(dev, len.into()).is_ok())
+            else {
                 break;
             };
             bytes += u64::from(g.len);
@@ -494,7 +489,7 @@ impl End {
         let mut headers = [Piggyback::default(); BATCH];
         headers[0] = self.credits.try_send_data_batch(taken).unwrap();
         for &pb in &black_box(headers)[..taken as usize] {
-            self.land(to, pb);
+            self.land(to, MsgKind::Data, pb);
         }
         self.end_round(to);
         for _ in 0..taken {
@@ -540,7 +535,7 @@ impl End {
                 .unwrap();
         }
         let pb = black_box(self.credits.try_send_data_batch(1).unwrap());
-        self.land(to, pb);
+        self.land(to, MsgKind::Data, pb);
         self.end_round(to);
         self.queues.on_send_completion().unwrap();
         self.w.on_complete(&mut self.dev, t.bytes, 10, now).unwrap();

@@ -149,13 +149,7 @@ impl Credits {
     /// after the next [`Credits::on_receive`].
     #[inline]
     pub fn try_send_data(&mut self) -> Option<Piggyback> {
-        if self.send_credits == 0 {
-            self.stats.blocked += 1;
-            return None;
-        }
-        self.send_credits -= 1;
-        self.stats.data_sent += 1;
-        Some(self.take_piggyback())
+        self.try_send_data_batch(1)
     }
 
     /// Sends `n` data messages back to back, as `n` calls of [`Credits::try_send_data`] with

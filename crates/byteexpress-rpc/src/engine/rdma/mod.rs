@@ -473,8 +473,8 @@ impl Engine {
     }
 
     /// Grants the chunks to post now, in the scheduler's order, while the gate admits them:
-    /// a send credit beside those the batch holds (`Credits::can_send_more`; above the latency
-    /// reserve for bulk), a send slot and a send buffer for each, and room in the QP and device
+    /// a send credit beside those the batch holds (`Credits::can_send_more`, checked before the
+    /// scheduler is asked; above the latency reserve for bulk, checked by the gate), a send slot and a send buffer for each, and room in the QP and device
     /// windows, which the gate charges as it admits each chunk (`Window::try_post`). The
     /// scheduler is asked only while a send slot, a send buffer and a credit are left for one
     /// more chunk, so a round that runs out of credits ends without a refused request. Then
@@ -534,8 +534,10 @@ impl Engine {
             let (credits, window) = (&self.credits, &mut self.parts.window);
             let escapes = &self.counters.window_escapes;
             let gate = |len: u32, class| {
+                // A latency chunk's credit is the round's check above (`can_send_more`); a bulk
+                // chunk also leaves the latency reserve.
                 let credit = match class {
-                    Class::Latency => credits.can_send_more(held),
+                    Class::Latency => true,
                     Class::Bulk => credits.can_send_bulk_more(held),
                 };
                 wait = if !credit {
