@@ -8,7 +8,7 @@ setup:
 
 # The main job: the parameter-server benchmark over each transport, side by side.
 demo: setup
-	$(CARGO) run --release -p byteexpress --bin bx -- ps bench
+	$(CARGO) run --release -p bx -- ps bench
 
 # Every test of the workspace, then the ibverbs tests inside the Soft-RoCE VM
 # (BX_ALLOW_SKIP=vm skips the VM part, loudly).

@@ -37,7 +37,7 @@ targets=(
   "byteexpress-verbs:conformance:vm-tests"
   "byteexpress-verbs:ibverbs_vm:vm-tests"
   "integration-tests:transport_core::BX_SOFT=0:echo_over_rdma_with_64_in_flight_and_grant_8 --exact"
-  "byteexpress:pingpong_vm:vm-tests"
+  "bx:pingpong_vm:vm-tests"
   "byteexpress-mem:user_memory_vm:"
 )
 bins=()

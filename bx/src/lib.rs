@@ -1,5 +1,6 @@
-//! The `bx` command line (clap), as a library function so that the `bx` binary and the
-//! integration tests' copy of it (`integration-tests/src/bin/bx-facade.rs`) run the same code.
+//! `bx`, the ByteExpress command-line tool (clap). The commands are a library function, [`main`],
+//! so that the `bx` binary and the integration tests' copy of it
+//! (`integration-tests/src/bin/bx-facade.rs`) run the same code.
 //!
 //! - `bx devices`: the verbs devices this host offers (hardware and soft), their limits and GIDs;
 //! - `bx pingpong [SERVER]`: SEND/RECV ping-pong on one RC QP, interoperating with rdma-core's
@@ -10,6 +11,7 @@
 
 pub mod devices;
 pub mod pingpong;
+pub mod ps;
 
 use std::process::ExitCode;
 

@@ -1,6 +1,6 @@
-//! `bx`: the ByteExpress command-line tool (`bx devices`, `bx pingpong`, `bx ps serve`, `bx ps bench`); see
-//! [`byteexpress::cli`].
+//! `bx`: the ByteExpress command-line tool (`bx devices`, `bx pingpong`, `bx ps serve`,
+//! `bx ps bench`); the commands are [`bx::main`].
 
 fn main() -> std::process::ExitCode {
-    byteexpress::cli::main()
+    bx::main()
 }

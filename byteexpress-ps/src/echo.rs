@@ -1,5 +1,7 @@
 //! The `echo.Echo` test service (`proto/echo.proto`): echo with metadata, a slow method whose
 //! cancelled handlers are counted, and errors with chosen code, message and metadata.
+//! The metadata it sends back is the request's custom metadata (ASCII and `-bin`): every entry
+//! but the headers gRPC reserves ([`byteexpress::is_reserved_header`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,13 +10,13 @@ use std::time::Duration;
 use tonic::metadata::{KeyAndValueRef, MetadataMap};
 use tonic::{Request, Response, Status};
 
-use crate::metadata_map::is_reserved;
+use byteexpress::{is_reserved_header, served_over};
+
 use crate::pb::echo::echo_server::{self, EchoServer};
 use crate::pb::echo::{
     EchoRequest, EchoResponse, FailRequest, SleepRequest, SleepResponse, StatsRequest,
     StatsResponse,
 };
-use crate::served_over;
 
 /// Longest Sleep accepted, so a test cannot park a handler for ever.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
@@ -33,7 +35,7 @@ pub struct EchoService {
 }
 
 impl EchoService {
-    /// The service as a tonic server, ready for [`crate::Server::builder`] or tonic's own.
+    /// The service as a tonic server, ready for `byteexpress::Server::builder` or tonic's own.
     pub fn server(self) -> EchoServer<EchoService> {
         EchoServer::new(self)
     }
@@ -61,7 +63,7 @@ fn custom_metadata(from: &MetadataMap) -> MetadataMap {
     let mut out = MetadataMap::new();
     for kv in from.iter() {
         match kv {
-            KeyAndValueRef::Ascii(k, v) if !is_reserved(k.as_str()) => {
+            KeyAndValueRef::Ascii(k, v) if !is_reserved_header(k.as_str()) => {
                 out.append(k.clone(), v.clone());
             }
             KeyAndValueRef::Binary(k, v) => {

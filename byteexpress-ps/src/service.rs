@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::table::Store;
 use crate::pb::ps::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::pb::ps::{PullRequest, PullResponse, PushRequest, PushResponse};
+use crate::store::Store;
 
 /// Pull and Push over a shared [`Store`]; bad input is INVALID_ARGUMENT.
 #[derive(Debug, Clone)]
@@ -20,7 +20,7 @@ impl PsService {
         PsService { store }
     }
 
-    /// The service as a tonic server, ready for [`crate::Server::builder`] or tonic's own.
+    /// The service as a tonic server, ready for `byteexpress::Server::builder` or tonic's own.
     pub fn server(self) -> ParameterServerServer<PsService> {
         ParameterServerServer::new(self)
     }

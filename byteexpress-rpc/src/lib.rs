@@ -4,7 +4,7 @@
 //! - A **link** joins this process to a peer address: one TCP connection (set-up, then control
 //!   channel or the transport itself) and, when a local device reaches the peer, one RC QP.
 //!   Many logical connections ([`Client`]s) share it, each with its own `conn_id` in every
-//!   message header ([`wire::header`]).
+//!   message header (the wire header of `DESIGN.md`).
 //! - Transport choice: `BX_TRANSPORT=auto|rdma|tcp` ([`Config::transport`]); auto takes the first
 //!   local device that reaches the peer (hardware before the soft device), else TCP. Every client
 //!   reports what it negotiated ([`Client::transport`]).
@@ -16,8 +16,8 @@
 //! - Calls carry gRPC status codes, metadata and a deadline that both sides enforce; a client
 //!   that gives up cancels the server's handler.
 //!
-//! Design: the ByteExpress preprint's transport under an RPC framework; `../DESIGN.md` of the
-//! repository's shared notes describes the layering.
+//! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
+//! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
 mod client;
 mod config;
@@ -28,7 +28,13 @@ mod metadata;
 mod server;
 mod setup;
 mod status;
+// The wire protocol is this crate's own business: outside it, only [`CONN_MAGIC`] is public
+// (re-exported below). The `test-hooks` feature opens the whole module to tests that speak the
+// protocol by hand (hostile-peer and limit tests in integration-tests).
+#[cfg(feature = "test-hooks")]
 pub mod wire;
+#[cfg(not(feature = "test-hooks"))]
+mod wire;
 
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
@@ -43,6 +49,13 @@ pub use metadata::{Metadata, valid_key};
 pub use server::{BoxFuture, Server, ServerRequest, Service};
 pub use status::{Code, Status};
 pub use wire::hello::TransportPref;
+
+/// The first 8 bytes a ByteExpress client sends on its TCP connection (`"BXRPC"`, 0, 0, the
+/// protocol version). Public for servers that share one port with other protocols: the
+/// `byteexpress` facade reads a connection's first bytes and serves HTTP/2 unless they are
+/// these. The wire protocol itself (header, HELLO) is private to this crate; `DESIGN.md`
+/// documents it byte by byte.
+pub use wire::CONN_MAGIC;
 
 /// The transport a link runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

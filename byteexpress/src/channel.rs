@@ -12,7 +12,8 @@ use http_body_util::{BodyExt, Limited};
 use crate::body::ReplyBody;
 use crate::grpc_status::{GRPC_CONTENT_TYPE, status_headers};
 use crate::metadata_map::{headers_to_metadata, metadata_to_headers};
-use crate::{BoxError, BoxFuture, grpc_timeout};
+use crate::{BoxError, grpc_timeout};
+use byteexpress_rpc::BoxFuture;
 
 /// A ByteExpress client connection as a `tower::Service<http::Request<tonic::body::Body>>`:
 /// pass it to a tonic-generated client (`XxxClient::new(channel)`).

@@ -27,8 +27,12 @@ const B64: GeneralPurpose = GeneralPurpose::new(
         .with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// True for headers that are not custom metadata.
-pub fn is_reserved(name: &str) -> bool {
+/// True for the headers that gRPC over HTTP/2 reserves (`doc/PROTOCOL-HTTP2.md`): pseudo-headers,
+/// `grpc-*`, and the HTTP headers `content-type`, `te`, `user-agent`, `host`, `content-length`
+/// and the connection-specific ones. The facade carries every other header as custom metadata; a
+/// service that copies a request's metadata onward (a proxy, an echo) leaves these out.
+/// `name` is lower-case, as `http::HeaderName` holds it.
+pub fn is_reserved_header(name: &str) -> bool {
     name.starts_with(':')
         || name.starts_with("grpc-")
         || matches!(
@@ -52,7 +56,7 @@ pub fn is_reserved(name: &str) -> bool {
 pub fn headers_to_metadata(headers: &HeaderMap, prefix: &str, md: &mut Metadata) {
     for (name, value) in headers {
         let name = name.as_str();
-        if is_reserved(name) {
+        if is_reserved_header(name) {
             continue;
         }
         let value = if name.ends_with("-bin") {
@@ -87,7 +91,7 @@ pub fn metadata_to_headers(
             (Some(k), Some(t)) => (k, t),
             _ => (key, &mut *headers),
         };
-        if is_reserved(key) || !valid_key(key) {
+        if is_reserved_header(key) || !valid_key(key) {
             tracing::debug!(key, "dropping reserved or invalid metadata key");
             continue;
         }

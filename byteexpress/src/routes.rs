@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use byteexpress_rpc::{Code, Status};
 use tower_service::Service;
 
-use crate::BoxFuture;
 use crate::grpc_status::status_headers;
+use byteexpress_rpc::BoxFuture;
 
 /// A request as tonic-generated servers take it.
 pub type HttpRequest = http::Request<tonic::body::Body>;

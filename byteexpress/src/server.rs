@@ -7,8 +7,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use byteexpress_rpc::CONN_MAGIC;
 use byteexpress_rpc::Config;
-use byteexpress_rpc::wire::CONN_MAGIC;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower_service::Service;

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use byteexpress::echo::EchoService;
-use byteexpress::pb::echo::EchoRequest;
-use byteexpress::pb::echo::echo_client::EchoClient;
 use byteexpress::{Channel, Config, Server, Transport, TransportPref};
+use byteexpress_ps::echo::EchoService;
+use byteexpress_ps::pb::echo::EchoRequest;
+use byteexpress_ps::pb::echo::echo_client::EchoClient;
 use bytes::Bytes;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

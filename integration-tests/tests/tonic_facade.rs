@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use byteexpress::pb::echo::echo_client::EchoClient;
-use byteexpress::pb::echo::{EchoRequest, FailRequest, SleepRequest, StatsRequest, StatsResponse};
-use byteexpress::pb::ps::parameter_server_client::ParameterServerClient;
-use byteexpress::pb::ps::{PullRequest, PushRequest};
-use byteexpress::ps::init_value;
-use byteexpress::ps::table::decode_f32s;
 use byteexpress::{Channel, Config, Transport, TransportPref};
+use byteexpress_ps::pb::echo::echo_client::EchoClient;
+use byteexpress_ps::pb::echo::{
+    EchoRequest, FailRequest, SleepRequest, StatsRequest, StatsResponse,
+};
+use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
+use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
+use byteexpress_ps::{decode_f32s, init_value};
 use bytes::Bytes;
 use integration_tests::ServerProc;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -522,7 +523,7 @@ async fn python_grpcio_client_pulls_over_http2_on_the_same_port() {
             "installing Python grpcio into a venv failed (set BX_ALLOW_SKIP=pypi to skip this test):\n{e}"
         ),
     };
-    let proto_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/byteexpress/proto");
+    let proto_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../byteexpress-ps/proto");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio-stubs");
     std::fs::create_dir_all(&out).unwrap();
     run(Command::new(&python)

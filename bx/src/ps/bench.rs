@@ -12,20 +12,17 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use byteexpress::{Channel, Config, TransportPref};
+use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
+use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
+use byteexpress_ps::{Call, Workload, cpu, decode_f32s, init_value};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution, Zipf};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
-
-use super::cpu;
-use super::table::{decode_f32s, init_value};
-use crate::pb::ps::parameter_server_client::ParameterServerClient;
-use crate::pb::ps::{PullRequest, PushRequest};
-use crate::{Channel, Config, TransportPref};
 
 /// Table the bench uses (the server's default table).
 const TABLE: &str = "emb";
@@ -248,36 +245,31 @@ async fn check(client: &mut PsClient, args: &BenchArgs) -> Result<(), String> {
 async fn call_loop(
     mut client: PsClient,
     args: &BenchArgs,
-    zipf: Zipf<f64>,
+    workload: Workload,
     seed: u64,
     until: Instant,
     mut hist: Option<&mut Histogram<u64>>,
 ) -> Result<u64, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let n = args.keys_per_call;
-    let grads = Bytes::from(
-        std::iter::repeat_n(0.001f32.to_le_bytes(), n * args.dim)
-            .flatten()
-            .collect::<Vec<u8>>(),
-    );
+    let n = workload.keys_per_call();
+    let grads = workload.grads(args.dim);
     let mut calls = 0;
     while Instant::now() < until {
-        let keys: Vec<u64> = (0..n)
-            .map(|_| (zipf.sample(&mut rng) as u64).clamp(1, args.keys) - 1)
-            .collect();
+        let call = workload.next_call(&mut rng);
         let t0 = Instant::now();
-        if rng.random::<f64>() < args.push_ratio {
-            client
+        match call {
+            Call::Push(keys) => client
                 .push(keys, grads.clone())
                 .await
-                .map_err(|e| format!("push: {e}"))?;
-        } else {
-            let (dim, values) = client.pull(keys).await.map_err(|e| format!("pull: {e}"))?;
-            if dim as usize != args.dim || values.len() != n * args.dim * 4 {
-                return Err(format!(
-                    "pull: dim {dim} and {} bytes for {n} keys",
-                    values.len()
-                ));
+                .map_err(|e| format!("push: {e}"))?,
+            Call::Pull(keys) => {
+                let (dim, values) = client.pull(keys).await.map_err(|e| format!("pull: {e}"))?;
+                if dim as usize != args.dim || values.len() != n * args.dim * 4 {
+                    return Err(format!(
+                        "pull: dim {dim} and {} bytes for {n} keys",
+                        values.len()
+                    ));
+                }
             }
         }
         let us = t0.elapsed().as_micros() as u64;
@@ -297,7 +289,8 @@ async fn phase(
     record: bool,
     seed: u64,
 ) -> Result<(u64, Histogram<u64>), String> {
-    let zipf = Zipf::new(args.keys as f64, args.skew).map_err(|e| format!("zipf: {e}"))?;
+    let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
+        .map_err(|e| e.to_string())?;
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let loops = args.in_flight.max(1);
     let mut hists: Vec<Histogram<u64>> = (0..loops)
@@ -308,7 +301,7 @@ async fn phase(
         call_loop(
             client,
             args,
-            zipf,
+            workload,
             seed.wrapping_mul(1000).wrapping_add(i as u64),
             until,
             record.then_some(h),

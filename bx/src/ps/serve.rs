@@ -5,10 +5,9 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::service::PsService;
-use super::table::Store;
-use crate::Server;
-use crate::echo::EchoService;
+use byteexpress::Server;
+use byteexpress_ps::echo::EchoService;
+use byteexpress_ps::{PsService, Store};
 
 /// Settings of `bx ps serve`.
 #[derive(Debug, Clone, clap::Args)]

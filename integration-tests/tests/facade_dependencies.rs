@@ -1,0 +1,57 @@
+//! The facade is a library a tonic service depends on: `cargo tree -p byteexpress -e normal`
+//! must hold none of the crates of the `bx` tool and its benchmark (clap, hdrhistogram,
+//! rand_distr, indicatif). They belong to `bx` and `byteexpress-ps`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+/// Crates a service that depends on the facade must not get.
+const CLI_CRATES: &[&str] = &["clap", "hdrhistogram", "rand_distr", "indicatif"];
+
+/// The package names in `cargo tree -p <package> -e normal` of this workspace.
+fn normal_dependencies(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}"])
+        .output()
+        .expect("running cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("cargo tree prints UTF-8")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_facade_pulls_in_no_cli_or_benchmark_crates() {
+    let deps = normal_dependencies("byteexpress");
+    // the tree was read: the facade's own stack is in it
+    for needed in ["byteexpress", "byteexpress-rpc", "tonic", "http"] {
+        assert!(deps.contains(needed), "{needed} missing from {deps:?}");
+    }
+    let found: Vec<_> = CLI_CRATES.iter().filter(|c| deps.contains(**c)).collect();
+    assert!(
+        found.is_empty(),
+        "the byteexpress facade depends on {found:?}"
+    );
+}
+
+#[test]
+fn the_check_sees_the_cli_crates_where_they_are() {
+    // the same reading of the tree finds clap and hdrhistogram in the `bx` tool, so the check
+    // above cannot pass by failing to see them
+    let deps = normal_dependencies("bx");
+    for c in ["clap", "hdrhistogram", "rand_distr", "byteexpress"] {
+        assert!(deps.contains(c), "{c} missing from bx's tree {deps:?}");
+    }
+}
