@@ -10,9 +10,7 @@ setup:
 demo: setup
 	$(CARGO) run --release -p bx -- ps bench
 
-# Every test of the workspace, then the ibverbs tests inside the Soft-RoCE VM
-# (BX_ALLOW_SKIP=vm skips the VM part, loudly).
-test: setup
-	scripts/vm-tests.sh --check
-	$(CARGO) test --workspace
-	scripts/vm-tests.sh
+# Every test: set-up, host build, host tests, then the ibverbs tests inside the Soft-RoCE VM
+# (BX_ALLOW_SKIP=vm skips the VM part, loudly); ends with a line `N passed, M failed`.
+test:
+	@scripts/test.sh

@@ -63,9 +63,9 @@ for l in sys.stdin:
   bins+=("$bin")
   runs+=("echo '### $(basename "$bin") $env $args'; env $env '$bin' --test-threads=1 $args || { rc=1; failed+=' $pkg:$test'; }")
 done
-script="cd '$repo'; rc=0; failed=; export BX_PROVIDER=ibverbs; echo 'vm-tests: RDMA devices in the VM (ibv_devices):'; ibv_devices || rc=1"
+script="cd '$repo'; rc=0; failed=; export BX_PROVIDER=ibverbs; printf '\\n==> VM tests: the VM is up; running ${#bins[@]} test binaries on its rdma-core device\\n'; echo 'vm-tests: RDMA devices in the VM (ibv_devices):'; ibv_devices || rc=1"
 for r in "${runs[@]}"; do script+="; $r"; done
 script+="; if [ \$rc = 0 ]; then echo \"vm-tests: all ${#bins[@]} test binaries passed in the VM\"; else echo \"vm-tests: FAILED in the VM:\$failed\"; fi; exit \$rc"
-echo "vm-tests: running ${#bins[@]} test binaries in the Soft-RoCE VM (mounting $mount)" >&2
+echo "vm-tests: booting the Soft-RoCE VM (mounting $mount; the first run builds its image) to run ${#bins[@]} test binaries" >&2
 cd "$mount"
 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900} "$vm" "$mount" "$script"
