@@ -5,8 +5,8 @@
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
 //! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION |
-//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); others 0 |
-//! | 5 | 1 | reserved | 0 |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bits 2–7 sent as 0, not checked on receipt |
+//! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
 //! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
@@ -15,8 +15,12 @@
 //! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |
 //! | 36 | 4 | body_len | bytes of body of the message; in a CONTINUATION: bytes after this header |
 //!
-//! `meta_len` and `body_len` are checked against the configured maxima and against the bytes
-//! actually received before anything is sliced or allocated.
+//! [`Header::decode`] checks `meta_len` and `body_len` against the bytes actually received
+//! before anything is sliced. The configured maxima are applied before that, where the bytes
+//! arrive: the TCP frame reader refuses a frame over `Config::max_message`, an RDMA SEND cannot
+//! exceed the posted receive buffer, and reassembly refuses a first chunk announcing more than
+//! `Config::max_message` before it allocates ("Chunks" below). `DESIGN.md` (section 4) has the
+//! same tables; change both together.
 //!
 //! # Chunks (RDMA)
 //! A message whose header + metadata + body is larger than one chunk (`Config::max_chunk`,

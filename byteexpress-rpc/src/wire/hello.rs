@@ -22,8 +22,17 @@
 //! `grant` is the credit grant each side configured; the link uses the smaller of the two in
 //! both directions (each side posts `grant + 1` receives: `grant` for data, one for credit
 //! updates). `recv_buf` is the receive-buffer size in bytes, the largest single SEND (a whole
-//! message or one chunk of a larger one) either side may post: the client's, which the server accepts up to its own configured size or refuses. Both
-//! are checked against [`MAX_GRANT`] and [`MAX_RECV_BUF`].
+//! message or one chunk of a larger one) either side may post: the client's, which the server
+//! accepts up to its own configured size (echoing it in RDMA_ACCEPT, where the client requires
+//! the same value) or refuses. Decoding checks `grant` within 1..=[`MAX_GRANT`] and `recv_buf`
+//! within 104 (a header and 64 bytes)..=[`MAX_RECV_BUF`], at most 16 devices, no truncation and
+//! no trailing bytes.
+//!
+//! What each side does with them: the server does not act on HELLO's transport byte (it only
+//! tells the server's logs what the client asked for); the client does not check HELLO_ACK's
+//! version; a client pinned to RDMA that finds no reachable pair sends REFUSE; a REFUSE reason
+//! is decoded lossily (invalid UTF-8 is replaced, not refused). `DESIGN.md` (section 4.8)
+//! documents every message byte by byte; change both together.
 
 use super::{WireError, err};
 
@@ -64,8 +73,8 @@ pub enum Hello {
     HelloAck {
         /// Set-up protocol version.
         version: u16,
-        /// Serialised `DeviceInfo` of each server device that accepts this client (none when
-        /// the server is pinned to TCP).
+        /// Serialised `DeviceInfo` of each local device of the server (none when the server is
+        /// pinned to TCP); the client probes which of them it reaches.
         devices: Vec<Vec<u8>>,
     },
     /// Client chose RDMA through server device `device`.
@@ -85,7 +94,8 @@ pub enum Hello {
     RdmaAccept {
         /// Server's grant to the client.
         grant: u32,
-        /// Server's receive-buffer size.
+        /// The client's receive-buffer size, echoed: the size the link uses (the client
+        /// refuses any other value).
         recv_buf: u32,
         /// Server QP's serialised `Endpoint`.
         endpoint: Vec<u8>,
