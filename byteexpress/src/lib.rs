@@ -27,7 +27,9 @@ mod server;
 
 pub use body::ReplyBody;
 pub use bx_handler::{ServedOver, served_over};
-pub use byteexpress_rpc::{Code, Config, Metadata, Status, Transport, TransportPref};
+/// The native client under a [`Channel`] ([`Channel::client`], [`Channel::from_client`]).
+pub use byteexpress_rpc::Client;
+pub use byteexpress_rpc::{Code, Config, Metadata, SchedMode, Status, Transport, TransportPref};
 pub use channel::Channel;
 pub use metadata_map::is_reserved_header;
 pub use routes::{HttpRequest, HttpResponse, Routes};

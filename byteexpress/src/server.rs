@@ -37,7 +37,7 @@ impl Server {
 /// Services and settings of a server; `serve*` runs it.
 ///
 /// Each accepted connection is classified with `TcpStream::peek` (nothing is consumed, so
-/// nothing needs replaying): the ByteExpress [`CONN_MAGIC`] goes to the ByteExpress server
+/// nothing needs replaying): the ByteExpress [`CONN_MAGIC`](byteexpress_rpc::CONN_MAGIC) goes to the ByteExpress server
 /// (`byteexpress-rpc`), anything else (the HTTP/2 preface `PRI * HTTP/2.0`, ...) to tonic's
 /// own HTTP/2 server. Both dispatch by path to the same services. On the ByteExpress path
 /// streaming methods see their whole request at once, and their whole response is sent at
