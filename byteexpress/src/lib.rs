@@ -22,6 +22,7 @@ mod grpc_status;
 mod grpc_timeout;
 mod metadata_map;
 mod percent;
+mod replicas;
 mod routes;
 mod server;
 
@@ -31,6 +32,13 @@ pub use bx_handler::{ServedOver, served_over};
 pub use byteexpress_rpc::Client;
 pub use byteexpress_rpc::{Code, Config, Metadata, SchedMode, Status, Transport, TransportPref};
 pub use channel::Channel;
+pub use replicas::WaitForReady;
+/// A [`Channel`] over a service's replicas: the endpoint set, its sources and settings.
+pub use byteexpress_rpc::balance::{
+    Backoff, BalanceConfig, CallOptions, EndpointInfo, EndpointState, FailurePercentageEjection,
+    OutlierDetection, OutlierEvent, OutlierEventKind, Policy, ReplicaSet, ReplicaSetStats,
+    Resolve, SuccessRateEjection, SystemResolver,
+};
 pub use metadata_map::is_reserved_header;
 pub use routes::{HttpRequest, HttpResponse, Routes};
 pub use server::{Server, ServerBuilder};

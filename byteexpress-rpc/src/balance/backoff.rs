@@ -95,7 +95,11 @@ mod tests {
         for (g, w) in gaps.iter().zip(want) {
             assert!((g - w).abs() < 1e-9, "{gaps:?}");
         }
-        assert_eq!(*gaps.last().unwrap(), 120.0, "capped at MAX_BACKOFF: {gaps:?}");
+        assert_eq!(
+            *gaps.last().unwrap(),
+            120.0,
+            "capped at MAX_BACKOFF: {gaps:?}"
+        );
         assert_eq!(b.attempt_timeout(), Duration::from_secs(120));
         b.reset();
         assert_eq!(b.failed(0.5), Duration::from_secs(1));

@@ -62,6 +62,9 @@ mod tests {
         assert!(e.estimate_ns() > 9.9e6, "{}", e.estimate_ns());
         e.observe(Duration::from_micros(100), t0 + Duration::from_secs(100));
         assert!(e.estimate_ns() < 0.2e6, "{}", e.estimate_ns());
-        assert!(cost(1.0, 4) > cost(2.0, 1), "more calls outweigh a lower estimate");
+        assert!(
+            cost(1.0, 4) > cost(2.0, 1),
+            "more calls outweigh a lower estimate"
+        );
     }
 }

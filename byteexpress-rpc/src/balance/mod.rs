@@ -26,6 +26,8 @@ pub use set::{
     ReplicaSetStats,
 };
 pub use source::{Resolve, SystemResolver};
+/// `tower::discover`'s trait and change type, for [`ReplicaSet::from_discover`].
+pub use tower::discover::{Change, Discover};
 
 /// How a [`ReplicaSet`] picks an endpoint among the ready, admitted ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -152,10 +152,7 @@ pub(crate) fn sweep(
                 if !may_eject(ejected, total, cfg.max_ejection_percent) {
                     break;
                 }
-                if !hosts[i].ejected
-                    && rate < threshold
-                    && rand100() < sr.enforcement_percentage
-                {
+                if !hosts[i].ejected && rate < threshold && rand100() < sr.enforcement_percentage {
                     hosts[i].ejected = true;
                     out.push((i, "success_rate"));
                 }
@@ -228,15 +225,36 @@ mod tests {
             failure_percentage_ejection: None,
             ..Default::default()
         };
-        let mut hosts = [host(100, 0), host(100, 0), host(100, 0), host(100, 0), host(10, 90)];
-        assert_eq!(sweep(&cfg, &mut hosts, &mut always()), vec![(4, "success_rate")]);
+        let mut hosts = [
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(10, 90),
+        ];
+        assert_eq!(
+            sweep(&cfg, &mut hosts, &mut always()),
+            vec![(4, "success_rate")]
+        );
         assert!(hosts[4].ejected);
         // four hosts with volume: below minimum_hosts 5, nothing happens
-        let mut hosts = [host(100, 0), host(100, 0), host(100, 0), host(10, 90), host(9, 0)];
+        let mut hosts = [
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(10, 90),
+            host(9, 0),
+        ];
         assert!(sweep(&cfg, &mut hosts, &mut always()).is_empty());
         // rates 1,1,1,1,0.9: mean 0.98, stdev 0.04; 0.9 is 2 stdevs below: out at factor
         // 1900 (threshold 0.904), in at 2100 (threshold 0.896)
-        let mut hosts = [host(100, 0), host(100, 0), host(100, 0), host(100, 0), host(90, 10)];
+        let mut hosts = [
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(90, 10),
+        ];
         assert_eq!(sweep(&cfg, &mut hosts, &mut always()).len(), 1);
         let wide = OutlierDetection {
             success_rate_ejection: Some(SuccessRateEjection {
@@ -245,7 +263,13 @@ mod tests {
             }),
             ..cfg.clone()
         };
-        let mut hosts = [host(100, 0), host(100, 0), host(100, 0), host(100, 0), host(90, 10)];
+        let mut hosts = [
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(90, 10),
+        ];
         assert!(sweep(&wide, &mut hosts, &mut always()).is_empty());
         // enforcement 0 %: never
         let cfg0 = OutlierDetection {
@@ -255,7 +279,13 @@ mod tests {
             }),
             ..cfg
         };
-        let mut hosts = [host(100, 0), host(100, 0), host(100, 0), host(100, 0), host(10, 90)];
+        let mut hosts = [
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(100, 0),
+            host(10, 90),
+        ];
         assert!(sweep(&cfg0, &mut hosts, &mut always()).is_empty());
     }
 
@@ -270,19 +300,40 @@ mod tests {
             }),
             ..Default::default()
         };
-        let mut hosts = [host(50, 0), host(50, 0), host(50, 0), host(7, 43), host(8, 42)];
+        let mut hosts = [
+            host(50, 0),
+            host(50, 0),
+            host(50, 0),
+            host(7, 43),
+            host(8, 42),
+        ];
         // 43/50 = 86 % > 85 ejected; 42/50 = 84 % stays
-        assert_eq!(sweep(&cfg, &mut hosts, &mut always()), vec![(3, "failure_percentage")]);
+        assert_eq!(
+            sweep(&cfg, &mut hosts, &mut always()),
+            vec![(3, "failure_percentage")]
+        );
         // A50's default enforcement (0 %) ejects nothing
         let cfg_default = OutlierDetection {
             max_ejection_percent: 100,
             success_rate_ejection: None,
             ..Default::default()
         };
-        let mut hosts = [host(50, 0), host(50, 0), host(50, 0), host(7, 43), host(0, 50)];
+        let mut hosts = [
+            host(50, 0),
+            host(50, 0),
+            host(50, 0),
+            host(7, 43),
+            host(0, 50),
+        ];
         assert!(sweep(&cfg_default, &mut hosts, &mut always()).is_empty());
         // a host below request_volume is not counted
-        let mut hosts = [host(50, 0), host(50, 0), host(50, 0), host(0, 49), host(0, 50)];
+        let mut hosts = [
+            host(50, 0),
+            host(50, 0),
+            host(50, 0),
+            host(0, 49),
+            host(0, 50),
+        ];
         assert!(sweep(&cfg, &mut hosts, &mut always()).is_empty());
     }
 
@@ -297,8 +348,17 @@ mod tests {
             }),
             ..Default::default()
         };
-        let mut hosts = [host(0, 50), host(0, 50), host(0, 50), host(50, 0), host(50, 0)];
-        assert_eq!(sweep(&cfg, &mut hosts, &mut always()), vec![(0, "failure_percentage")]);
+        let mut hosts = [
+            host(0, 50),
+            host(0, 50),
+            host(0, 50),
+            host(50, 0),
+            host(50, 0),
+        ];
+        assert_eq!(
+            sweep(&cfg, &mut hosts, &mut always()),
+            vec![(0, "failure_percentage")]
+        );
         assert!(!may_eject(1, 5, 20));
         assert!(may_eject(0, 3, 10));
         assert!(!may_eject(1, 3, 10));

@@ -318,6 +318,11 @@ impl ReplicaSet {
         }
     }
 
+    /// Largest request in bytes, as on each endpoint's link ([`Config::max_message`]).
+    pub fn max_message(&self) -> usize {
+        self.h.core.cfg.max_message
+    }
+
     /// Every endpoint as it stands.
     pub fn endpoints(&self) -> Vec<EndpointInfo> {
         let eps = self.h.core.eps.lock().clone();
@@ -344,8 +349,10 @@ impl ReplicaSet {
 
     /// Resolves at the next change of any endpoint's state (connectivity, ejection, the set
     /// itself), for callers that watch [`ReplicaSet::endpoints`].
-    pub async fn changed(&self) {
-        self.h.core.changed.notified().await
+    /// The future is registered at this call: a change between the call and the first poll
+    /// is not missed.
+    pub fn changed(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.h.core.changed.notified()
     }
 }
 
@@ -389,7 +396,8 @@ impl Endpoint {
 
 impl Core {
     fn activate(&self) {
-        self.active.send_if_modified(|a| !std::mem::replace(a, true));
+        self.active
+            .send_if_modified(|a| !std::mem::replace(a, true));
     }
 
     /// Wakes calls and `poll_ready`ers waiting for a change.
@@ -453,7 +461,11 @@ impl Core {
 
     /// Ids and addresses of the endpoints.
     pub(crate) fn addrs(&self) -> Vec<(u64, String)> {
-        self.eps.lock().iter().map(|e| (e.id, e.addr.clone())).collect()
+        self.eps
+            .lock()
+            .iter()
+            .map(|e| (e.id, e.addr.clone()))
+            .collect()
     }
 
     fn pick_state(&self) -> PickState {

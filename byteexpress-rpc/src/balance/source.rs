@@ -44,12 +44,7 @@ impl Resolve for SystemResolver {
 
 /// `host:port` → (`host`, port); `[v6]:port` too.
 fn split_host_port(name: &str) -> Result<(String, u16), Status> {
-    let bad = || {
-        Status::new(
-            Code::InvalidArgument,
-            format!("{name:?} is not host:port"),
-        )
-    };
+    let bad = || Status::new(Code::InvalidArgument, format!("{name:?} is not host:port"));
     let (host, port) = name.rsplit_once(':').ok_or_else(bad)?;
     let port = port.parse::<u16>().map_err(|_| bad())?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -174,7 +169,8 @@ async fn resolve_task(core: Arc<Core>, host: String, port: u16, resolver: Arc<dy
 }
 
 fn core_period(core: &Core) -> std::time::Duration {
-    core.resolve_every().max(std::time::Duration::from_millis(1))
+    core.resolve_every()
+        .max(std::time::Duration::from_millis(1))
 }
 
 #[cfg(test)]
@@ -183,10 +179,17 @@ mod tests {
 
     #[test]
     fn names_split_into_host_and_port() {
-        assert_eq!(split_host_port("svc.local:50051").unwrap(), ("svc.local".into(), 50051));
+        assert_eq!(
+            split_host_port("svc.local:50051").unwrap(),
+            ("svc.local".into(), 50051)
+        );
         assert_eq!(split_host_port("[::1]:7").unwrap(), ("::1".into(), 7));
         for bad in ["svc", ":5", "a:x", "a:70000"] {
-            assert_eq!(split_host_port(bad).unwrap_err().code, Code::InvalidArgument, "{bad}");
+            assert_eq!(
+                split_host_port(bad).unwrap_err().code,
+                Code::InvalidArgument,
+                "{bad}"
+            );
         }
     }
 }
