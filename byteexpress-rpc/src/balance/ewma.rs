@@ -12,6 +12,8 @@ pub(crate) struct PeakEwma {
     estimate_ns: f64,
     updated: Instant,
     decay_ns: f64,
+    /// Whether a latency was observed yet.
+    sampled: bool,
 }
 
 impl PeakEwma {
@@ -20,13 +22,15 @@ impl PeakEwma {
             estimate_ns: default_rtt.as_nanos() as f64,
             updated: Instant::now(),
             decay_ns: (decay.as_nanos() as f64).max(1.0),
+            sampled: false,
         }
     }
 
     /// Folds in one call's latency measured at `now`.
     pub(crate) fn observe(&mut self, rtt: Duration, now: Instant) {
         let rtt = rtt.as_nanos() as f64;
-        if rtt > self.estimate_ns {
+        if !self.sampled || rtt > self.estimate_ns {
+            self.sampled = true;
             self.estimate_ns = rtt;
         } else {
             let elapsed = now.saturating_duration_since(self.updated).as_nanos() as f64;
@@ -36,9 +40,14 @@ impl PeakEwma {
         self.updated = now;
     }
 
-    /// The estimate at `now`, in nanoseconds.
+    /// The estimate, in nanoseconds.
     pub(crate) fn estimate_ns(&self) -> f64 {
         self.estimate_ns
+    }
+
+    /// The estimate, or `None` before the first observed latency.
+    pub(crate) fn sampled_ns(&self) -> Option<f64> {
+        self.sampled.then_some(self.estimate_ns)
     }
 }
 

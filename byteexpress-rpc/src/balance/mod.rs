@@ -52,8 +52,9 @@ pub struct BalanceConfig {
     /// Outlier ejection (default: A50's defaults and 5 consecutive failures).
     pub outlier: OutlierDetection,
     /// Latency estimate of an endpoint before its first answer (default 30 ms, as
-    /// `tower::load::PeakEwma` is commonly set up; a new endpoint is tried without being
-    /// preferred).
+    /// `tower::load::PeakEwma` is commonly set up), or the mean estimate of the endpoints
+    /// that have answered if that is lower: a new endpoint is tried, without being preferred,
+    /// even when the others answer much faster. Its first answer replaces the estimate.
     pub default_rtt: Duration,
     /// Decay time of the peak-EWMA latency estimate (default 10 s): a sample `decay` after the
     /// last weighs 1 − 1/e.

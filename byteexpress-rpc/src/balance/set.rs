@@ -290,7 +290,7 @@ impl ReplicaSet {
         if let Some(d) = deadline {
             req.timeout = Some(d.saturating_duration_since(Instant::now()));
         }
-        ep.outstanding.fetch_add(1, Ordering::SeqCst);
+        // counted by `pick`, so that concurrent picks see it
         let _out = Outstanding(&ep);
         let t0 = Instant::now();
         let res = client.call(req).await;
@@ -476,6 +476,8 @@ impl Core {
         }
     }
 
+    /// Picks an endpoint for a call; a picked one counts the call as outstanding (the caller
+    /// holds an [`Outstanding`] for it).
     fn pick(&self) -> Pick {
         self.pick_inner(true)
     }
@@ -489,7 +491,7 @@ impl Core {
                 Pick::Wait
             };
         }
-        let mut ready: Vec<(Arc<Endpoint>, Client, f64)> = Vec::new();
+        let mut ready: Vec<(Arc<Endpoint>, Client, Option<f64>)> = Vec::new();
         let mut waiting = false;
         let mut ejected = 0;
         for ep in &eps {
@@ -499,7 +501,7 @@ impl Core {
                     if st.ejected.is_some() {
                         ejected += 1;
                     } else {
-                        ready.push((ep.clone(), c.clone(), st.ewma.estimate_ns()));
+                        ready.push((ep.clone(), c.clone(), st.ewma.sampled_ns()));
                     }
                 }
                 Conn::Failed => {}
@@ -515,22 +517,45 @@ impl Core {
                 eps.len()
             ));
         }
-        if !choose || ready.len() == 1 {
+        if !choose {
             let (ep, c, _) = ready.swap_remove(0);
+            return Pick::Ready(ep, c);
+        }
+        if ready.len() == 1 {
+            let (ep, c, _) = ready.swap_remove(0);
+            ep.outstanding.fetch_add(1, Ordering::SeqCst);
             return Pick::Ready(ep, c);
         }
         let i = match self.bal.policy {
             Policy::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed) % ready.len(),
             Policy::PowerOfTwoChoices => {
+                // An endpoint not yet answered is estimated at the default RTT or the mean of
+                // the answered ones, whichever is lower, so that a new endpoint gets calls
+                // (and its first sample) even under light load.
+                let sampled: Vec<f64> = ready.iter().filter_map(|r| r.2).collect();
+                let default = self.bal.default_rtt.as_nanos() as f64;
+                let fresh = if sampled.is_empty() {
+                    default
+                } else {
+                    default.min(sampled.iter().sum::<f64>() / sampled.len() as f64)
+                };
+                let est = |r: &(Arc<Endpoint>, Client, Option<f64>)| r.2.unwrap_or(fresh);
                 let n = ready.len();
                 let a = rand::random_range(0..n);
                 let b = (a + rand::random_range(1..n)) % n;
-                let ca = cost(ready[a].2, ready[a].0.outstanding.load(Ordering::SeqCst));
-                let cb = cost(ready[b].2, ready[b].0.outstanding.load(Ordering::SeqCst));
+                let ca = cost(
+                    est(&ready[a]),
+                    ready[a].0.outstanding.load(Ordering::SeqCst),
+                );
+                let cb = cost(
+                    est(&ready[b]),
+                    ready[b].0.outstanding.load(Ordering::SeqCst),
+                );
                 if ca <= cb { a } else { b }
             }
         };
         let (ep, c, _) = ready.swap_remove(i);
+        ep.outstanding.fetch_add(1, Ordering::SeqCst);
         Pick::Ready(ep, c)
     }
 
