@@ -696,3 +696,113 @@ async fn p2c_sends_under_15_percent_of_calls_to_a_replica_answering_10ms_later()
         assert!((150..=250).contains(&n), "{who}: {n} of 600 ({by:?})");
     }
 }
+
+// ---- A50's success-rate and failure-percentage ejection over real replicas ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a50_success_rate_and_failure_percentage_eject_a_replica_failing_every_call() {
+    use byteexpress_rpc::balance::{FailurePercentageEjection, SuccessRateEjection};
+    let bad = replica("bad", &["--fail-all", "13"]).await;
+    let g1 = replica("g1", &[]).await;
+    let g2 = replica("g2", &[]).await;
+    let addrs = [&bad.addr, &g1.addr, &g2.addr];
+    let base = BalanceConfig {
+        policy: Policy::RoundRobin,
+        outlier: OutlierDetection {
+            interval: Duration::from_millis(200),
+            base_ejection_time: Duration::from_secs(30),
+            max_ejection_percent: 50,
+            success_rate_ejection: None,
+            failure_percentage_ejection: None,
+            consecutive_failures: None,
+            ..OutlierDetection::default()
+        },
+        ..BalanceConfig::default()
+    };
+    let success_rate = BalanceConfig {
+        outlier: OutlierDetection {
+            // rates 0, 1, 1: mean 2/3, stdev 0.47; threshold at 1 stdev: 0.195
+            success_rate_ejection: Some(SuccessRateEjection {
+                stdev_factor: 1000,
+                minimum_hosts: 3,
+                request_volume: 20,
+                ..SuccessRateEjection::default()
+            }),
+            ..base.outlier.clone()
+        },
+        ..base.clone()
+    };
+    let failure_percentage = BalanceConfig {
+        outlier: OutlierDetection {
+            failure_percentage_ejection: Some(FailurePercentageEjection {
+                enforcement_percentage: 100,
+                minimum_hosts: 3,
+                request_volume: 20,
+                ..FailurePercentageEjection::default()
+            }),
+            ..base.outlier.clone()
+        },
+        ..base.clone()
+    };
+    for (bal, reason) in [
+        (success_rate, "success_rate"),
+        (failure_percentage, "failure_percentage"),
+        (base, ""),
+    ] {
+        let set = ReplicaSet::from_static(addrs, &tcp(), &bal);
+        let mut events = set.outlier_events();
+        let t0 = Instant::now();
+        // calls until the bad replica is ejected, or 1.5 s (7 sweeps) without it
+        for _ in 0..100_000 {
+            if set.stats().ejections > 0 || t0.elapsed() > Duration::from_millis(1500) {
+                break;
+            }
+            let _ = set.call(echo(Duration::from_secs(5))).await;
+        }
+        if reason.is_empty() {
+            assert_eq!(set.stats().ejections, 0, "both checks off: nothing ejected");
+            continue;
+        }
+        let ev = events.try_recv().expect("an ejection");
+        assert_eq!(ev.addr, bad.addr);
+        assert_eq!(
+            ev.kind,
+            OutlierEventKind::Ejected {
+                duration: Duration::from_secs(30),
+                reason
+            }
+        );
+        let out: Vec<_> = set.endpoints().into_iter().filter(|e| e.ejected).collect();
+        assert_eq!(out.len(), 1, "{out:?}");
+    }
+    drop((g1, g2));
+}
+
+// ---- several links to one server ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_shares_one_link_per_server_and_connect_unshared_gives_each_client_its_own() {
+    let s = replica("s", &[]).await;
+    let sends = |c: &Client| {
+        let st = c.link_stats();
+        st.chunks_sent + st.bypassed
+    };
+    let a = Client::connect(&s.addr, &Config::default()).await.unwrap();
+    let b = Client::connect(&s.addr, &Config::default()).await.unwrap();
+    assert_eq!(a.transport(), byteexpress_rpc::Transport::Rdma);
+    let before = sends(&b);
+    a.call(echo(Duration::from_secs(10))).await.unwrap();
+    assert!(sends(&b) > before, "a and b share one link");
+    let c = Client::connect_unshared(&s.addr, &Config::default())
+        .await
+        .unwrap();
+    let d = Client::connect_unshared(&s.addr, &Config::default())
+        .await
+        .unwrap();
+    let (c0, d0) = (sends(&c), sends(&d));
+    c.call(echo(Duration::from_secs(10))).await.unwrap();
+    assert!(sends(&c) > c0);
+    assert_eq!(sends(&d), d0, "c and d have links of their own");
+    d.call(echo(Duration::from_secs(10))).await.unwrap();
+    assert!(sends(&d) > d0);
+}
