@@ -447,13 +447,14 @@ async fn a_replica_failing_every_call_is_ejected_readmitted_and_ejected_longer_t
     assert_eq!(r2.kind, OutlierEventKind::Readmitted);
     let out1 = r1.at - e1.at;
     let out2 = r2.at - e2.at;
-    // re-admission happens at the first sweep (every 100 ms) after the ejection time
+    // re-admission happens at the first sweep (every 100 ms) after the ejection time (loose
+    // upper bounds, for a loaded machine)
     assert!(
-        out1 >= base && out1 < base + Duration::from_millis(500),
+        out1 >= base && out1 < base + Duration::from_millis(1500),
         "{out1:?}"
     );
     assert!(
-        out2 >= base * 2 && out2 < base * 2 + Duration::from_millis(500),
+        out2 >= base * 2 && out2 < base * 2 + Duration::from_millis(1500),
         "{out2:?}"
     );
     let st = set.stats();
