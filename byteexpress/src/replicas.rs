@@ -25,7 +25,8 @@ impl Channel {
     /// as tonic's `Endpoint::connect_lazy`, with [`Config::default`] and
     /// [`BalanceConfig::default`]: a [`ReplicaSet`] of one endpoint, which reconnects with
     /// gRPC's backoff. Errors: INVALID_ARGUMENT for a malformed URI (nothing else: the server
-    /// need not exist yet).
+    /// need not exist yet). Call it inside a tokio runtime (the set's tasks are spawned on it;
+    /// panics otherwise), as every constructor over replicas.
     pub fn connect_lazy(uri: &str) -> Result<Channel, Status> {
         Channel::connect_lazy_with(uri, &Config::default(), &BalanceConfig::default())
     }

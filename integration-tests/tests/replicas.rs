@@ -356,13 +356,14 @@ async fn three_replicas_one_killed_under_load_new_calls_go_to_the_two_others() {
 
 // ---- outlier ejection ----
 
-/// Consecutive-failure ejection only, swept every 100 ms; round robin, so that the failing
-/// replica takes every third call whatever its latency estimate.
+/// Consecutive-failure ejection only, swept every 250 ms; round robin, so that the failing
+/// replica takes every third call whatever its latency estimate (and, re-admitted, is ejected
+/// again well before the next sweep would lower its ejection multiplier).
 fn ejecting(consecutive: u32, base: Duration, max_percent: u32) -> BalanceConfig {
     BalanceConfig {
         policy: Policy::RoundRobin,
         outlier: OutlierDetection {
-            interval: Duration::from_millis(100),
+            interval: Duration::from_millis(250),
             base_ejection_time: base,
             max_ejection_time: Duration::from_secs(60),
             max_ejection_percent: max_percent,
@@ -447,7 +448,7 @@ async fn a_replica_failing_every_call_is_ejected_readmitted_and_ejected_longer_t
     assert_eq!(r2.kind, OutlierEventKind::Readmitted);
     let out1 = r1.at - e1.at;
     let out2 = r2.at - e2.at;
-    // re-admission happens at the first sweep (every 100 ms) after the ejection time (loose
+    // re-admission happens at the first sweep (every 250 ms) after the ejection time (loose
     // upper bounds, for a loaded machine)
     assert!(
         out1 >= base && out1 < base + Duration::from_millis(1500),
