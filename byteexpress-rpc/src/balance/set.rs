@@ -719,7 +719,7 @@ async fn drive(core: Arc<Core>, ep: Arc<Endpoint>) {
         };
         match attempt {
             Ok(client) => {
-                backoff.reset();
+                let up = Instant::now();
                 tracing::info!(target: "byteexpress_rpc::balance", addr = ep.addr, transport = %client.transport(), "endpoint ready");
                 set(Conn::Ready(client.clone()), Some(false));
                 tokio::select! {
@@ -727,6 +727,20 @@ async fn drive(core: Arc<Core>, ep: Arc<Endpoint>) {
                     _ = client.link_closed() => {}
                 }
                 tracing::info!(target: "byteexpress_rpc::balance", addr = ep.addr, "endpoint's link lost; reconnecting");
+                // A link that lived at least INITIAL_BACKOFF counts as a success: reconnect at
+                // once with the backoff reset. One that died sooner (a peer that accepts and
+                // drops links) counts as a failed attempt, so such a peer is retried at the
+                // backoff's pace, not in a tight loop.
+                if up.elapsed() >= core.bal.backoff.initial {
+                    backoff.reset();
+                } else {
+                    let wait = backoff.failed(rand::random::<f64>());
+                    set(Conn::Failed, Some(true));
+                    tokio::select! {
+                        _ = ep.stop.cancelled() => return,
+                        _ = tokio::time::sleep_until(started + wait) => {}
+                    }
+                }
             }
             Err(e) => {
                 let wait = backoff.failed(rand::random::<f64>());
