@@ -191,6 +191,47 @@ async fn lazy_set_before_its_server_fails_fast_without_wait_for_ready_and_waits_
     assert!(e.transport.is_some(), "transport reported per endpoint");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnection_attempts_to_an_absent_server_back_off_by_the_multiplier_up_to_the_max() {
+    let addr = free_addr().await;
+    let bal = BalanceConfig {
+        backoff: Backoff {
+            initial: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.0,
+            max: Duration::from_millis(400),
+            min_connect_timeout: Duration::from_secs(20),
+        },
+        ..BalanceConfig::default()
+    };
+    let set = ReplicaSet::from_static([&addr], &tcp(), &bal);
+    set.connect_now();
+    // when each attempt was first seen (attempts are counted as they start, and every start
+    // wakes `changed`)
+    let mut starts: Vec<Instant> = vec![];
+    let t0 = Instant::now();
+    while starts.len() < 6 && t0.elapsed() < Duration::from_secs(10) {
+        let changed = set.changed();
+        let n = set.endpoints()[0].attempts as usize;
+        while starts.len() < n {
+            starts.push(Instant::now());
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(20), changed).await;
+    }
+    assert!(starts.len() >= 6, "{} attempts", starts.len());
+    let gaps: Vec<Duration> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    // gaps 100, 200, 400 (max), 400, 400 ms; observed within 20 ms polls
+    let want = [100u64, 200, 400, 400, 400];
+    for (g, w) in gaps.iter().zip(want) {
+        let w = Duration::from_millis(w);
+        assert!(
+            *g + Duration::from_millis(25) >= w && *g < w + Duration::from_millis(300),
+            "gaps {gaps:?}"
+        );
+    }
+    assert_eq!(set.endpoints()[0].state, EndpointState::TransientFailure);
+}
+
 // ---- the facade: connect_lazy, poll_ready, WaitForReady ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,10 +58,12 @@ pub struct EndpointInfo {
     pub ejected: bool,
     /// Times it was ejected.
     pub ejections: u64,
-    /// Calls it answered (any status) and of them the failures.
+    /// Calls it ended (any status but CANCELLED).
     pub calls: u64,
     /// Calls that failed (any status but OK and CANCELLED).
     pub failures: u64,
+    /// Connection attempts so far (TCP connect and link set-up), successful or not.
+    pub attempts: u64,
 }
 
 /// Counters of a [`ReplicaSet`].
@@ -122,6 +124,7 @@ struct EpState {
     ejections: u64,
     calls: u64,
     failed_calls: u64,
+    attempts: u64,
 }
 
 pub(crate) struct Endpoint {
@@ -390,6 +393,7 @@ impl Endpoint {
             ejections: st.ejections,
             calls: st.calls,
             failures: st.failed_calls,
+            attempts: st.attempts,
         }
     }
 }
@@ -426,6 +430,7 @@ impl Core {
                 ejections: 0,
                 calls: 0,
                 failed_calls: 0,
+                attempts: 0,
             }),
             outstanding: AtomicUsize::new(0),
             stop: self.stop.child_token(),
@@ -709,6 +714,7 @@ async fn drive(core: Arc<Core>, ep: Arc<Endpoint>) {
     };
     let mut backoff = BackoffState::new(core.bal.backoff);
     loop {
+        ep.st.lock().attempts += 1;
         set(Conn::Connecting, None);
         let started = Instant::now();
         let mut cfg = core.cfg.clone();
