@@ -560,7 +560,7 @@ async fn endpoints_from_a_discover_stream_are_used_and_dropped_and_calls_in_flig
     // a slow call in flight on a
     let in_flight = {
         let set = set.clone();
-        tokio::spawn(async move { set.call(sleep_call(1500, Duration::from_secs(10))).await })
+        tokio::spawn(async move { set.call(sleep_call(3000, Duration::from_secs(10))).await })
     };
     wait_until(&set, Duration::from_secs(10), "call on a", |e| {
         e[0].outstanding == 1
@@ -580,6 +580,10 @@ async fn endpoints_from_a_discover_stream_are_used_and_dropped_and_calls_in_flig
     );
     tx.unbounded_send(Ok(Change::Remove(1))).unwrap();
     wait_until(&set, Duration::from_secs(10), "a removed", |e| e.len() == 1).await;
+    assert!(
+        !in_flight.is_finished(),
+        "a is removed while its call is in flight"
+    );
     for _ in 0..200 {
         let r = set.call(echo(Duration::from_secs(10))).await.expect("echo");
         assert_eq!(server_of(&r), "b", "the removed endpoint takes no call");
