@@ -46,6 +46,8 @@ type Pending = oneshot::Sender<Result<Response, Status>>;
 struct Calls {
     pending: Mutex<HashMap<CallKey, Pending>>,
     closed: Mutex<Option<Status>>,
+    /// Woken when the link closes ([`Client::link_closed`]).
+    gone: tokio::sync::Notify,
 }
 
 impl Dispatch for Calls {
@@ -63,6 +65,7 @@ impl Dispatch for Calls {
 
     fn closed(&self, why: Status) {
         *self.closed.lock() = Some(why.clone());
+        self.gone.notify_waiters();
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
             let _ = tx.send(Err(why.clone()));
@@ -118,6 +121,8 @@ struct Conn {
     current: Mutex<(Arc<ClientLink>, u32)>,
     /// Held while a new link is set up, so concurrent calls reconnect once.
     reconnecting: tokio::sync::Mutex<()>,
+    /// Whether this connection's links come from the process registry (shared) or are its own.
+    shared: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -131,7 +136,16 @@ impl std::fmt::Debug for Client {
 }
 
 /// A logical connection on the process's live link to `addr`, setting one up if needed.
-async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), Status> {
+async fn open_conn(
+    addr: &str,
+    cfg: &Config,
+    shared: bool,
+) -> Result<(Arc<ClientLink>, u32), Status> {
+    if !shared {
+        let link = new_link(addr, cfg).await?;
+        let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
+        return Ok((link, conn_id));
+    }
     let key = format!(
         "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
         cfg.transport,
@@ -149,21 +163,26 @@ async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), S
     let link = match links.get(&key).and_then(Weak::upgrade) {
         Some(l) if !l.tx.is_closed() => l,
         _ => {
-            let calls = Arc::new(Calls::default());
-            let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
-            tracing::info!(addr, transport = %tx.transport(), "link up");
-            let l = Arc::new(ClientLink {
-                tx,
-                calls,
-                next_conn: AtomicU32::new(1),
-                next_call: AtomicU64::new(1),
-            });
+            let l = new_link(addr, cfg).await?;
             links.insert(key, Arc::downgrade(&l));
             l
         }
     };
     let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
     Ok((link, conn_id))
+}
+
+/// Sets up a new link to `addr` (HELLO, transport choice, QP handshake).
+async fn new_link(addr: &str, cfg: &Config) -> Result<Arc<ClientLink>, Status> {
+    let calls = Arc::new(Calls::default());
+    let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
+    tracing::info!(addr, transport = %tx.transport(), "link up");
+    Ok(Arc::new(ClientLink {
+        tx,
+        calls,
+        next_conn: AtomicU32::new(1),
+        next_call: AtomicU64::new(1),
+    }))
 }
 
 fn registry() -> &'static tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>> {
@@ -178,15 +197,50 @@ impl Client {
     /// Errors: UNAVAILABLE when the server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
-        let current = open_conn(addr, cfg).await?;
+        Client::open(addr, cfg, true).await
+    }
+
+    /// Like [`Client::connect`], but on a link of this client's own, outside the process
+    /// registry: every call of `connect_unshared` sets up a distinct link (its own TCP
+    /// connection and QP), and so does every reconnection of the returned client. This is how
+    /// a test gets several links to one server; a [`ReplicaSet`](crate::ReplicaSet) gives each
+    /// endpoint one this way. Errors: as [`Client::connect`].
+    pub async fn connect_unshared(addr: &str, cfg: &Config) -> Result<Client, Status> {
+        Client::open(addr, cfg, false).await
+    }
+
+    async fn open(addr: &str, cfg: &Config, shared: bool) -> Result<Client, Status> {
+        let current = open_conn(addr, cfg, shared).await?;
         Ok(Client {
             inner: Arc::new(Conn {
                 addr: addr.to_string(),
                 cfg: cfg.clone(),
                 current: Mutex::new(current),
                 reconnecting: tokio::sync::Mutex::new(()),
+                shared,
             }),
         })
+    }
+
+    /// Whether this connection's current link is closed (server gone, QP error); the next
+    /// call would set up a new one.
+    pub fn is_closed(&self) -> bool {
+        let link = self.link();
+        link.tx.is_closed() || link.calls.closed.lock().is_some()
+    }
+
+    /// Resolves when this connection's current link closes (at once if it is closed).
+    pub async fn link_closed(&self) {
+        let link = self.link();
+        loop {
+            let gone = link.calls.gone.notified();
+            tokio::pin!(gone);
+            gone.as_mut().enable();
+            if link.tx.is_closed() || link.calls.closed.lock().is_some() {
+                return;
+            }
+            gone.await;
+        }
     }
 
     /// The live link and connection id, setting up a new link if the current one is closed.
@@ -201,7 +255,7 @@ impl Client {
             return Ok(cur); // another call reconnected meanwhile
         }
         tracing::info!(addr = self.inner.addr, "link closed; reconnecting");
-        let fresh = open_conn(&self.inner.addr, &self.inner.cfg).await?;
+        let fresh = open_conn(&self.inner.addr, &self.inner.cfg, self.inner.shared).await?;
         *self.inner.current.lock() = fresh.clone();
         Ok(fresh)
     }
@@ -230,9 +284,24 @@ impl Client {
     /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
     /// passes (the server is told to cancel the handler); UNAVAILABLE when the link fails;
     /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
-    /// the future cancels the call on the server too.
+    /// the future cancels the call on the server too. The deadline bounds everything done for
+    /// the call, setting up a new link included (DEADLINE_EXCEEDED when set-up outlasts it).
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
-        let (link, conn_id) = self.current().await?;
+        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        let (link, conn_id) = match deadline {
+            Some(d) => tokio::time::timeout_at(d, self.current())
+                .await
+                .map_err(|_| {
+                    Status::new(
+                        Code::DeadlineExceeded,
+                        format!(
+                            "deadline of {:?} exceeded while setting up a link",
+                            req.timeout.unwrap_or_default()
+                        ),
+                    )
+                })??,
+            None => self.current().await?,
+        };
         let link = &*link;
         if let Some(why) = link.calls.closed.lock().clone() {
             return Err(why);
@@ -247,9 +316,9 @@ impl Client {
             &req.metadata,
             req.body,
         );
-        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
-        if let Some(t) = req.timeout {
-            out.header.timeout_us = (t.as_micros() as u64).max(1);
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(tokio::time::Instant::now());
+            out.header.timeout_us = (left.as_micros() as u64).max(1);
         }
         let (tx, rx) = oneshot::channel();
         link.calls.pending.lock().insert(key, tx);
