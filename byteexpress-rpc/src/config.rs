@@ -56,6 +56,21 @@ pub struct Config {
     pub busy_poll: Duration,
     /// Time allowed for TCP connect plus link set-up (default 5 s).
     pub connect_timeout: Duration,
+    /// Server: time a new connection has to send its whole protocol preface (default 10 s):
+    /// the 8-byte [`CONN_MAGIC`](crate::CONN_MAGIC), or, on the facade's shared port, the 24
+    /// bytes of the HTTP/2 client preface. Waited for by socket readiness, never polled. A
+    /// connection that has not sent it in time is closed.
+    pub detect_timeout: Duration,
+    /// Server: time the client has to finish set-up after its preface: HELLO, the transport
+    /// choice and the QP handshake (default 5 s). A connection that has not finished in time
+    /// is closed (UNAVAILABLE "set-up timed out").
+    pub handshake_timeout: Duration,
+    /// Server: most connections held at once, in any state (default 16,384). A connection
+    /// beyond it is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Server: most connections held at once from one remote IP address (default 1,024: the
+    /// project's tests open up to 500 from 127.0.0.1). Beyond it, closed when accepted.
+    pub max_connections_per_addr: usize,
 }
 
 impl Default for Config {
@@ -73,6 +88,10 @@ impl Default for Config {
             sched: SchedMode::Fair,
             busy_poll: Duration::ZERO,
             connect_timeout: Duration::from_secs(5),
+            detect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: 16_384,
+            max_connections_per_addr: 1024,
         }
     }
 }

@@ -19,6 +19,7 @@
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
+pub mod accept;
 mod client;
 mod config;
 mod engine;

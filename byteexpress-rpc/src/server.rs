@@ -14,6 +14,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
+use crate::accept::ConnSlot;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
 use crate::wire::CONN_MAGIC;
@@ -73,9 +74,6 @@ impl std::fmt::Debug for Server {
     }
 }
 
-/// Time a new connection has to send its first 8 bytes.
-const MAGIC_TIMEOUT: Duration = Duration::from_secs(10);
-
 impl Server {
     /// A server of `service` with `cfg` (its `transport` pins what the server accepts).
     pub fn new(service: impl Service, cfg: Config) -> Self {
@@ -85,13 +83,17 @@ impl Server {
         }
     }
 
-    /// Accepts connections until the listener fails.
+    /// Accepts connections for as long as the process runs: accept errors (EMFILE, ENFILE,
+    /// ENOMEM, ECONNABORTED, ...) are logged at most once a second and retried, and the
+    /// connection caps of the [`Config`] apply ([`crate::accept::Acceptor`]). Returns only if
+    /// the future is dropped; the `Result` is kept for callers that `?` it.
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        let mut acceptor = crate::accept::Acceptor::new(listener, &self.cfg);
         loop {
-            let (stream, peer) = listener.accept().await?;
+            let (stream, peer, slot) = acceptor.accept().await;
             let this = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = this.serve_connection(stream).await {
+                if let Err(e) = this.serve_connection_held(stream, Some(slot)).await {
                     tracing::info!(%peer, "connection ended: {e}");
                 }
             });
@@ -99,11 +101,22 @@ impl Server {
     }
 
     /// Serves one connection: checks the ByteExpress [`CONN_MAGIC`] (anything else gets an ERROR
-    /// message and a close), then runs set-up and the link.
-    pub async fn serve_connection(&self, mut stream: TcpStream) -> Result<(), Status> {
+    /// message and a close; nothing within [`Config::detect_timeout`], a close), then runs
+    /// set-up and the link.
+    pub async fn serve_connection(&self, stream: TcpStream) -> Result<(), Status> {
+        self.serve_connection_held(stream, None).await
+    }
+
+    /// [`Server::serve_connection`], holding `slot` (its place under the connection caps)
+    /// until the connection closes.
+    async fn serve_connection_held(
+        &self,
+        mut stream: TcpStream,
+        slot: Option<ConnSlot>,
+    ) -> Result<(), Status> {
         let mut magic = [0u8; 8];
-        match tokio::time::timeout(MAGIC_TIMEOUT, stream.read_exact(&mut magic)).await {
-            Ok(Ok(_)) if magic == CONN_MAGIC => self.serve_after_magic(stream).await,
+        match tokio::time::timeout(self.cfg.detect_timeout, stream.read_exact(&mut magic)).await {
+            Ok(Ok(_)) if magic == CONN_MAGIC => self.serve_after_magic_held(stream, slot).await,
             Ok(Ok(_)) => {
                 let why = Status::new(Code::Unavailable, "not a ByteExpress connection");
                 reject(&mut stream, &why).await;
@@ -117,9 +130,20 @@ impl Server {
     /// Serves a connection whose first 8 bytes were [`CONN_MAGIC`] and have been read (for
     /// front ends that tell protocols apart by the first bytes).
     pub async fn serve_after_magic(&self, stream: TcpStream) -> Result<(), Status> {
+        self.serve_after_magic_held(stream, None).await
+    }
+
+    /// [`Server::serve_after_magic`], holding `slot` (the connection's place under the caps of
+    /// an [`Acceptor`](crate::accept::Acceptor)) for as long as the link lives.
+    pub async fn serve_after_magic_held(
+        &self,
+        stream: TcpStream,
+        slot: Option<ConnSlot>,
+    ) -> Result<(), Status> {
         let dispatch = Arc::new(Handlers {
             service: self.service.clone(),
             running: Arc::default(),
+            _slot: slot,
         });
         let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
         tracing::debug!(transport = %link.transport(), "link accepted");
@@ -148,6 +172,9 @@ async fn reject(stream: &mut TcpStream, why: &Status) {
 struct Handlers {
     service: Arc<dyn Service>,
     running: Arc<Mutex<HashMap<(u32, u64), AbortHandle>>>,
+    /// The connection's place under the connection caps, freed when the link's engine drops
+    /// its dispatch (the link is gone).
+    _slot: Option<ConnSlot>,
 }
 
 impl Dispatch for Handlers {

@@ -436,7 +436,7 @@ pub(crate) async fn accept(
             _ => Err(unavailable("set-up: expected SELECT")),
         }
     };
-    match tokio::time::timeout(cfg.connect_timeout, fut).await {
+    match tokio::time::timeout(cfg.handshake_timeout, fut).await {
         Ok(Ok(None)) => Ok(tcp::spawn(r, w, cfg.max_message, dispatch)),
         Ok(Ok(Some((parts, posted)))) => Ok(start_rdma(parts, r, w, dispatch, posted)),
         Ok(Err(e)) => Err(e),

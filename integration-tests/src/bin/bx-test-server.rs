@@ -1,6 +1,6 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
-//! [--addr HOST:PORT]`.
+//! [--detect-timeout-ms N] [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
 use std::time::Duration;
@@ -32,6 +32,9 @@ async fn main() -> std::io::Result<()> {
             }
             "--busy-poll-us" => {
                 cfg.busy_poll = Duration::from_micros(v.parse().expect("--busy-poll-us N"))
+            }
+            "--detect-timeout-ms" => {
+                cfg.detect_timeout = Duration::from_millis(v.parse().expect("--detect-timeout-ms N"))
             }
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),

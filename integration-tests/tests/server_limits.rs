@@ -1,0 +1,298 @@
+//! Issue 17, "a server no peer can stop": floods, slow and silent peers against server
+//! processes (`bx-test-server`, and `bx ps serve` for the port shared with HTTP/2), some under
+//! a small fd limit (`ulimit -n` in a shell that then `exec`s the server).
+
+use std::time::{Duration, Instant};
+
+use byteexpress_rpc::{Client, Config, Request, Transport, TransportPref};
+use bytes::Bytes;
+use integration_tests::ServerProc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
+const BX: &str = env!("CARGO_BIN_EXE_bx-facade");
+
+/// Starts `bin args…` under `ulimit -n fds`.
+async fn start_with_fd_limit(fds: u32, bin: &str, args: &[&str]) -> ServerProc {
+    let script = format!("ulimit -n {fds} && exec \"$0\" \"$@\"");
+    let mut all = vec!["-c", &script, bin];
+    all.extend_from_slice(args);
+    ServerProc::start("bash", &all).await
+}
+
+fn pid(server: &ServerProc) -> u32 {
+    server.child.id().expect("server running")
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid`, in clock ticks (fields 14 and 15 of `/proc/<pid>/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn assert_alive(server: &mut ServerProc, when: &str) {
+    if let Ok(Some(st)) = server.child.try_wait() {
+        panic!("server exited {when}: {st}");
+    }
+}
+
+/// Waits (polling, at most `bound`) until `cond` holds.
+async fn wait_until(bound: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < bound, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn echo(body: &'static [u8]) -> Request {
+    Request {
+        method: "/test.Test/Echo".into(),
+        body: Bytes::from_static(body),
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    }
+}
+
+fn cfg(t: TransportPref, grant: u32) -> Config {
+    Config {
+        transport: t,
+        grant,
+        ..Config::default()
+    }
+}
+
+/// Attempts `n` TCP connections at once that send nothing, and keeps those that were
+/// established within 3 s. Beyond the server's fd limit the kernel queues them in the listen
+/// backlog (128 for tokio's listener), beyond that it drops the SYNs, so not all succeed; the
+/// test asserts more than the server's fd limit did.
+async fn idle_flood(addr: &str, n: usize) -> Vec<TcpStream> {
+    let tries = (0..n).map(|_| async {
+        tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
+            .await
+            .ok()?
+            .ok()
+    });
+    let held: Vec<TcpStream> = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    eprintln!("{} of {n} flood connections established", held.len());
+    assert!(held.len() > 100, "flood too small: {}", held.len());
+    held
+}
+
+/// 200 idle connections against an rpc server allowed 64 fds: it runs out of fds on accept,
+/// and must neither exit nor stop accepting once the flood is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_server_at_ulimit_64_survives_200_connections_then_serves() {
+    let mut server = start_with_fd_limit(64, SERVER, &[]).await;
+    let p = pid(&server);
+    let flood = idle_flood(&server.addr, 200).await;
+    // The server has taken connections up to its fd limit (its accept then fails with EMFILE).
+    wait_until(Duration::from_secs(10), "the server to reach its fd limit", || {
+        fd_count(p) >= 60 || server.child.try_wait().ok().flatten().is_some()
+    })
+    .await;
+    assert_alive(&mut server, "at its fd limit");
+    drop(flood);
+    for t in [TransportPref::Tcp, TransportPref::Rdma] {
+        let client = Client::connect(&server.addr, &cfg(t, 16))
+            .await
+            .unwrap_or_else(|e| panic!("{t:?} connect after the flood: {e}"));
+        let r = client.call(echo(b"after the flood")).await.expect("call");
+        assert_eq!(&r.body[..], b"after the flood");
+    }
+    assert_alive(&mut server, "after the flood");
+}
+
+/// The same against `bx ps serve` (ByteExpress and HTTP/2 on one port): both sides serve after
+/// the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_port_at_ulimit_64_survives_200_connections_then_serves_both_protocols() {
+    use byteexpress_ps::pb::echo::EchoRequest;
+    use byteexpress_ps::pb::echo::echo_client::EchoClient;
+    let mut server = start_with_fd_limit(64, BX, &["ps", "serve", "--dim", "4"]).await;
+    let p = pid(&server);
+    let flood = idle_flood(&server.addr, 200).await;
+    wait_until(Duration::from_secs(10), "the server to reach its fd limit", || {
+        fd_count(p) >= 60 || server.child.try_wait().ok().flatten().is_some()
+    })
+    .await;
+    assert_alive(&mut server, "at its fd limit");
+    drop(flood);
+    let ch = byteexpress::Channel::connect_with(
+        &format!("bx://{}", server.addr),
+        &cfg(TransportPref::Tcp, 16),
+    )
+    .await
+    .expect("bx connect after the flood");
+    let r = EchoClient::new(ch)
+        .echo(EchoRequest {
+            payload: Bytes::from_static(b"bx"),
+        })
+        .await
+        .expect("bx call");
+    assert_eq!(&r.get_ref().payload[..], b"bx");
+    let h2 = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("h2 connect after the flood");
+    let r = EchoClient::new(h2)
+        .echo(EchoRequest {
+            payload: Bytes::from_static(b"h2"),
+        })
+        .await
+        .expect("h2 call");
+    assert_eq!(&r.get_ref().payload[..], b"h2");
+    assert_alive(&mut server, "after the flood");
+}
+
+/// 40 soft-RDMA links (40 distinct link settings, so 40 links from this one process) against a
+/// server allowed 128 fds: set-ups may fail for want of fds, the server stays up, and serves RDMA
+/// and TCP links once they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_server_at_ulimit_128_survives_40_soft_rdma_links_then_serves() {
+    let mut server = start_with_fd_limit(128, SERVER, &[]).await;
+    let attempts = (1..=40u32).map(|g| {
+        let addr = server.addr.clone();
+        async move {
+            let c = tokio::time::timeout(
+                Duration::from_secs(20),
+                Client::connect(&addr, &cfg(TransportPref::Rdma, g)),
+            )
+            .await
+            .ok()?
+            .ok()?;
+            let ok = tokio::time::timeout(Duration::from_secs(20), c.call(echo(b"x")))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            Some((c, ok))
+        }
+    });
+    let links = futures::future::join_all(attempts).await;
+    let up = links.iter().flatten().filter(|(_, ok)| *ok).count();
+    eprintln!(
+        "40 RDMA link attempts at ulimit -n 128: {up} served a call; server fds {}",
+        fd_count(pid(&server))
+    );
+    assert_alive(&mut server, "during the RDMA flood");
+    drop(links);
+    for t in [TransportPref::Rdma, TransportPref::Tcp] {
+        // a setting no flood link used, so this is a fresh link
+        let client = Client::connect(&server.addr, &cfg(t, 41))
+            .await
+            .unwrap_or_else(|e| panic!("{t:?} connect after the flood: {e}"));
+        let want = if t == TransportPref::Rdma {
+            Transport::Rdma
+        } else {
+            Transport::Tcp
+        };
+        assert_eq!(client.transport(), want);
+        let r = client.call(echo(b"after")).await.expect("call");
+        assert_eq!(&r.body[..], b"after");
+    }
+    assert_alive(&mut server, "after the RDMA flood");
+}
+
+/// Opens `n` connections that each send `first` and nothing more.
+async fn partial_prefaces(addr: &str, n: usize, first: &[u8]) -> Vec<TcpStream> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(first).await.expect("first byte");
+        v.push(c);
+    }
+    v
+}
+
+/// Waits until the server closes every connection (EOF or reset), each bounded by `bound` from
+/// the start; returns when the last was closed.
+async fn all_closed_by_server(conns: Vec<TcpStream>, bound: Duration) -> Duration {
+    let t0 = Instant::now();
+    let waits = conns.into_iter().map(|mut c| async move {
+        let mut b = [0u8; 64];
+        loop {
+            match tokio::time::timeout_at((t0 + bound).into(), c.read(&mut b)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => {} // an HTTP/2 or ERROR frame before the close
+            }
+        }
+    });
+    let closed = futures::future::join_all(waits).await;
+    let open = closed.iter().filter(|c| !**c).count();
+    assert_eq!(open, 0, "{open} connections still open after {bound:?}");
+    t0.elapsed()
+}
+
+/// 500 connections that send one byte of the HTTP/2 preface, and 500 that send one byte of the
+/// ByteExpress magic, to the shared port with a detection timeout of 500 ms: all are closed
+/// after it (before the fix, the HTTP/2 ones were handed to tonic at once and never closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte_prefaces_are_closed_after_the_detection_timeout() {
+    let server = ServerProc::start(
+        BX,
+        &["ps", "serve", "--dim", "4", "--detect-timeout-ms", "500"],
+    )
+    .await;
+    for first in [&b"P"[..], &b"B"[..]] {
+        let t0 = Instant::now();
+        let conns = partial_prefaces(&server.addr, 500, first).await;
+        let took = all_closed_by_server(conns, Duration::from_secs(10)).await;
+        eprintln!(
+            "500 connections after {:?}: closed {took:?} after the first connect",
+            std::str::from_utf8(first).unwrap()
+        );
+        assert!(
+            t0.elapsed() >= Duration::from_millis(450),
+            "closed before the detection timeout"
+        );
+    }
+    // the rpc server (no HTTP/2) applies the same timeout to its magic
+    let server = ServerProc::start(SERVER, &["--detect-timeout-ms", "500"]).await;
+    let conns = partial_prefaces(&server.addr, 500, b"B").await;
+    all_closed_by_server(conns, Duration::from_secs(10)).await;
+}
+
+/// 500 connections holding one byte of the magic cost the server (nearly) no CPU: detection
+/// waits on readiness. A loose bound on a measurement (the issue's target, 5 % of a core, over
+/// 3 s; the polling classifier took about 18 %), read from the server's `/proc/<pid>/stat`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_partial_magic_costs_the_server_no_cpu() {
+    let server = ServerProc::start(
+        BX,
+        &["ps", "serve", "--dim", "4", "--detect-timeout-ms", "60000"],
+    )
+    .await;
+    let p = pid(&server);
+    let conns = partial_prefaces(&server.addr, 500, b"B").await;
+    // every connection accepted and waiting in detection
+    wait_until(Duration::from_secs(10), "500 connections accepted", || {
+        fd_count(p) >= 500
+    })
+    .await;
+    let tick = 100.0; // USER_HZ on Linux
+    let (c0, t0) = (cpu_ticks(p), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await; // the measurement window itself
+    let (c1, t1) = (cpu_ticks(p), Instant::now());
+    let share = (c1 - c0) as f64 / tick / (t1 - t0).as_secs_f64();
+    eprintln!(
+        "server CPU with 500 one-byte magics held: {:.1} % of a core",
+        share * 100.0
+    );
+    assert!(share < 0.05, "server used {:.1} % of a core", share * 100.0);
+    drop(conns);
+}
