@@ -9,6 +9,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
 use crate::wire::header::Kind;
@@ -42,10 +43,29 @@ type CallKey = (u32, u64);
 type Pending = oneshot::Sender<Result<Response, Status>>;
 
 /// The calls waiting on one link.
-#[derive(Default)]
 struct Calls {
     pending: Mutex<HashMap<CallKey, Pending>>,
     closed: Mutex<Option<Status>>,
+    budget: MemoryBudget,
+}
+
+impl Calls {
+    fn new(cfg: &Config) -> Self {
+        Calls {
+            pending: Mutex::default(),
+            closed: Mutex::default(),
+            budget: client_budget(cfg),
+        }
+    }
+}
+
+/// The process's budget for answers in transit ([`Config::memory_budget`] of the first link
+/// set up).
+fn client_budget(cfg: &Config) -> MemoryBudget {
+    static BUDGET: std::sync::OnceLock<MemoryBudget> = std::sync::OnceLock::new();
+    BUDGET
+        .get_or_init(|| MemoryBudget::new(cfg.memory_budget))
+        .clone()
 }
 
 impl Dispatch for Calls {
@@ -66,6 +86,18 @@ impl Dispatch for Calls {
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
             let _ = tx.send(Err(why.clone()));
+        }
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if h.kind == Kind::Response
+            && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))
+        {
+            let _ = tx.send(Err(why));
         }
     }
 }
@@ -149,7 +181,7 @@ async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), S
     let link = match links.get(&key).and_then(Weak::upgrade) {
         Some(l) if !l.tx.is_closed() => l,
         _ => {
-            let calls = Arc::new(Calls::default());
+            let calls = Arc::new(Calls::new(cfg));
             let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
             tracing::info!(addr, transport = %tx.transport(), "link up");
             let l = Arc::new(ClientLink {

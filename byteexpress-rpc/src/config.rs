@@ -71,6 +71,12 @@ pub struct Config {
     /// Server: most connections held at once from one remote IP address (default 1,024: the
     /// project's tests open up to 500 from 127.0.0.1). Beyond it, closed when accepted.
     pub max_connections_per_addr: usize,
+    /// Bytes that messages still in transit may hold, across all links of a server (for
+    /// clients: of the process, fixed by the first link's setting): partly received TCP frames
+    /// and RDMA reassembly buffers of messages larger than 64 KiB, charged their whole size
+    /// when their first bytes arrive (default 256 MiB). A message that does not fit is never
+    /// buffered: its bytes are dropped as they arrive and the call fails RESOURCE_EXHAUSTED.
+    pub memory_budget: usize,
 }
 
 impl Default for Config {
@@ -92,6 +98,7 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(5),
             max_connections: 16_384,
             max_connections_per_addr: 1024,
+            memory_budget: 256 << 20,
         }
     }
 }

@@ -20,6 +20,7 @@
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
 pub mod accept;
+mod budget;
 mod client;
 mod config;
 mod engine;

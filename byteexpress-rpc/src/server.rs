@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
 use crate::accept::ConnSlot;
+use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
 use crate::wire::CONN_MAGIC;
@@ -66,6 +67,8 @@ where
 pub struct Server {
     service: Arc<dyn Service>,
     cfg: Config,
+    /// [`Config::memory_budget`], shared by all links of this server.
+    budget: MemoryBudget,
 }
 
 impl std::fmt::Debug for Server {
@@ -79,6 +82,7 @@ impl Server {
     pub fn new(service: impl Service, cfg: Config) -> Self {
         Server {
             service: Arc::new(service),
+            budget: MemoryBudget::new(cfg.memory_budget),
             cfg,
         }
     }
@@ -143,6 +147,7 @@ impl Server {
         let dispatch = Arc::new(Handlers {
             service: self.service.clone(),
             running: Arc::default(),
+            budget: self.budget.clone(),
             _slot: slot,
         });
         let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
@@ -172,6 +177,7 @@ async fn reject(stream: &mut TcpStream, why: &Status) {
 struct Handlers {
     service: Arc<dyn Service>,
     running: Arc<Mutex<HashMap<(u32, u64), AbortHandle>>>,
+    budget: MemoryBudget,
     /// The connection's place under the connection caps, freed when the link's engine drops
     /// its dispatch (the link is gone).
     _slot: Option<ConnSlot>,
@@ -196,6 +202,24 @@ impl Dispatch for Handlers {
         tracing::debug!(%why, "link closed; cancelling its handlers");
         for (_, h) in self.running.lock().drain() {
             h.abort();
+        }
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn refused(&self, link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if h.kind == Kind::Request {
+            let _ = link.send(Outgoing::status(
+                Kind::Response,
+                h.conn_id,
+                h.call_id,
+                why.code,
+                &why.message,
+                &Metadata::new(),
+                Bytes::new(),
+            ));
         }
     }
 }

@@ -296,3 +296,116 @@ async fn held_partial_magic_costs_the_server_no_cpu() {
     assert!(share < 0.05, "server used {:.1} % of a core", share * 100.0);
     drop(conns);
 }
+
+/// A TCP link set up by hand (magic, HELLO, SELECT_TCP), for peers that misbehave after it.
+async fn raw_tcp_link(addr: &str) -> TcpStream {
+    use byteexpress_rpc::wire::hello::Hello;
+    let mut raw = TcpStream::connect(addr).await.unwrap();
+    raw.write_all(&byteexpress_rpc::wire::CONN_MAGIC)
+        .await
+        .unwrap();
+    let hello = Hello::Hello {
+        version: 1,
+        pref: TransportPref::Tcp,
+        nonce: 1,
+        devices: vec![],
+    }
+    .encode();
+    raw.write_all(&(hello.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    raw.write_all(&hello).await.unwrap();
+    let ack = read_frame(&mut raw).await.expect("HELLO_ACK");
+    assert!(matches!(Hello::decode(&ack), Ok(Hello::HelloAck { .. })));
+    let select = Hello::SelectTcp.encode();
+    raw.write_all(&(select.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    raw.write_all(&select).await.unwrap();
+    raw
+}
+
+/// One frame's payload, or `None` at the end of the stream.
+async fn read_frame(raw: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    raw.read_exact(&mut len).await.ok()?;
+    let mut f = vec![0u8; u32::from_be_bytes(len) as usize];
+    raw.read_exact(&mut f).await.ok()?;
+    Some(f)
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// 40 TCP links each announce a 16 MiB request and send all of it but the last KiB, then hold
+/// it. With a 64 MiB budget the server keeps at most 4 of them; the others are refused with
+/// RESOURCE_EXHAUSTED as soon as their header is in, and their bytes dropped as they arrive.
+/// The server's RSS, read while all 40 hold, stays under budget + 64 MiB, and another client's
+/// calls succeed meanwhile (before the budget, 40 such links took the server to 662 MB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_links_holding_partial_16_mib_frames_stay_within_the_memory_budget() {
+    use byteexpress_rpc::wire::header::{HEADER_LEN, Header, Kind};
+    const BUDGET_MIB: u64 = 64;
+    let server = ServerProc::start(SERVER, &["--memory-budget-mib", &BUDGET_MIB.to_string()]).await;
+    let p = pid(&server);
+    let msg_len: usize = 16 << 20; // Config::max_message, header included
+    let body = vec![0x5a_u8; msg_len - HEADER_LEN];
+    let holders = (0..40u64).map(|i| {
+        let (addr, body) = (server.addr.clone(), &body);
+        async move {
+            let mut raw = raw_tcp_link(&addr).await;
+            let mut h = Header::new(Kind::Request);
+            h.conn_id = 1;
+            h.call_id = i + 1;
+            h.body_len = body.len() as u32;
+            raw.write_all(&(msg_len as u32).to_be_bytes()).await.unwrap();
+            raw.write_all(&h.encode()).await.unwrap();
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                raw.write_all(&body[..body.len() - 1024]),
+            )
+            .await
+            .expect("the server reads (or drops) what it is sent")
+            .expect("write");
+            raw
+        }
+    });
+    let mut held = futures::future::join_all(holders).await;
+    let rss = rss_bytes(p);
+    eprintln!(
+        "server RSS with 40 partial 16 MiB frames held: {} MiB",
+        rss >> 20
+    );
+    assert!(
+        rss < (BUDGET_MIB + 64) << 20,
+        "server RSS {} MiB exceeds the budget + 64 MiB",
+        rss >> 20
+    );
+    for t in [TransportPref::Tcp, TransportPref::Rdma] {
+        let c = Client::connect(&server.addr, &cfg(t, 16)).await.expect("connect");
+        let r = c.call(echo(b"meanwhile")).await.expect("call meanwhile");
+        assert_eq!(&r.body[..], b"meanwhile");
+    }
+    // the links refused were told so, with their call's id
+    let answers = held.iter_mut().map(|raw| async move {
+        let f = tokio::time::timeout(Duration::from_secs(2), read_frame(raw))
+            .await
+            .ok()??;
+        let h = Header::decode(&f).ok()?;
+        (h.kind == Kind::Response && h.status == byteexpress_rpc::Code::ResourceExhausted as u16)
+            .then_some(h.call_id)
+    });
+    let refused = futures::future::join_all(answers)
+        .await
+        .into_iter()
+        .flatten()
+        .count();
+    assert!(refused >= 36, "{refused} of 40 refused with RESOURCE_EXHAUSTED");
+}

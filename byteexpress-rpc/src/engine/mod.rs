@@ -12,7 +12,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::MemoryBudget;
 use crate::link_stats::LinkCounters;
+use crate::wire::header::Header;
 use crate::message::{Incoming, Outgoing};
 use crate::{Status, Transport};
 
@@ -22,6 +24,11 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
     fn incoming(&self, link: &LinkTx, msg: Incoming);
     /// The link is gone; every call still waiting on it fails with `why`. Called once.
     fn closed(&self, why: Status);
+    /// The budget that partly received messages on this link are charged to.
+    fn budget(&self) -> &MemoryBudget;
+    /// A message (header `h`) was refused unread for want of budget: the server answers the
+    /// request with `why`, the client fails the call with it.
+    fn refused(&self, link: &LinkTx, h: &Header, why: Status);
 }
 
 /// The sending side of a link, cheap to clone.

@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
-use byteexpress_tcp_fallback::{FrameError, FrameReader, FrameWriter};
+use byteexpress_tcp_fallback::{Frame, FrameError, FrameReader, FrameWriter};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use super::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
-use crate::wire::header::Kind;
+use crate::budget::UNCHARGED;
+use crate::wire::header::{HEADER_LEN, Header, Kind};
 use crate::{Code, Metadata, Status, Transport};
 
 /// Starts the engine on an established connection (set-up done). Returns the link's sender.
@@ -104,13 +105,33 @@ async fn read_loop<R: AsyncRead + Unpin>(
     dispatch: Arc<dyn Dispatch>,
     closer: Arc<Closer>,
 ) {
+    let budget = dispatch.budget().clone();
+    // the budget charge of the frame being read, held until it is whole
+    let mut charge = None;
     loop {
         let frame = tokio::select! {
-            f = r.read_frame() => f,
+            f = r.read_frame_admit(HEADER_LEN, |len| {
+                if len <= UNCHARGED {
+                    return true;
+                }
+                charge = budget.try_take(len);
+                charge.is_some()
+            }) => f,
             _ = link.close_requested() => return,
         };
+        charge = None;
         match frame {
-            Ok(Some(frame)) => match Incoming::parse(frame) {
+            Ok(Some(Frame::Refused { head, len })) => match Header::decode_head(&head) {
+                Ok(h) => {
+                    tracing::debug!(len, "message refused for want of memory budget");
+                    dispatch.refused(&link, &h, budget.refusal(len as u64));
+                }
+                Err(e) => {
+                    protocol_error(&link, &closer, Code::Internal, &e.to_string());
+                    return;
+                }
+            },
+            Ok(Some(Frame::Whole(frame))) => match Incoming::parse(frame) {
                 Ok(msg) if msg.header.kind == Kind::Error => {
                     closer.close(peer_error(&msg));
                     return;

@@ -133,6 +133,30 @@ impl Header {
     /// CONTINUATION must have `meta_len` 0; a CREDIT_UPDATE must not have [`FLAG_MORE`].
     /// Errors name the first broken field.
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
+        let h = Self::decode_head(msg)?;
+        let rest = (msg.len() - HEADER_LEN) as u64;
+        let announced = h.meta_len as u64 + h.body_len as u64;
+        if h.first_of_many() {
+            if rest >= announced {
+                return err(format!(
+                    "first chunk of {rest} bytes with FLAG_MORE, but meta_len {} + body_len {} \
+                     fit in it",
+                    h.meta_len, h.body_len
+                ));
+            }
+        } else if announced != rest {
+            return err(format!(
+                "meta_len {} + body_len {} != {rest} bytes received",
+                h.meta_len, h.body_len
+            ));
+        }
+        Ok(h)
+    }
+
+    /// The checks of [`Header::decode`] on the 40 header bytes alone, without the lengths
+    /// against the bytes that follow (for a message whose body is refused unread, e.g. over
+    /// the memory budget).
+    pub fn decode_head(msg: &[u8]) -> Result<Header, WireError> {
         if msg.len() < HEADER_LEN {
             return err(format!(
                 "{} bytes, shorter than the {HEADER_LEN}-byte header",
@@ -167,27 +191,11 @@ impl Header {
             meta_len: u32_at(32),
             body_len: u32_at(36),
         };
-        let rest = (msg.len() - HEADER_LEN) as u64;
-        let announced = h.meta_len as u64 + h.body_len as u64;
         if h.kind == Kind::Continuation && h.meta_len != 0 {
             return err(format!("CONTINUATION with meta_len {}", h.meta_len));
         }
         if h.kind == Kind::CreditUpdate && h.more() {
             return err("CREDIT_UPDATE with FLAG_MORE");
-        }
-        if h.first_of_many() {
-            if rest >= announced {
-                return err(format!(
-                    "first chunk of {rest} bytes with FLAG_MORE, but meta_len {} + body_len {} \
-                     fit in it",
-                    h.meta_len, h.body_len
-                ));
-            }
-        } else if announced != rest {
-            return err(format!(
-                "meta_len {} + body_len {} != {rest} bytes received",
-                h.meta_len, h.body_len
-            ));
         }
         Ok(h)
     }

@@ -1,6 +1,6 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
-//! [--detect-timeout-ms N] [--addr HOST:PORT]`.
+//! [--detect-timeout-ms N] [--memory-budget-mib N] [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
 use std::time::Duration;
@@ -35,6 +35,9 @@ async fn main() -> std::io::Result<()> {
             }
             "--detect-timeout-ms" => {
                 cfg.detect_timeout = Duration::from_millis(v.parse().expect("--detect-timeout-ms N"))
+            }
+            "--memory-budget-mib" => {
+                cfg.memory_budget = v.parse::<usize>().expect("--memory-budget-mib N") << 20
             }
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),

@@ -162,7 +162,8 @@ pub(crate) fn spawn(
             parts.max_message,
             Some(parts.reassembly_pool.clone()),
             counters.clone(),
-        ),
+        )
+        .with_budget(dispatch.budget().clone()),
         chunks: VecDeque::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
