@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
@@ -47,6 +47,10 @@ struct Calls {
     pending: Mutex<HashMap<CallKey, Pending>>,
     closed: Mutex<Option<Status>>,
     budget: MemoryBudget,
+    /// One permit per call the server runs at once on this link (HELLO_ACK's
+    /// `max_concurrent_calls`, added once set-up is done); a call holds one from before it is
+    /// sent until it is answered or given up. Closed with the link.
+    slots: Arc<Semaphore>,
 }
 
 impl Calls {
@@ -55,6 +59,7 @@ impl Calls {
             pending: Mutex::default(),
             closed: Mutex::default(),
             budget: client_budget(cfg),
+            slots: Arc::new(Semaphore::new(0)),
         }
     }
 }
@@ -83,6 +88,7 @@ impl Dispatch for Calls {
 
     fn closed(&self, why: Status) {
         *self.closed.lock() = Some(why.clone());
+        self.slots.close();
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
             let _ = tx.send(Err(why.clone()));
@@ -182,8 +188,11 @@ async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), S
         Some(l) if !l.tx.is_closed() => l,
         _ => {
             let calls = Arc::new(Calls::new(cfg));
-            let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
-            tracing::info!(addr, transport = %tx.transport(), "link up");
+            let (tx, max_calls) = crate::setup::connect(addr, cfg, calls.clone()).await?;
+            calls
+                .slots
+                .add_permits((max_calls as usize).min(Semaphore::MAX_PERMITS));
+            tracing::info!(addr, transport = %tx.transport(), max_calls, "link up");
             let l = Arc::new(ClientLink {
                 tx,
                 calls,
@@ -259,7 +268,9 @@ impl Client {
         self.link().tx.stats()
     }
 
-    /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
+    /// Makes a unary call. A call beyond the server's concurrency limit on the link
+    /// ([`Config::max_concurrent_calls`], announced at set-up) waits here first; that wait counts
+    /// against `req.timeout`. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
     /// passes (the server is told to cancel the handler); UNAVAILABLE when the link fails;
     /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
     /// the future cancels the call on the server too.
@@ -269,6 +280,28 @@ impl Client {
         if let Some(why) = link.calls.closed.lock().clone() {
             return Err(why);
         }
+        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        let slot = link.calls.slots.clone().acquire_owned();
+        let _slot = match deadline {
+            Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| {
+                Status::new(
+                    Code::DeadlineExceeded,
+                    format!(
+                        "deadline of {:?} exceeded while queued behind the server's limit of \
+                         concurrent calls",
+                        req.timeout.unwrap_or_default()
+                    ),
+                )
+            })?,
+            None => slot.await,
+        }
+        .map_err(|_| {
+            link.calls
+                .closed
+                .lock()
+                .clone()
+                .unwrap_or_else(|| Status::new(Code::Unavailable, "link closed"))
+        })?;
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
         let key = (conn_id, call_id);
         let mut out = Outgoing::new(
@@ -279,9 +312,10 @@ impl Client {
             &req.metadata,
             req.body,
         );
-        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
-        if let Some(t) = req.timeout {
-            out.header.timeout_us = (t.as_micros() as u64).max(1);
+        if let Some(d) = deadline {
+            // what is left after queueing
+            let left = d.saturating_duration_since(tokio::time::Instant::now());
+            out.header.timeout_us = (left.as_micros() as u64).max(1);
         }
         let (tx, rx) = oneshot::channel();
         link.calls.pending.lock().insert(key, tx);

@@ -77,6 +77,11 @@ pub struct Config {
     /// when their first bytes arrive (default 256 MiB). A message that does not fit is never
     /// buffered: its bytes are dropped as they arrive and the call fails RESOURCE_EXHAUSTED.
     pub memory_budget: usize,
+    /// Server: most calls it runs at once on one link (default 1,024; at least 1). Announced
+    /// to the client in HELLO_ACK, as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: the client
+    /// queues calls beyond it (the wait counts against each call's deadline), and the server
+    /// answers a call over it with RESOURCE_EXHAUSTED without running it.
+    pub max_concurrent_calls: u32,
 }
 
 impl Default for Config {
@@ -99,6 +104,7 @@ impl Default for Config {
             max_connections: 16_384,
             max_connections_per_addr: 1024,
             memory_budget: 256 << 20,
+            max_concurrent_calls: 1024,
         }
     }
 }

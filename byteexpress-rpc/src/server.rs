@@ -147,6 +147,7 @@ impl Server {
         let dispatch = Arc::new(Handlers {
             service: self.service.clone(),
             running: Arc::default(),
+            max_calls: self.cfg.max_concurrent_calls.max(1) as usize,
             budget: self.budget.clone(),
             _slot: slot,
         });
@@ -177,6 +178,8 @@ async fn reject(stream: &mut TcpStream, why: &Status) {
 struct Handlers {
     service: Arc<dyn Service>,
     running: Arc<Mutex<HashMap<(u32, u64), AbortHandle>>>,
+    /// [`Config::max_concurrent_calls`]: more handlers than this on the link are refused.
+    max_calls: usize,
     budget: MemoryBudget,
     /// The connection's place under the connection caps, freed when the link's engine drops
     /// its dispatch (the link is gone).
@@ -251,11 +254,29 @@ impl Handlers {
             transport: link.transport(),
             conn_id: key.0,
         };
+        // Held across the check, spawn and insert, so the task's own removal (below) comes
+        // after the insert.
+        let mut map = self.running.lock();
+        if map.len() >= self.max_calls {
+            drop(map);
+            tracing::debug!(?key, "call over the link's concurrency limit refused");
+            let _ = link.send(Outgoing::status(
+                Kind::Response,
+                key.0,
+                key.1,
+                Code::ResourceExhausted,
+                &format!(
+                    "more than the {} concurrent calls this server runs per link",
+                    self.max_calls
+                ),
+                &Metadata::new(),
+                Bytes::new(),
+            ));
+            return;
+        }
         let fut = self.service.call(req);
         let link = link.clone();
         let running = self.running.clone();
-        // Held across spawn and insert, so the task's own removal (below) comes after the insert.
-        let mut map = self.running.lock();
         let handle = tokio::spawn(async move {
             let result = match deadline {
                 Some(d) => tokio::time::timeout_at(d, fut).await.unwrap_or_else(|_| {
@@ -266,6 +287,9 @@ impl Handlers {
                 }),
                 None => fut.await,
             };
+            // Off the count before the answer leaves, so the client's next call (sent when
+            // this answer arrives) finds the place free.
+            running.lock().remove(&key);
             let msg = match result {
                 Ok(r) => Outgoing::new(Kind::Response, key.0, key.1, "", &r.metadata, r.body),
                 Err(s) => Outgoing::status(
@@ -292,7 +316,6 @@ impl Handlers {
                     Bytes::new(),
                 ));
             }
-            running.lock().remove(&key);
         });
         map.insert(key, handle.abort_handle());
     }

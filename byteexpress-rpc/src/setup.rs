@@ -223,12 +223,14 @@ fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
     (FrameReader::new(r, fc), FrameWriter::new(w, fc))
 }
 
-/// Client side: connects to `addr`, negotiates, starts the engine.
+/// Client side: connects to `addr`, negotiates, starts the engine. Returns the link and the
+/// most calls the server runs at once on it (HELLO_ACK's `max_concurrent_calls`).
 pub(crate) async fn connect(
     addr: &str,
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
-) -> Result<LinkTx, Status> {
+) -> Result<(LinkTx, u32), Status> {
+    let mut max_calls = 1;
     let fut = async {
         let mut stream = TcpStream::connect(addr)
             .await
@@ -255,11 +257,14 @@ pub(crate) async fn connect(
         )
         .await?;
         let Hello::HelloAck {
-            devices: remote, ..
+            devices: remote,
+            max_concurrent_calls,
+            ..
         } = recv(&mut r).await?
         else {
             return Err(unavailable("set-up: expected HELLO_ACK"));
         };
+        max_calls = max_concurrent_calls;
         let chosen = pick_device(local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
             if cfg.transport == TransportPref::Rdma {
@@ -314,14 +319,15 @@ pub(crate) async fn connect(
         let posted = connect_qp(&mut parts, &ep, grant.min(cfg.grant))?;
         Ok(start_rdma(parts, r, w, dispatch, posted))
     };
-    tokio::time::timeout(cfg.connect_timeout, fut)
+    let link = tokio::time::timeout(cfg.connect_timeout, fut)
         .await
         .unwrap_or_else(|_| {
             Err(unavailable(format!(
                 "connect {addr}: set-up timed out after {:?}",
                 cfg.connect_timeout
             )))
-        })
+        })?;
+    Ok((link, max_calls))
 }
 
 /// First (local device, index of server device) pair whose probe succeeds.
@@ -378,6 +384,7 @@ pub(crate) async fn accept(
             &mut w,
             &Hello::HelloAck {
                 version: HELLO_VERSION,
+                max_concurrent_calls: cfg.max_concurrent_calls.max(1),
                 devices,
             },
         )

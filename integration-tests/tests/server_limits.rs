@@ -409,3 +409,97 @@ async fn forty_links_holding_partial_16_mib_frames_stay_within_the_memory_budget
         .count();
     assert!(refused >= 36, "{refused} of 40 refused with RESOURCE_EXHAUSTED");
 }
+
+/// One link opens 10,000 calls at once against a server that runs at most 100 per link: every
+/// call completes (the client queues those over the limit it learnt in HELLO_ACK), none fails,
+/// and the server never runs more than 100 handlers at once. Over soft RDMA and TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_calls_past_the_concurrency_limit_all_complete_within_it() {
+    const LIMIT: u64 = 100;
+    for t in [TransportPref::Tcp, TransportPref::Rdma] {
+        let server =
+            ServerProc::start(SERVER, &["--max-concurrent-calls", &LIMIT.to_string()]).await;
+        let client = Client::connect(&server.addr, &cfg(t, 16)).await.expect("connect");
+        let t0 = Instant::now();
+        let calls = (0..10_000).map(|_| {
+            client.call(Request {
+                method: "/test.Test/Sleep".into(),
+                body: Bytes::from_static(b"1"),
+                timeout: Some(Duration::from_secs(120)),
+                ..Default::default()
+            })
+        });
+        let results = futures::future::join_all(calls).await;
+        let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            failed.is_empty(),
+            "{t:?}: {} of 10,000 failed, first: {}",
+            failed.len(),
+            failed[0]
+        );
+        let max = client
+            .call(Request {
+                method: "/test.Test/MaxSleeping".into(),
+                timeout: Some(Duration::from_secs(10)),
+                ..Default::default()
+            })
+            .await
+            .expect("max sleeping");
+        let max: u64 = std::str::from_utf8(&max.body).unwrap().parse().unwrap();
+        eprintln!(
+            "{t:?}: 10,000 calls in {:?}, at most {max} handlers at once",
+            t0.elapsed()
+        );
+        assert!(max <= LIMIT, "{t:?}: the server ran {max} calls at once");
+        assert!(max >= LIMIT / 2, "{t:?}: the limit was not reached ({max})");
+    }
+}
+
+/// With a limit of 1 call per link, a call queued behind a 1 s call with a 300 ms deadline
+/// fails DEADLINE_EXCEEDED after about 300 ms: the time queued counts against its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_queued_behind_the_concurrency_limit_counts_against_the_deadline() {
+    let server = ServerProc::start(SERVER, &["--max-concurrent-calls", "1"]).await;
+    let client = Client::connect(&server.addr, &cfg(TransportPref::Tcp, 16))
+        .await
+        .expect("connect");
+    let sleep = |ms: &'static str, timeout| Request {
+        method: "/test.Test/Sleep".into(),
+        body: Bytes::from_static(ms.as_bytes()),
+        timeout: Some(timeout),
+        ..Default::default()
+    };
+    let long = tokio::spawn({
+        let c = client.clone();
+        async move { c.call(sleep("1000", Duration::from_secs(10))).await }
+    });
+    // the long call holds the link's one place once the server runs it (watched over another
+    // link, which has a place of its own)
+    let watcher = Client::connect(&server.addr, &cfg(TransportPref::Tcp, 15))
+        .await
+        .expect("connect");
+    let t_start = Instant::now();
+    loop {
+        let r = watcher
+            .call(Request {
+                method: "/test.Test/MaxSleeping".into(),
+                timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
+            })
+            .await
+            .expect("max sleeping");
+        if &r.body[..] == b"1" {
+            break;
+        }
+        assert!(t_start.elapsed() < Duration::from_secs(10), "long call never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    let e = client
+        .call(sleep("0", Duration::from_millis(300)))
+        .await
+        .expect_err("queued past its deadline");
+    assert_eq!(e.code, byteexpress_rpc::Code::DeadlineExceeded, "{e}");
+    assert!(t0.elapsed() < Duration::from_millis(900), "{:?}", t0.elapsed());
+    long.await.unwrap().expect("the long call completes");
+}

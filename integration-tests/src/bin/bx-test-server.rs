@@ -1,6 +1,7 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
-//! [--detect-timeout-ms N] [--memory-budget-mib N] [--addr HOST:PORT]`.
+//! [--detect-timeout-ms N] [--memory-budget-mib N] [--max-concurrent-calls N]
+//! [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
 use std::time::Duration;
@@ -38,6 +39,9 @@ async fn main() -> std::io::Result<()> {
             }
             "--memory-budget-mib" => {
                 cfg.memory_budget = v.parse::<usize>().expect("--memory-budget-mib N") << 20
+            }
+            "--max-concurrent-calls" => {
+                cfg.max_concurrent_calls = v.parse().expect("--max-concurrent-calls N")
             }
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),
