@@ -99,6 +99,10 @@ impl Dispatch for Calls {
         &self.budget
     }
 
+    fn calls_in_flight(&self) -> usize {
+        self.pending.lock().len()
+    }
+
     fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
         if h.kind == Kind::Response
             && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))

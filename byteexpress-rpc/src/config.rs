@@ -82,6 +82,18 @@ pub struct Config {
     /// queues calls beyond it (the wait counts against each call's deadline), and the server
     /// answers a call over it with RESOURCE_EXHAUSTED without running it.
     pub max_concurrent_calls: u32,
+    /// Keepalive, as gRPC's `keepalive_time`: when nothing has arrived on a link for this long,
+    /// a PING goes to the peer (default 30 s; zero = no pings). On a TCP link it is a message;
+    /// on an RDMA link, a frame on its TCP control connection.
+    pub keepalive_interval: Duration,
+    /// Keepalive, as gRPC's `keepalive_timeout`: a PING with nothing heard back (its PONG or
+    /// any message) within this long closes the link as dead, its calls fail UNAVAILABLE
+    /// (default 20 s).
+    pub keepalive_timeout: Duration,
+    /// A link with no call in flight on which nothing at all arrived for this long (no
+    /// message, chunk, PING or PONG) is closed (default 5 min; zero = never). A peer that
+    /// answers keepalive pings, or an RDMA link whose QP carries messages, is never idle.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Config {
@@ -105,6 +117,9 @@ impl Default for Config {
             max_connections_per_addr: 1024,
             memory_budget: 256 << 20,
             max_concurrent_calls: 1024,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }

@@ -212,6 +212,10 @@ impl Dispatch for Handlers {
         &self.budget
     }
 
+    fn calls_in_flight(&self) -> usize {
+        self.running.lock().len()
+    }
+
     fn refused(&self, link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
         if h.kind == Kind::Request {
             let _ = link.send(Outgoing::status(

@@ -503,3 +503,114 @@ async fn time_queued_behind_the_concurrency_limit_counts_against_the_deadline() 
     assert!(t0.elapsed() < Duration::from_millis(900), "{:?}", t0.elapsed());
     long.await.unwrap().expect("the long call completes");
 }
+
+/// Reads frames until the server closes the connection; returns the kinds received (header
+/// byte 3) and when the end came. `answer` answers each PING with its PONG.
+async fn frames_until_closed(raw: &mut TcpStream, answer: bool, bound: Duration) -> (Vec<u8>, Option<Instant>) {
+    use byteexpress_rpc::wire::header::{Header, Kind};
+    let mut kinds = Vec::new();
+    let end = Instant::now() + bound;
+    loop {
+        match tokio::time::timeout_at(end.into(), read_frame(raw)).await {
+            Err(_) => return (kinds, None),
+            Ok(None) => return (kinds, Some(Instant::now())),
+            Ok(Some(f)) => {
+                kinds.push(f[3]);
+                if answer && f[3] == Kind::Ping as u8 {
+                    let ping = Header::decode(&f).expect("PING decodes");
+                    let mut pong = Header::new(Kind::Pong);
+                    pong.call_id = ping.call_id;
+                    raw.write_all(&40u32.to_be_bytes()).await.unwrap();
+                    raw.write_all(&pong.encode()).await.unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// A peer that stops answering keepalive PINGs (a raw TCP link that reads them and says
+/// nothing) is closed within interval + timeout (+ 1 s); one that answers stays up through
+/// several intervals and is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_answering_keepalives_is_closed_within_interval_plus_timeout() {
+    const PING: u8 = 7;
+    let (interval, timeout) = (Duration::from_millis(300), Duration::from_millis(300));
+    let server = ServerProc::start(
+        SERVER,
+        &["--keepalive-interval-ms", "300", "--keepalive-timeout-ms", "300", "--idle-timeout-ms", "0"],
+    )
+    .await;
+    let mut silent = raw_tcp_link(&server.addr).await;
+    let t0 = Instant::now();
+    let (kinds, closed) = frames_until_closed(&mut silent, false, Duration::from_secs(10)).await;
+    let closed = closed.expect("the silent peer was never closed");
+    eprintln!("silent peer closed after {:?}, frames {kinds:?}", closed - t0);
+    assert!(kinds.contains(&PING), "the server pinged: {kinds:?}");
+    assert!(
+        closed - t0 <= interval + timeout + Duration::from_secs(1),
+        "closed after {:?}",
+        closed - t0
+    );
+    // a peer that answers is kept through 5 times interval + timeout
+    let mut alive = raw_tcp_link(&server.addr).await;
+    let (kinds, closed) = frames_until_closed(&mut alive, true, 5 * (interval + timeout)).await;
+    assert!(closed.is_none(), "an answering peer was closed; frames {kinds:?}");
+    assert!(kinds.iter().filter(|k| **k == PING).count() >= 2, "{kinds:?}");
+}
+
+/// With keepalive off and an idle timeout of 500 ms: a silent TCP link is closed; an RDMA link
+/// whose calls run on its QP while its TCP control connection stays silent is not, and
+/// neither is an idle RDMA link whose client sends keepalive PINGs on the control connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_links_are_closed_but_never_a_live_rdma_link() {
+    let server = ServerProc::start(
+        SERVER,
+        &["--keepalive-interval-ms", "0", "--idle-timeout-ms", "500"],
+    )
+    .await;
+    let mut silent = raw_tcp_link(&server.addr).await;
+    let t0 = Instant::now();
+    let (_, closed) = frames_until_closed(&mut silent, false, Duration::from_secs(10)).await;
+    let closed = closed.expect("the idle link was never closed");
+    assert!(closed - t0 >= Duration::from_millis(400), "closed early: {:?}", closed - t0);
+
+    // calls on the QP every 50 ms for 2 s: the link lives on (its round counter only grows)
+    let busy = Client::connect(
+        &server.addr,
+        &Config {
+            keepalive_interval: Duration::ZERO,
+            ..cfg(TransportPref::Rdma, 16)
+        },
+    )
+    .await
+    .expect("connect");
+    assert_eq!(busy.transport(), Transport::Rdma);
+    let mut rounds = 0;
+    for _ in 0..40 {
+        busy.call(echo(b"busy")).await.expect("call on a busy link");
+        let now = busy.link_stats().send_rounds;
+        assert!(now > rounds, "the link was replaced: rounds {now} after {rounds}");
+        rounds = now;
+        tokio::time::sleep(Duration::from_millis(50)).await; // the pace of the calls
+    }
+
+    // no calls for 2 s, but the client pings every 200 ms on the control connection
+    let pinging = Client::connect(
+        &server.addr,
+        &Config {
+            keepalive_interval: Duration::from_millis(200),
+            keepalive_timeout: Duration::from_secs(5),
+            ..cfg(TransportPref::Rdma, 15)
+        },
+    )
+    .await
+    .expect("connect");
+    for _ in 0..20 {
+        pinging.call(echo(b"warm")).await.expect("call");
+    }
+    let before = pinging.link_stats().send_rounds;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the idle period under test
+    pinging.call(echo(b"after idle")).await.expect("call after idle");
+    let after = pinging.link_stats().send_rounds;
+    assert!(after > before, "the link was replaced: rounds {after} after {before}");
+}

@@ -1,7 +1,7 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
 //! [--detect-timeout-ms N] [--memory-budget-mib N] [--max-concurrent-calls N]
-//! [--addr HOST:PORT]`.
+//! [--keepalive-interval-ms N] [--keepalive-timeout-ms N] [--idle-timeout-ms N] [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
 use std::time::Duration;
@@ -43,6 +43,13 @@ async fn main() -> std::io::Result<()> {
             "--max-concurrent-calls" => {
                 cfg.max_concurrent_calls = v.parse().expect("--max-concurrent-calls N")
             }
+            "--keepalive-interval-ms" => {
+                cfg.keepalive_interval = Duration::from_millis(v.parse().expect("ms"))
+            }
+            "--keepalive-timeout-ms" => {
+                cfg.keepalive_timeout = Duration::from_millis(v.parse().expect("ms"))
+            }
+            "--idle-timeout-ms" => cfg.idle_timeout = Duration::from_millis(v.parse().expect("ms")),
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),
         }
