@@ -614,3 +614,61 @@ async fn idle_links_are_closed_but_never_a_live_rdma_link() {
     let after = pinging.link_stats().send_rounds;
     assert!(after > before, "the link was replaced: rounds {after} after {before}");
 }
+
+/// The connections of `conns` that the server did not close (EOF or reset) within 2 s.
+async fn not_closed(conns: Vec<TcpStream>) -> Vec<TcpStream> {
+    let checks = conns.into_iter().map(|mut c| async move {
+        let mut b = [0u8; 16];
+        match tokio::time::timeout(Duration::from_secs(2), c.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => None,
+            _ => Some(c),
+        }
+    });
+    futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The server holds at most `max_connections_per_addr` connections from one address (here
+/// 127.0.0.1, limit 10) and at most `max_connections` in all (here 15, seen from 127.0.0.2):
+/// the rest are closed on accept, and their places come back when held ones close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_caps_are_closed_on_accept() {
+    let server = ServerProc::start(
+        SERVER,
+        &["--max-connections-per-addr", "10", "--max-connections", "15"],
+    )
+    .await;
+    // connections that send nothing wait in protocol detection (10 s), held by the server
+    let kept = not_closed(idle_flood_n(&server.addr, "127.0.0.1", 25).await).await;
+    assert_eq!(kept.len(), 10, "per-address cap");
+    let kept2 = not_closed(idle_flood_n(&server.addr, "127.0.0.2", 25).await).await;
+    assert_eq!(kept2.len(), 5, "total cap (10 + 5)");
+    drop(kept);
+    drop(kept2);
+    // the places come back once the server has seen those connections close
+    let t0 = Instant::now();
+    loop {
+        let again = not_closed(idle_flood_n(&server.addr, "127.0.0.1", 10).await).await;
+        if again.len() == 10 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "places never freed: {}", again.len());
+    }
+    let c = Client::connect(&server.addr, &cfg(TransportPref::Tcp, 16)).await.expect("connect");
+    c.call(echo(b"x")).await.expect("served within the caps");
+}
+
+/// Opens `n` connections from local address `from` (any address of 127.0.0.0/8) that send
+/// nothing.
+async fn idle_flood_n(addr: &str, from: &str, n: usize) -> Vec<TcpStream> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        v.push(s.connect(addr.parse().unwrap()).await.expect("connect"));
+    }
+    v
+}

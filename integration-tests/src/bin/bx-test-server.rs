@@ -1,7 +1,8 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
 //! [--detect-timeout-ms N] [--memory-budget-mib N] [--max-concurrent-calls N]
-//! [--keepalive-interval-ms N] [--keepalive-timeout-ms N] [--idle-timeout-ms N] [--addr HOST:PORT]`.
+//! [--keepalive-interval-ms N] [--keepalive-timeout-ms N] [--idle-timeout-ms N]
+//! [--max-connections N] [--max-connections-per-addr N] [--addr HOST:PORT]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 
 use std::time::Duration;
@@ -50,6 +51,8 @@ async fn main() -> std::io::Result<()> {
                 cfg.keepalive_timeout = Duration::from_millis(v.parse().expect("ms"))
             }
             "--idle-timeout-ms" => cfg.idle_timeout = Duration::from_millis(v.parse().expect("ms")),
+            "--max-connections" => cfg.max_connections = v.parse().expect("N"),
+            "--max-connections-per-addr" => cfg.max_connections_per_addr = v.parse().expect("N"),
             "--addr" => addr = v,
             other => panic!("unknown flag {other}"),
         }
