@@ -2,8 +2,9 @@
 //! whole: partly received TCP frames and RDMA reassembly buffers, across all links of a
 //! [`Server`](crate::Server) (or, for clients, of the process).
 //!
-//! A message larger than [`UNCHARGED`] is charged its whole announced size when its first
-//! bytes arrive, before any memory is set aside for it. If the budget cannot take it, nothing
+//! A TCP frame larger than [`UNCHARGED`], and every message reassembled from RDMA chunks, is
+//! charged its whole announced size when its first bytes arrive, before any memory is set
+//! aside for it. If the budget cannot take it, nothing
 //! is allocated: its bytes are read and dropped as they come, and the call gets
 //! RESOURCE_EXHAUSTED (the server answers the request so; a client fails its own call). The
 //! charge is returned when the message is whole and handed on (to the handler or the caller),
@@ -12,9 +13,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Messages up to this size (bytes, header included) are not charged: each link holds at most
-/// one partial TCP frame of this size, or reassembles RDMA messages larger than a chunk only,
-/// so these are bounded by the connection caps instead.
+/// TCP frames up to this size (bytes) are not charged: a TCP link holds at most one partial
+/// frame at a time, so these are bounded by the connection caps instead.
 pub(crate) const UNCHARGED: usize = 64 << 10;
 
 /// Bytes held by partly received messages, against a limit (see the module docs).

@@ -73,8 +73,8 @@ pub struct Config {
     pub max_connections_per_addr: usize,
     /// Bytes that messages still in transit may hold, across all links of a server (for
     /// clients: of the process, fixed by the first link's setting): partly received TCP frames
-    /// and RDMA reassembly buffers of messages larger than 64 KiB, charged their whole size
-    /// when their first bytes arrive (default 256 MiB). A message that does not fit is never
+    /// larger than 64 KiB and the buffers of messages reassembled from RDMA chunks, charged
+    /// their whole size when their first bytes arrive (default 256 MiB). A message that does not fit is never
     /// buffered: its bytes are dropped as they arrive and the call fails RESOURCE_EXHAUSTED.
     pub memory_budget: usize,
     /// Server: most calls it runs at once on one link (default 1,024; at least 1). Announced

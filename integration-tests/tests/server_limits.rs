@@ -672,3 +672,31 @@ async fn idle_flood_n(addr: &str, from: &str, n: usize) -> Vec<TcpStream> {
     }
     v
 }
+
+/// The fds one soft-RDMA link costs the server: `/proc/<pid>/fd` counted after a first link
+/// (which opens the device once per process) and again after 20 more, each with a call
+/// served. The target is at most 4 per link (about 12 before issue 17), so that `ulimit -n
+/// 1024` serves at least 200 links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_rdma_link_costs_the_server_at_most_4_fds() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let p = pid(&server);
+    let first = Client::connect(&server.addr, &cfg(TransportPref::Rdma, 100))
+        .await
+        .expect("connect");
+    first.call(echo(b"x")).await.expect("call");
+    let before = fd_count(p);
+    let mut links = Vec::new();
+    for g in 1..=20u32 {
+        let c = Client::connect(&server.addr, &cfg(TransportPref::Rdma, g))
+            .await
+            .expect("connect");
+        assert_eq!(c.transport(), Transport::Rdma);
+        c.call(echo(b"x")).await.expect("call");
+        links.push(c);
+    }
+    let after = fd_count(p);
+    let per_link = (after - before) as f64 / 20.0;
+    eprintln!("server fds: {before} after one link, {after} after 20 more: {per_link:.2} per soft-RDMA link");
+    assert!(per_link <= 4.0, "{per_link:.2} fds per link");
+}

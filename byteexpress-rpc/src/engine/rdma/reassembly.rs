@@ -12,7 +12,7 @@ use std::sync::Arc;
 use byteexpress_mem::{MemError, Pool, RegisteredBuf};
 use bytes::Bytes;
 
-use crate::budget::{Charge, MemoryBudget, UNCHARGED};
+use crate::budget::{Charge, MemoryBudget};
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
 use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
@@ -144,8 +144,8 @@ impl Reassembly {
         }
     }
 
-    /// Charges every message larger than [`UNCHARGED`] to `budget` when its first chunk
-    /// arrives; one that does not fit is not kept (its chunks are checked and dropped) and its
+    /// Charges every message reassembled (each larger than a chunk) to `budget` when its
+    /// first chunk arrives; one that does not fit is not kept (its chunks are checked and dropped) and its
     /// first header is queued for [`Reassembly::take_refused`].
     pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
         self.budget = Some(budget);
@@ -211,15 +211,12 @@ impl Reassembly {
                     len: len as u64,
                 });
             }
-            let charge = match &self.budget {
-                Some(b) if h.message_len() > UNCHARGED as u64 => {
-                    b.try_take(h.message_len() as usize)
-                }
-                _ => None,
-            };
-            let refused = charge.is_none()
-                && self.budget.is_some()
-                && h.message_len() > UNCHARGED as u64;
+            let charge = self
+                .budget
+                .as_ref()
+                .map(|b| b.try_take(h.message_len() as usize));
+            let refused = matches!(charge, Some(None));
+            let charge = charge.flatten();
             let mut data = if refused {
                 self.refused.push(*h);
                 Buf::Discard(0)
@@ -417,9 +414,9 @@ mod tests {
         let m = r.on_chunk(&cont(1, chunk.len(), false), &chunk).unwrap().unwrap();
         assert_eq!(m.body.len(), len as usize);
         assert_eq!(budget.used(), 0);
-        // small messages are not charged
+        // every reassembly is charged, however small
         assert!(r.on_chunk(&first(0, 1000, 3), &chunk[..500]).unwrap().is_none());
-        assert_eq!(budget.used(), 0);
+        assert_eq!(budget.used(), 1000 + HEADER_LEN);
     }
 
     fn counters() -> Arc<LinkCounters> {
