@@ -68,7 +68,10 @@ impl Conn {
                 id: mr.region,
                 len: map.len() as u64,
             };
-            self.send(&m, &[map.fd()])?;
+            let fd = map.fd().ok_or_else(|| {
+                std::io::Error::other("a PD region's memfd is open for as long as the region")
+            })?;
+            self.send(&m, &[fd])?;
             sent.insert(mr.region);
         }
         let m = Msg::MrAdd {

@@ -2,6 +2,12 @@
 //!
 //! A memfd is sealed against shrinking before it leaves this process, and a peer's memfd is
 //! mapped only if it carries that seal, so no peer can truncate a mapping under us (SIGBUS).
+//!
+//! fds are a server's scarcest resource per link, so a mapping keeps its memfd open only while
+//! it may still have to be passed to a peer: a peer's memfd is closed as soon as it is mapped
+//! (the mapping keeps the memory), and a QP's ring memfd once the QP has sent it
+//! ([`Mapping::close_fd`]). Only the regions of a PD, which may be announced to peers that
+//! connect later, keep theirs.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -23,7 +29,8 @@ pub(crate) fn page_size() -> usize {
 pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
-    fd: OwnedFd,
+    /// The memfd, while it may still be passed to a peer.
+    fd: parking_lot::Mutex<Option<OwnedFd>>,
 }
 
 // SAFETY: the mapping is valid for the whole life of `Mapping`; this crate reads and writes it
@@ -85,7 +92,10 @@ impl Mapping {
         if u64::try_from(st.st_size).unwrap_or(0) < len as u64 {
             return Err(Error::Peer("peer memory shorter than announced".into()));
         }
-        Self::map(fd, len)
+        let map = Self::map(fd, len)?;
+        // never passed on: the mapping alone keeps the memory
+        map.close_fd();
+        Ok(map)
     }
 
     fn map(fd: OwnedFd, len: usize) -> Result<Mapping> {
@@ -107,8 +117,13 @@ impl Mapping {
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
-            fd,
+            fd: parking_lot::Mutex::new(Some(fd)),
         })
+    }
+
+    /// Closes the memfd; the mapping stays valid. Later [`Mapping::fd`] calls return `None`.
+    pub(crate) fn close_fd(&self) {
+        self.fd.lock().take();
     }
 
     #[inline]
@@ -121,8 +136,10 @@ impl Mapping {
         self.len
     }
 
-    pub(crate) fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// The memfd, to pass to a peer; `None` once closed ([`Mapping::close_fd`]). The fd stays
+    /// open until `close_fd`, which only the mapping's owner calls once it has passed it on.
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        self.fd.lock().as_ref().map(AsRawFd::as_raw_fd)
     }
 
     /// The 8-byte word at `off`, unchecked: for offsets of a layout checked against this
