@@ -495,7 +495,7 @@ impl SoftDevice {
             cap: c.ring_cap,
             max_sge: c.ring_sge,
         };
-        let map = Mapping::open(ring_fd, layout.bytes()).map_err(|e| e.to_string())?;
+        let map = Mapping::open(ring_fd, 0, layout.bytes()).map_err(|e| e.to_string())?;
         let ring = Ring::new(Arc::new(map), layout).ok_or("ring region too small")?;
         tracing::debug!(
             "soft: QP {:#x} attached to peer device {:#x}",

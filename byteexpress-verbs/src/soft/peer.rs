@@ -127,7 +127,7 @@ impl Peer {
             return;
         };
         match msg {
-            Msg::Region { id, len } => {
+            Msg::Region { id, offset, len } => {
                 let Some(fd) = fds.into_iter().next() else {
                     return;
                 };
@@ -135,7 +135,7 @@ impl Peer {
                     tracing::warn!("soft: peer region {id} refused (limits)");
                     return;
                 }
-                match Mapping::open(fd, len as usize) {
+                match Mapping::open(fd, offset, len as usize) {
                     Ok(m) => {
                         self.regions.insert(id, Arc::new(m));
                     }
