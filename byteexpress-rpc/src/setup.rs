@@ -15,8 +15,8 @@ use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCa
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::keepalive::{self, Liveness};
+use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, tcp};
 use crate::wire::CONN_MAGIC;
 use crate::wire::header::{HEADER_LEN, Kind};

@@ -18,7 +18,9 @@ async fn a_refused_frame_gives_its_head_is_skipped_unbuffered_and_the_next_frame
     // a reader that hands out at most 1000 bytes per read, so the skip spans many reads
     let (mut w, r) = tokio::io::duplex(1000);
     let writer = tokio::spawn(async move {
-        tokio::io::AsyncWriteExt::write_all(&mut w, &bytes).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut w, &bytes)
+            .await
+            .unwrap();
     });
     let mut r = FrameReader::new(r, FrameConfig::default());
     let mut asked = Vec::new();

@@ -52,7 +52,11 @@ pub(crate) async fn detect(
                 return Ok((Protocol::Other, buf));
             }
             // Never read past the preface still possible: what follows belongs to the protocol.
-            let want = if bx { CONN_MAGIC.len() } else { H2_PREFACE.len() };
+            let want = if bx {
+                CONN_MAGIC.len()
+            } else {
+                H2_PREFACE.len()
+            };
             let mut chunk = [0u8; 24];
             let n = stream.read(&mut chunk[..want - buf.len()]).await?;
             if n == 0 {

@@ -39,7 +39,9 @@ impl Server {
 /// (`byteexpress-rpc`); the whole 24-byte HTTP/2 preface `PRI * HTTP/2.0…`, or anything that
 /// is neither, to tonic's own HTTP/2 server, which reads the bytes taken for detection again.
 /// Accept errors never end the server, and the connection caps of the [`Config`] apply
-/// (`byteexpress_rpc::accept::Acceptor`). Both dispatch by path to the same services. On the ByteExpress path
+/// (`byteexpress_rpc::accept::Acceptor`). The HTTP/2 side gets
+/// [`Config::max_concurrent_calls`] as SETTINGS_MAX_CONCURRENT_STREAMS and
+/// [`Config::keepalive_interval`] / [`Config::keepalive_timeout`] as HTTP/2 PING keepalive. Both dispatch by path to the same services. On the ByteExpress path
 /// streaming methods see their whole request at once, and their whole response is sent at
 /// once.
 #[derive(Debug, Clone)]
@@ -104,6 +106,12 @@ impl ServerBuilder {
         let routes = self.routes;
         let bx_routes = routes.clone();
         let detect_timeout = self.cfg.detect_timeout;
+        // the same limits on the HTTP/2 side, in its own terms (SETTINGS_MAX_CONCURRENT_STREAMS,
+        // HTTP/2 PING keepalive)
+        let h2_streams = self.cfg.max_concurrent_calls.max(1);
+        let h2_ping =
+            (!self.cfg.keepalive_interval.is_zero()).then_some(self.cfg.keepalive_interval);
+        let h2_ping_timeout = self.cfg.keepalive_timeout;
         let mut acceptor = Acceptor::new(listener, &self.cfg);
         let bx =
             byteexpress_rpc::Server::new(move |req| serve_call(bx_routes.clone(), req), self.cfg);
@@ -118,6 +126,9 @@ impl ServerBuilder {
                 let _ = stop_rx.wait_for(|s| *s).await;
             };
             tonic::transport::Server::builder()
+                .max_concurrent_streams(h2_streams)
+                .http2_keepalive_interval(h2_ping)
+                .http2_keepalive_timeout(Some(h2_ping_timeout))
                 .serve_with_incoming_shutdown(routes, incoming, stopped)
                 .await
                 .map_err(io::Error::other)
@@ -154,4 +165,3 @@ impl ServerBuilder {
         tokio::try_join!(accept, h2).map(|_| ())
     }
 }
-

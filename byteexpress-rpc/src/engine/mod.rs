@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::MemoryBudget;
 use crate::link_stats::LinkCounters;
-use crate::wire::header::Header;
 use crate::message::{Incoming, Outgoing};
+use crate::wire::header::Header;
 use crate::{Status, Transport};
 
 /// Receives what an engine delivers. Called on the engine's task: must not block.

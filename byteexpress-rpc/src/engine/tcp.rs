@@ -8,8 +8,8 @@ use tokio::sync::mpsc;
 
 use super::keepalive::{Liveness, watch};
 use super::{Dispatch, LinkTx};
-use crate::message::{Incoming, Outgoing};
 use crate::budget::UNCHARGED;
+use crate::message::{Incoming, Outgoing};
 use crate::wire::header::{HEADER_LEN, Header, Kind};
 use crate::{Code, Metadata, Status, Transport};
 
@@ -32,7 +32,12 @@ where
     let link = LinkTx::new(tx, Transport::Tcp, max_message);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone()));
-    tokio::spawn(read_loop(reader, link.clone(), dispatch.clone(), closer.clone()));
+    tokio::spawn(read_loop(
+        reader,
+        link.clone(),
+        dispatch.clone(),
+        closer.clone(),
+    ));
     let watched = link.clone();
     tokio::spawn(async move {
         let ping = |n| {

@@ -369,7 +369,8 @@ mod tests {
         }
         drop(b);
         // SAFETY: `view` is still mapped.
-        assert_eq!(unsafe { view.ptr().add(5).read() }, 0, "pages punched out on drop");
+        let after = unsafe { view.ptr().add(5).read() };
+        assert_eq!(after, 0, "pages punched out on drop");
         assert!(
             Mapping::open(
                 {

@@ -166,7 +166,6 @@ impl Sock {
         Ok(cred.pid)
     }
 
-
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }

@@ -36,7 +36,8 @@ async fn main() -> std::io::Result<()> {
                 cfg.busy_poll = Duration::from_micros(v.parse().expect("--busy-poll-us N"))
             }
             "--detect-timeout-ms" => {
-                cfg.detect_timeout = Duration::from_millis(v.parse().expect("--detect-timeout-ms N"))
+                cfg.detect_timeout =
+                    Duration::from_millis(v.parse().expect("--detect-timeout-ms N"))
             }
             "--memory-budget-mib" => {
                 cfg.memory_budget = v.parse::<usize>().expect("--memory-budget-mib N") << 20

@@ -407,15 +407,30 @@ mod tests {
         let refused = r.take_refused();
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].call_id, 2);
-        assert_eq!(budget.used(), len as usize + HEADER_LEN, "nothing taken for it");
-        assert!(r.on_chunk(&cont(2, chunk.len(), false), &chunk).unwrap().is_none());
+        assert_eq!(
+            budget.used(),
+            len as usize + HEADER_LEN,
+            "nothing taken for it"
+        );
+        assert!(
+            r.on_chunk(&cont(2, chunk.len(), false), &chunk)
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(r.in_progress(), 1, "the refused message is gone");
         // the first completes and returns its charge
-        let m = r.on_chunk(&cont(1, chunk.len(), false), &chunk).unwrap().unwrap();
+        let m = r
+            .on_chunk(&cont(1, chunk.len(), false), &chunk)
+            .unwrap()
+            .unwrap();
         assert_eq!(m.body.len(), len as usize);
         assert_eq!(budget.used(), 0);
         // every reassembly is charged, however small
-        assert!(r.on_chunk(&first(0, 1000, 3), &chunk[..500]).unwrap().is_none());
+        assert!(
+            r.on_chunk(&first(0, 1000, 3), &chunk[..500])
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(budget.used(), 1000 + HEADER_LEN);
     }
 
