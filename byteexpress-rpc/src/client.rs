@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
+use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
 use crate::wire::header::Kind;
@@ -42,12 +43,37 @@ type CallKey = (u32, u64);
 type Pending = oneshot::Sender<Result<Response, Status>>;
 
 /// The calls waiting on one link.
-#[derive(Default)]
 struct Calls {
     pending: Mutex<HashMap<CallKey, Pending>>,
     closed: Mutex<Option<Status>>,
     /// Woken when the link closes ([`Client::link_closed`]).
     gone: tokio::sync::Notify,
+    budget: MemoryBudget,
+    /// One permit per call the server runs at once on this link (HELLO_ACK's
+    /// `max_concurrent_calls`, added once set-up is done); a call holds one from before it is
+    /// sent until it is answered or given up. Closed with the link.
+    slots: Arc<Semaphore>,
+}
+
+impl Calls {
+    fn new(cfg: &Config) -> Self {
+        Calls {
+            pending: Mutex::default(),
+            closed: Mutex::default(),
+            gone: tokio::sync::Notify::new(),
+            budget: client_budget(cfg),
+            slots: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+/// The process's budget for answers in transit ([`Config::memory_budget`] of the first link
+/// set up).
+fn client_budget(cfg: &Config) -> MemoryBudget {
+    static BUDGET: std::sync::OnceLock<MemoryBudget> = std::sync::OnceLock::new();
+    BUDGET
+        .get_or_init(|| MemoryBudget::new(cfg.memory_budget))
+        .clone()
 }
 
 impl Dispatch for Calls {
@@ -66,9 +92,26 @@ impl Dispatch for Calls {
     fn closed(&self, why: Status) {
         *self.closed.lock() = Some(why.clone());
         self.gone.notify_waiters();
+        self.slots.close();
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
             let _ = tx.send(Err(why.clone()));
+        }
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn calls_in_flight(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if h.kind == Kind::Response
+            && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))
+        {
+            let _ = tx.send(Err(why));
         }
     }
 }
@@ -174,9 +217,12 @@ async fn open_conn(
 
 /// Sets up a new link to `addr` (HELLO, transport choice, QP handshake).
 async fn new_link(addr: &str, cfg: &Config) -> Result<Arc<ClientLink>, Status> {
-    let calls = Arc::new(Calls::default());
-    let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
-    tracing::info!(addr, transport = %tx.transport(), "link up");
+    let calls = Arc::new(Calls::new(cfg));
+    let (tx, max_calls) = crate::setup::connect(addr, cfg, calls.clone()).await?;
+    calls
+        .slots
+        .add_permits((max_calls as usize).min(Semaphore::MAX_PERMITS));
+    tracing::info!(addr, transport = %tx.transport(), max_calls, "link up");
     Ok(Arc::new(ClientLink {
         tx,
         calls,
@@ -281,7 +327,9 @@ impl Client {
         self.link().tx.stats()
     }
 
-    /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
+    /// Makes a unary call. A call beyond the server's concurrency limit on the link
+    /// ([`Config::max_concurrent_calls`], announced at set-up) waits here first; that wait counts
+    /// against `req.timeout`. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
     /// passes (the server is told to cancel the handler); UNAVAILABLE when the link fails;
     /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
     /// the future cancels the call on the server too. The deadline bounds everything done for
@@ -306,6 +354,28 @@ impl Client {
         if let Some(why) = link.calls.closed.lock().clone() {
             return Err(why);
         }
+        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        let slot = link.calls.slots.clone().acquire_owned();
+        let _slot = match deadline {
+            Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| {
+                Status::new(
+                    Code::DeadlineExceeded,
+                    format!(
+                        "deadline of {:?} exceeded while queued behind the server's limit of \
+                         concurrent calls",
+                        req.timeout.unwrap_or_default()
+                    ),
+                )
+            })?,
+            None => slot.await,
+        }
+        .map_err(|_| {
+            link.calls
+                .closed
+                .lock()
+                .clone()
+                .unwrap_or_else(|| Status::new(Code::Unavailable, "link closed"))
+        })?;
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
         let key = (conn_id, call_id);
         let mut out = Outgoing::new(
@@ -317,6 +387,7 @@ impl Client {
             req.body,
         );
         if let Some(d) = deadline {
+            // what is left after queueing
             let left = d.saturating_duration_since(tokio::time::Instant::now());
             out.header.timeout_us = (left.as_micros() as u64).max(1);
         }

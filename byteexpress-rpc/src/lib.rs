@@ -19,7 +19,9 @@
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
+pub mod accept;
 pub mod balance;
+mod budget;
 mod client;
 mod config;
 mod engine;

@@ -18,6 +18,7 @@
 mod body;
 mod bx_handler;
 mod channel;
+mod detect;
 mod grpc_status;
 mod grpc_timeout;
 mod metadata_map;

@@ -42,7 +42,9 @@ pub(crate) struct Peer {
     pub(crate) ring: Ring,
     pub(crate) doorbell: EventFd,
     /// The peer device's refill eventfd: rung when an SRQ-fed ring of the peer runs low.
-    pub(crate) refill: Option<EventFd>,
+    /// One per peer process and device, shared by all our QPs attached to it (an fd per link
+    /// saved, [`super::device`]).
+    pub(crate) refill: Option<Arc<EventFd>>,
     /// Access the peer's QP grants us (`qp_access_flags`).
     pub(crate) access: Access,
     chan: Arc<Sock>,
@@ -69,7 +71,7 @@ impl Peer {
         qpn: u32,
         ring: Ring,
         doorbell: EventFd,
-        refill: Option<EventFd>,
+        refill: Option<Arc<EventFd>>,
         access: Access,
         chan: Arc<Sock>,
     ) -> Peer {
@@ -125,7 +127,7 @@ impl Peer {
             return;
         };
         match msg {
-            Msg::Region { id, len } => {
+            Msg::Region { id, offset, len } => {
                 let Some(fd) = fds.into_iter().next() else {
                     return;
                 };
@@ -133,7 +135,7 @@ impl Peer {
                     tracing::warn!("soft: peer region {id} refused (limits)");
                     return;
                 }
-                match Mapping::open(fd, len as usize) {
+                match Mapping::open(fd, offset, len as usize) {
                     Ok(m) => {
                         self.regions.insert(id, Arc::new(m));
                     }

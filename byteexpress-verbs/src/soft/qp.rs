@@ -587,19 +587,22 @@ impl QpImpl for SoftQp {
             access: attr.access.0,
             name: self.dev.sock_name.clone(),
         });
+        let ring_fd = self.ring.mapping().fd().ok_or_else(|| {
+            Error::InvalidState("the QP's ring was already passed to a peer".into())
+        })?;
         sock.send(
             &hello.encode(),
-            &[
-                self.ring.mapping().fd(),
-                self.recv_cq.doorbell_fd(),
-                self.dev.wake_fd(),
-            ],
+            &[ring_fd, self.recv_cq.doorbell_fd(), self.dev.wake_fd()],
         )
         .map_err(|e| peer_err("connect to", &e))?;
         let mut buf = [0u8; MAX_MSG];
         match sock.recv(&mut buf, true) {
             Ok(Recv::Msg(n, _)) => match Msg::decode(&buf[..n]) {
-                Some(Msg::ConnectReply { ok: true, .. }) => {}
+                Some(Msg::ConnectReply { ok: true, .. }) => {
+                    // The peer has mapped its own copy of the ring (SCM_RIGHTS), and a QP is
+                    // connected once.
+                    self.ring.mapping().close_fd();
+                }
                 Some(Msg::ConnectReply { ok: false, reason }) => {
                     return Err(peer_err("refused by", &reason));
                 }

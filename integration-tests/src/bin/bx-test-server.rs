@@ -1,6 +1,9 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
-//! [--addr HOST:PORT] [--delay-ms N] [--fail-all CODE] [--hang] [--id NAME]`.
+//! [--detect-timeout-ms N] [--memory-budget-mib N] [--max-concurrent-calls N]
+//! [--keepalive-interval-ms N] [--keepalive-timeout-ms N] [--idle-timeout-ms N]
+//! [--max-connections N] [--max-connections-per-addr N] [--addr HOST:PORT]
+//! [--delay-ms N] [--fail-all CODE] [--hang] [--id NAME]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
 //! - `--delay-ms N`: every call is answered N ms later than the test service would (a slow
 //!   replica);
@@ -50,6 +53,25 @@ async fn main() -> std::io::Result<()> {
             "--busy-poll-us" => {
                 cfg.busy_poll = Duration::from_micros(v.parse().expect("--busy-poll-us N"))
             }
+            "--detect-timeout-ms" => {
+                cfg.detect_timeout =
+                    Duration::from_millis(v.parse().expect("--detect-timeout-ms N"))
+            }
+            "--memory-budget-mib" => {
+                cfg.memory_budget = v.parse::<usize>().expect("--memory-budget-mib N") << 20
+            }
+            "--max-concurrent-calls" => {
+                cfg.max_concurrent_calls = v.parse().expect("--max-concurrent-calls N")
+            }
+            "--keepalive-interval-ms" => {
+                cfg.keepalive_interval = Duration::from_millis(v.parse().expect("ms"))
+            }
+            "--keepalive-timeout-ms" => {
+                cfg.keepalive_timeout = Duration::from_millis(v.parse().expect("ms"))
+            }
+            "--idle-timeout-ms" => cfg.idle_timeout = Duration::from_millis(v.parse().expect("ms")),
+            "--max-connections" => cfg.max_connections = v.parse().expect("N"),
+            "--max-connections-per-addr" => cfg.max_connections_per_addr = v.parse().expect("N"),
             "--addr" => addr = v,
             "--id" => id = Some(v),
             "--delay-ms" => delay = Duration::from_millis(v.parse().expect("--delay-ms N")),
