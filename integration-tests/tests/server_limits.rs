@@ -783,3 +783,46 @@ async fn a_soft_rdma_link_costs_the_server_at_most_5_fds() {
     );
     assert!(per_link <= 5.0, "{per_link:.2} fds per link");
 }
+
+/// At `ulimit -n 1024` a server serves 200 soft-RDMA links at once (5 fds each; at 12 per link
+/// it ran out of fds at about 80). Small buffers keep the 200 links' memory low; each link has
+/// its own settings (window), so each is a link of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_at_ulimit_1024_serves_200_soft_rdma_links() {
+    let mut server = start_with_fd_limit(1024, SERVER, &[]).await;
+    let mut links = Vec::new();
+    for i in 0..200u64 {
+        let c = Config {
+            transport: TransportPref::Rdma,
+            grant: 1,
+            recv_buf_size: 4096,
+            max_chunk: 4096,
+            max_send_wr: 4,
+            window_bytes: 4096 * (i + 1),
+            ..Config::default()
+        };
+        let client =
+            tokio::time::timeout(Duration::from_secs(20), Client::connect(&server.addr, &c))
+                .await
+                .unwrap_or_else(|_| panic!("link {i}: connect timed out"))
+                .unwrap_or_else(|e| {
+                    panic!("link {i}: {e} (server fds {})", fd_count(pid(&server)))
+                });
+        assert_eq!(client.transport(), Transport::Rdma, "link {i}");
+        client
+            .call(echo(b"x"))
+            .await
+            .unwrap_or_else(|e| panic!("link {i}: {e} (server fds {})", fd_count(pid(&server))));
+        links.push(client);
+    }
+    eprintln!(
+        "200 soft-RDMA links served at ulimit -n 1024; server fds {}",
+        fd_count(pid(&server))
+    );
+    for (i, c) in links.iter().enumerate() {
+        c.call(echo(b"y"))
+            .await
+            .unwrap_or_else(|e| panic!("link {i} again: {e}"));
+    }
+    assert_alive(&mut server, "with 200 links");
+}

@@ -453,8 +453,7 @@ impl SoftDevice {
                             ok: true,
                             reason: String::new(),
                         };
-                        if sock.send(&reply.encode(), &[]).is_ok() {
-                            qp.peer_chan_ready();
+                        if qp.reply_and_mark_chan_ready(&sock, &reply.encode()) {
                             self.watches.lock().push(Watch::Inbound {
                                 qp: Arc::downgrade(&qp),
                                 sock,

@@ -309,11 +309,19 @@ impl SoftQp {
             .is_some_and(|p| Arc::ptr_eq(p.chan(), sock))
     }
 
-    /// Device: the peer has its ConnectReply, so its channel may carry our Connect back.
-    pub(crate) fn peer_chan_ready(&self) {
-        if let Some(p) = self.send.lock().peer.as_mut() {
+    /// Device: sends the peer its ConnectReply on `sock` and marks the channel ready to
+    /// carry our own Connect back, in one critical section of the send lock: `connect` reads
+    /// the mark under that lock, so it never sees the channel ready before the reply is in it,
+    /// and never misses the mark once the peer could have read the reply.
+    pub(crate) fn reply_and_mark_chan_ready(&self, sock: &Sock, reply: &[u8]) -> bool {
+        let mut send = self.send.lock();
+        if sock.send(reply, &[]).is_err() {
+            return false;
+        }
+        if let Some(p) = send.peer.as_mut() {
             p.chan_ready = true;
         }
+        true
     }
 
     /// Progress thread: the inbound control channel is readable. False when it hit EOF.
