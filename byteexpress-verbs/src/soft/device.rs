@@ -368,9 +368,36 @@ impl SoftDevice {
                 }
                 let alive = match w {
                     Watch::Inbound { .. } => qp.pump_inbound(),
+                    // Our channel to the peer carries the peer's announcements too once the
+                    // peer's QP connected back over it (its first message, a Connect).
+                    Watch::Outbound { sock, .. } if qp.has_peer_on(sock) => qp.pump_inbound(),
                     Watch::Outbound { sock, .. } => loop {
                         match sock.recv(&mut buf, false) {
-                            Ok(Recv::Msg(..)) => continue,
+                            Ok(Recv::Msg(n, fds)) => match Msg::decode(&buf[..n]) {
+                                Some(Msg::Connect(c)) if c.dst_qpn == qp.qpn => {
+                                    match self.attach(c, fds, sock) {
+                                        Ok(_) => {
+                                            let ok = Msg::ConnectReply {
+                                                ok: true,
+                                                reason: String::new(),
+                                            };
+                                            if sock.send(&ok.encode(), &[]).is_err() {
+                                                break false;
+                                            }
+                                            break qp.pump_inbound();
+                                        }
+                                        Err(reason) => {
+                                            tracing::debug!(
+                                                "soft device refused a connect: {reason}"
+                                            );
+                                            let no = Msg::ConnectReply { ok: false, reason };
+                                            let _ = sock.send(&no.encode(), &[]);
+                                            break false;
+                                        }
+                                    }
+                                }
+                                _ => continue,
+                            },
                             Ok(Recv::Empty) => break true,
                             Ok(Recv::Eof) | Err(_) => break false,
                         }
@@ -426,7 +453,7 @@ impl SoftDevice {
                             ok: true,
                             reason: String::new(),
                         };
-                        if sock.send(&reply.encode(), &[]).is_ok() {
+                        if qp.reply_and_mark_chan_ready(&sock, &reply.encode()) {
                             self.watches.lock().push(Watch::Inbound {
                                 qp: Arc::downgrade(&qp),
                                 sock,

@@ -11,7 +11,9 @@
 //! | 7 | `MrDel { key u32 }` | — |
 //!
 //! A connection starts with `Probe` (answered, then closed) or `Connect` (answered, then kept as
-//! the control channel of that QP: `Region`/`MrAdd`/`MrDel` announcements follow).
+//! the control channel of that QP: `Region`/`MrAdd`/`MrDel` announcements follow). The peer QP
+//! may later send its own `Connect` back over that channel (answered there with
+//! `ConnectReply`); the channel then carries both directions' announcements.
 
 /// Protocol version carried in `Connect`.
 pub(crate) const VERSION: u16 = 1;
