@@ -31,6 +31,7 @@ mod metadata;
 mod server;
 mod setup;
 mod status;
+pub mod stream;
 // The wire protocol is this crate's own business: outside it, only [`CONN_MAGIC`] is public
 // (re-exported below). The `test-hooks` feature opens the whole module to tests that speak the
 // protocol by hand (hostile-peer and limit tests in integration-tests).
