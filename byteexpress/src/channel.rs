@@ -25,7 +25,11 @@ use byteexpress_rpc::BoxFuture;
 /// `grpc-message` and the error's metadata in the response headers, empty body), as gRPC
 /// servers answer. The service never fails at the tower level: transport failures are
 /// statuses too (UNAVAILABLE, RESOURCE_EXHAUSTED for a request above
-/// [`Client::max_message`], ...). Streaming requests are sent once their body has ended.
+/// [`Client::max_message`], ...). On a single-address channel every call is a ByteExpress
+/// stream (`byteexpress_rpc::stream`): request messages go as they are produced, answers
+/// arrive message by message with the status in trailers after them, and dropping the
+/// response cancels the server's handler (`stream_body.rs`). A channel over replicas still
+/// sends a request once its body has ended and answers at once.
 ///
 /// Cloning is cheap and shares the connection.
 ///
@@ -159,6 +163,16 @@ where
     });
     let mut metadata = Metadata::new();
     headers_to_metadata(&parts.headers, "", &mut metadata);
+    if let Target::One(client) = target {
+        return crate::stream_body::stream_call(
+            client,
+            parts.uri.path().to_string(),
+            metadata,
+            timeout,
+            body,
+        )
+        .await;
+    }
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let limit = target.max_message();
     let collect = Limited::new(body, limit).collect();
