@@ -448,9 +448,16 @@ impl Client {
         &self,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<StreamSlot, Status> {
-        let late = || Status::new(Code::DeadlineExceeded, "deadline exceeded before the stream opened");
+        let late = || {
+            Status::new(
+                Code::DeadlineExceeded,
+                "deadline exceeded before the stream opened",
+            )
+        };
         let (link, conn_id) = match deadline {
-            Some(d) => tokio::time::timeout_at(d, self.current()).await.map_err(|_| late())??,
+            Some(d) => tokio::time::timeout_at(d, self.current())
+                .await
+                .map_err(|_| late())??,
             None => self.current().await?,
         };
         if let Some(why) = link.calls.closed.lock().clone() {

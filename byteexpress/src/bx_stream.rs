@@ -49,7 +49,10 @@ pub async fn serve_stream(
             Ok(Some(m)) => Some((Ok::<_, tonic::Status>(Frame::data(m)), Some(rx))),
             Ok(None) => None,
             Err(s) => Some((
-                Err(tonic::Status::new(tonic::Code::from_i32(s.code as i32), s.message)),
+                Err(tonic::Status::new(
+                    tonic::Code::from_i32(s.code as i32),
+                    s.message,
+                )),
                 None,
             )),
         }

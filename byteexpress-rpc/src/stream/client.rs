@@ -29,7 +29,9 @@ impl ClientStreams {
         let n = msg.header.timeout_us;
         match msg.header.kind {
             Kind::StreamHeaders => {
-                let md = crate::wire::meta::decode(&msg.meta).map(|(_, md)| md).unwrap_or_default();
+                let md = crate::wire::meta::decode(&msg.meta)
+                    .map(|(_, md)| md)
+                    .unwrap_or_default();
                 s.st.lock().headers = Some(md);
                 s.notify.notify_waiters();
             }
@@ -40,7 +42,6 @@ impl ClientStreams {
             }
             Kind::WindowUpdate => s.on_window_update(n),
             Kind::Response => {
-                self.map.lock().remove(&key);
                 let end = match crate::wire::meta::decode(&msg.meta) {
                     Err(e) => Err(Status::new(Code::Internal, e.to_string())),
                     Ok((message, metadata)) => match Code::from_u16(msg.header.status) {
@@ -62,6 +63,15 @@ impl ClientStreams {
                 s.on_end(count, end, true);
             }
             k => tracing::debug!(kind = ?k, "client ignores a stream frame of this kind"),
+        }
+        // Forgotten once the end and every message before it arrived (on RDMA a one-chunk
+        // RESPONSE may overtake the last chunks of an earlier message).
+        let complete = {
+            let st = s.st.lock();
+            st.failed.is_some() || st.end_at.is_some_and(|e| st.next_seq >= e)
+        };
+        if complete {
+            self.map.lock().remove(&key);
         }
         None
     }
@@ -86,7 +96,14 @@ impl ClientStreams {
 }
 
 fn cancel(key: (u32, u64)) -> Outgoing {
-    Outgoing::new(Kind::Cancel, key.0, key.1, "", &Metadata::new(), Bytes::new())
+    Outgoing::new(
+        Kind::Cancel,
+        key.0,
+        key.1,
+        "",
+        &Metadata::new(),
+        Bytes::new(),
+    )
 }
 
 /// What opens a stream ([`Client::open_stream`]).
@@ -129,7 +146,10 @@ impl Client {
                 st.sent = 1;
             }
             if req.half_close {
-                st.out_closed = Some(Status::new(Code::FailedPrecondition, "the stream is half-closed"));
+                st.out_closed = Some(Status::new(
+                    Code::FailedPrecondition,
+                    "the stream is half-closed",
+                ));
             }
         }
         let mut out = Outgoing::new(
@@ -178,7 +198,9 @@ pub struct RequestSender {
 
 impl std::fmt::Debug for RequestSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestSender").field("key", &self.s.key).finish()
+        f.debug_struct("RequestSender")
+            .field("key", &self.s.key)
+            .finish()
     }
 }
 
@@ -223,7 +245,9 @@ pub struct ResponseReceiver {
 
 impl std::fmt::Debug for ResponseReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseReceiver").field("key", &self.s.key).finish()
+        f.debug_struct("ResponseReceiver")
+            .field("key", &self.s.key)
+            .finish()
     }
 }
 
@@ -234,7 +258,8 @@ impl ResponseReceiver {
             Some(d) => match tokio::time::timeout_at(d, f).await {
                 Ok(v) => Ok(v),
                 Err(_) => {
-                    let why = Status::new(Code::DeadlineExceeded, "deadline of the stream exceeded");
+                    let why =
+                        Status::new(Code::DeadlineExceeded, "deadline of the stream exceeded");
                     self.streams.reset(&self.s, why.clone());
                     self.done = true;
                     Err(why)
@@ -244,31 +269,30 @@ impl ResponseReceiver {
     }
 
     /// The server's initial metadata: waits for it, or for the stream's end or first message
-    /// (then empty: the server sent none). Errors: the stream failed before (DEADLINE_EXCEEDED,
-    /// UNAVAILABLE, the server's status when it ended with no message).
+    /// (then empty: the server sent none; its status, if an error, comes from
+    /// [`ResponseReceiver::message`]). Errors: the stream failed here first (DEADLINE_EXCEEDED,
+    /// UNAVAILABLE, CANCELLED).
     pub async fn headers(&mut self) -> Result<Metadata, Status> {
         let s = self.s.clone();
-        let r = self
-            .bounded(async move {
-                loop {
-                    let n = s.notify.notified();
-                    {
-                        let st = s.st.lock();
-                        if let Some(h) = &st.headers {
-                            return Ok(h.clone());
-                        }
-                        if let Some(f) = &st.failed {
-                            return Err(f.clone());
-                        }
-                        if !st.queue.is_empty() || st.end.is_some() {
-                            return Ok(Metadata::new());
-                        }
+        self.bounded(async move {
+            loop {
+                let n = s.notify.notified();
+                {
+                    let st = s.st.lock();
+                    if let Some(h) = &st.headers {
+                        return Ok(h.clone());
                     }
-                    n.await;
+                    if let Some(f) = &st.failed {
+                        return Err(f.clone());
+                    }
+                    if !st.queue.is_empty() || st.end.is_some() {
+                        return Ok(Metadata::new());
+                    }
                 }
-            })
-            .await?;
-        r
+                n.await;
+            }
+        })
+        .await?
     }
 
     /// Whether the server sent its initial metadata as such (STREAM_HEADERS); false when the
@@ -307,8 +331,10 @@ impl ResponseReceiver {
     fn cancel_now(&mut self) {
         if !self.done {
             self.done = true;
-            self.streams
-                .reset(&self.s, Status::new(Code::Cancelled, "stream cancelled by the client"));
+            self.streams.reset(
+                &self.s,
+                Status::new(Code::Cancelled, "stream cancelled by the client"),
+            );
         }
     }
 }

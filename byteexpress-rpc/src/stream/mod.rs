@@ -155,7 +155,8 @@ impl Shared {
     /// Bytes granted back by the peer.
     pub(crate) fn on_window_update(&self, n: u64) {
         let mut st = self.st.lock();
-        st.avail = (st.avail.saturating_add(n.min(i64::MAX as u64) as i64)).min(st.send_window as i64);
+        st.avail =
+            (st.avail.saturating_add(n.min(i64::MAX as u64) as i64)).min(st.send_window as i64);
         drop(st);
         self.notify.notify_waiters();
     }
@@ -190,7 +191,9 @@ impl Shared {
                 && (st.queue.is_empty() || st.ungranted >= st.window / 2)
             {
                 let n = std::mem::take(&mut st.ungranted);
-                let _ = self.link.send(self.frame(Kind::WindowUpdate, n, Bytes::new()));
+                let _ = self
+                    .link
+                    .send(self.frame(Kind::WindowUpdate, n, Bytes::new()));
             }
             return Some(Ok(Some(b)));
         }

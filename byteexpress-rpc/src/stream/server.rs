@@ -63,10 +63,13 @@ where
     }
 }
 
+/// An open stream and its handler's abort handle.
+type Entry = (Arc<Shared>, Option<AbortHandle>);
+
 /// The streams open on one server link.
 #[derive(Default)]
 pub(crate) struct ServerStreams {
-    map: Mutex<HashMap<(u32, u64), (Arc<Shared>, Option<AbortHandle>)>>,
+    map: Mutex<HashMap<(u32, u64), Entry>>,
 }
 
 impl ServerStreams {
@@ -87,7 +90,11 @@ impl ServerStreams {
             Kind::WindowUpdate => s.on_window_update(n),
             Kind::Cancel => {
                 tracing::debug!(?key, "stream cancelled by the client");
-                self.reset(key, Status::new(Code::Cancelled, "cancelled by the client"), false);
+                self.reset(
+                    key,
+                    Status::new(Code::Cancelled, "cancelled by the client"),
+                    false,
+                );
             }
             _ => return false,
         }
@@ -262,7 +269,9 @@ pub struct RequestReceiver {
 
 impl std::fmt::Debug for RequestReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestReceiver").field("key", &self.s.key).finish()
+        f.debug_struct("RequestReceiver")
+            .field("key", &self.s.key)
+            .finish()
     }
 }
 
@@ -284,7 +293,9 @@ pub struct ResponseSender {
 
 impl std::fmt::Debug for ResponseSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseSender").field("key", &self.s.key).finish()
+        f.debug_struct("ResponseSender")
+            .field("key", &self.s.key)
+            .finish()
     }
 }
 
@@ -301,9 +312,14 @@ impl ResponseSender {
         }
         st.headers_sent = true;
         let key = self.s.key;
-        self.s
-            .link
-            .send(Outgoing::new(Kind::StreamHeaders, key.0, key.1, "", md, Bytes::new()))
+        self.s.link.send(Outgoing::new(
+            Kind::StreamHeaders,
+            key.0,
+            key.1,
+            "",
+            md,
+            Bytes::new(),
+        ))
     }
 
     /// Sends one message, waiting while the client's window is full (a client that does not
