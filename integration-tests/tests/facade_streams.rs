@@ -551,3 +551,35 @@ async fn sizes_up_to_16_mib_pass_with_limits_raised_and_one_above_the_limit_fail
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_stream_whose_large_first_message_is_overtaken_by_later_small_ones_is_whole() {
+    let addr = serve(Svc::default(), Config::default(), false).await;
+    for t in BOTH {
+        let mut client = StreamsClient::new(channel(addr, t, Config::default()).await);
+        for round in 0..5 {
+            // all queued before the call: the opening frame carries the 200 KiB message (four
+            // chunks on RDMA), the small ones and the half-close are one chunk each
+            let (tx, rx) = futures::channel::mpsc::unbounded::<Msg>();
+            tx.unbounded_send(Msg {
+                seq: 0,
+                payload: Bytes::from(vec![1u8; 200 << 10]),
+            })
+            .unwrap();
+            for i in 1..4 {
+                tx.unbounded_send(Msg {
+                    seq: i,
+                    payload: Bytes::from_static(b"x"),
+                })
+                .unwrap();
+            }
+            drop(tx);
+            let got = within("collect", client.collect(rx))
+                .await
+                .unwrap_or_else(|e| panic!("{t:?} round {round}: {e:?}"))
+                .into_inner();
+            assert_eq!(got.seq, 4, "{t:?} round {round}");
+            assert_eq!(got.payload, ((200 << 10) + 3).to_string(), "{t:?}");
+        }
+    }
+}

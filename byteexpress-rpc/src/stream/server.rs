@@ -70,6 +70,38 @@ type Entry = (Arc<Shared>, Option<AbortHandle>);
 #[derive(Default)]
 pub(crate) struct ServerStreams {
     map: Mutex<HashMap<(u32, u64), Entry>>,
+    early: Mutex<Early>,
+}
+
+/// Frames of streams not open yet, and the streams that ended lately. On RDMA a one-chunk
+/// frame (STREAM_MESSAGE, HALF_CLOSE, WINDOW_UPDATE) may overtake the chunks of its stream's
+/// STREAM_OPEN (the sender's latency class, the receiver's deferred chunk copies): it waits
+/// here for its STREAM_OPEN, within [`EARLY_BYTES`] per link. A frame of a stream that ended
+/// (a client's late WINDOW_UPDATE or HALF_CLOSE) is dropped.
+#[derive(Default)]
+struct Early {
+    frames: HashMap<(u32, u64), Vec<Incoming>>,
+    bytes: usize,
+    ended: std::collections::HashSet<(u32, u64)>,
+    ended_order: std::collections::VecDeque<(u32, u64)>,
+}
+
+/// Bytes of early frames a link holds at most (beyond, they are dropped and logged).
+const EARLY_BYTES: usize = 4 << 20;
+/// Ended streams a link remembers, to drop their late frames.
+const ENDED_KEPT: usize = 4096;
+
+impl Early {
+    fn ended(&mut self, key: (u32, u64)) {
+        if self.ended.insert(key) {
+            self.ended_order.push_back(key);
+            if self.ended_order.len() > ENDED_KEPT
+                && let Some(old) = self.ended_order.pop_front()
+            {
+                self.ended.remove(&old);
+            }
+        }
+    }
 }
 
 impl ServerStreams {
@@ -77,8 +109,32 @@ impl ServerStreams {
     pub(crate) fn incoming(&self, msg: &Incoming) -> bool {
         let key = (msg.header.conn_id, msg.header.call_id);
         let Some(s) = self.map.lock().get(&key).map(|e| e.0.clone()) else {
-            return false;
+            if !matches!(
+                msg.header.kind,
+                Kind::StreamMessage | Kind::HalfClose | Kind::WindowUpdate
+            ) {
+                return false;
+            }
+            let mut early = self.early.lock();
+            let len = msg.body.len() + 64;
+            if early.ended.contains(&key) {
+                // late: the stream is gone
+            } else if early.bytes + len > EARLY_BYTES {
+                tracing::debug!(
+                    ?key,
+                    "stream frame ahead of its STREAM_OPEN dropped: too many"
+                );
+            } else {
+                early.bytes += len;
+                early.frames.entry(key).or_default().push(msg.clone());
+            }
+            return true;
         };
+        self.apply(key, &s, msg)
+    }
+
+    /// Applies a frame of the open stream `s`.
+    fn apply(&self, key: (u32, u64), s: &Arc<Shared>, msg: &Incoming) -> bool {
         let n = msg.header.timeout_us;
         match msg.header.kind {
             Kind::StreamMessage => {
@@ -106,6 +162,7 @@ impl ServerStreams {
         let Some((s, h)) = self.map.lock().remove(&key) else {
             return;
         };
+        self.early.lock().ended(key);
         if let Some(h) = h {
             h.abort();
         }
@@ -177,6 +234,37 @@ impl ServerStreams {
         };
         let mut map = self.map.lock();
         map.insert(key, (s.clone(), None));
+        let early = {
+            let mut e = self.early.lock();
+            let frames = e.frames.remove(&key).unwrap_or_default();
+            e.bytes -= frames.iter().map(|m| m.body.len() + 64).sum::<usize>();
+            frames
+        };
+        for m in &early {
+            let n = m.header.timeout_us;
+            match m.header.kind {
+                Kind::StreamMessage => {
+                    if let Err(why) = s.on_message(n, m.body.clone()) {
+                        map.remove(&key);
+                        drop(map);
+                        self.early.lock().ended(key);
+                        let _ = link.send(Outgoing::status(
+                            Kind::Response,
+                            key.0,
+                            key.1,
+                            why.code,
+                            &why.message,
+                            &Metadata::new(),
+                            Bytes::new(),
+                        ));
+                        return None;
+                    }
+                }
+                Kind::HalfClose => s.on_end(n, Ok(Metadata::new()), false),
+                Kind::WindowUpdate => s.on_window_update(n),
+                _ => {}
+            }
+        }
         let fut = svc.call(
             req,
             RequestReceiver { s: s.clone() },
@@ -196,6 +284,7 @@ impl ServerStreams {
                 None => fut.await,
             };
             let _ = streams.map.lock().remove(&key);
+            streams.early.lock().ended(key);
             drop(on_end);
             let (sent, last, failed) = {
                 let mut st = s.st.lock();
