@@ -247,7 +247,8 @@ fn registry() -> &'static tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>> 
 impl Client {
     /// Opens a logical connection to `addr` (`host:port`), reusing the process's live link to it
     /// or setting one up (HELLO, transport choice per `cfg.transport`, QP handshake).
-    /// Errors: UNAVAILABLE when the server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
+    /// Errors: INVALID_ARGUMENT when `cfg` fails [`Config::validate`]; UNAVAILABLE when the
+    /// server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
         Client::open(addr, cfg, true).await
@@ -263,6 +264,8 @@ impl Client {
     }
 
     async fn open(addr: &str, cfg: &Config, shared: bool) -> Result<Client, Status> {
+        cfg.validate()
+            .map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
         let current = open_conn(addr, cfg, shared).await?;
         Ok(Client {
             inner: Arc::new(Conn {

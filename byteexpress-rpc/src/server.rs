@@ -101,8 +101,12 @@ impl Server {
     /// Accepts connections for as long as the process runs: accept errors (EMFILE, ENFILE,
     /// ENOMEM, ECONNABORTED, ...) are logged at most once a second and retried, and the
     /// connection caps of the [`Config`] apply ([`crate::accept::Acceptor`]). Returns only if
-    /// the future is dropped; the `Result` is kept for callers that `?` it.
+    /// the future is dropped, or at once with `InvalidInput` when the config fails
+    /// [`Config::validate`].
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        self.cfg
+            .validate()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let mut acceptor = crate::accept::Acceptor::new(listener, &self.cfg);
         loop {
             let (stream, peer, slot) = acceptor.accept().await;

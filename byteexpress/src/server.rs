@@ -103,6 +103,9 @@ impl ServerBuilder {
         listener: TcpListener,
         signal: impl Future<Output = ()>,
     ) -> io::Result<()> {
+        self.cfg
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let routes = self.routes;
         let bx_routes = routes.clone();
         let detect_timeout = self.cfg.detect_timeout;

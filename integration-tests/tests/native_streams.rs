@@ -313,3 +313,19 @@ async fn a_stream_counts_as_one_call_against_max_concurrent_calls() {
         .unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_max_message_of_4_gib_is_refused_when_the_client_is_set_up_not_truncated() {
+    let (addr, _) = serve(Config::default()).await;
+    let err = Client::connect(
+        &addr,
+        &Config {
+            max_message: 1 << 32,
+            ..Config::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{err:?}");
+    assert!(err.message.contains("max_message"), "{err:?}");
+}
