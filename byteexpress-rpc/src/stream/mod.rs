@@ -262,3 +262,95 @@ impl Shared {
         self.link.send(self.frame(kind, st.sent, Bytes::new()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Transport;
+
+    fn shared(window: u64) -> (Arc<Shared>, tokio::sync::mpsc::UnboundedReceiver<Outgoing>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let link = LinkTx::new(tx, Transport::Tcp, 1 << 20);
+        (Shared::new(link, (1, 2), window), rx)
+    }
+
+    #[test]
+    fn a_message_beyond_the_window_is_refused_unless_nothing_is_outstanding() {
+        let (s, _rx) = shared(1000);
+        // one message larger than the window passes an empty window
+        s.on_message(0, Bytes::from(vec![0; 5000])).unwrap();
+        let err = s.on_message(1, Bytes::from(vec![0; 10])).unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted);
+        let (s, _rx) = shared(1000);
+        s.on_message(0, Bytes::from(vec![0; 400])).unwrap();
+        s.on_message(1, Bytes::from(vec![0; 400])).unwrap();
+        assert_eq!(
+            s.on_message(2, Bytes::from(vec![0; 400])).unwrap_err().code,
+            Code::ResourceExhausted,
+            "3 × 440 bytes > 1000"
+        );
+    }
+
+    #[test]
+    fn messages_are_delivered_in_number_order_and_the_end_after_them() {
+        let (s, _rx) = shared(1 << 20);
+        s.on_end(3, Ok(Metadata::new()), false);
+        s.on_message(2, Bytes::from_static(b"c")).unwrap();
+        assert!(s.take().is_none(), "message 0 not here yet");
+        s.on_message(0, Bytes::from_static(b"a")).unwrap();
+        s.on_message(1, Bytes::from_static(b"b")).unwrap();
+        assert_eq!(
+            s.on_message(3, Bytes::from_static(b"late")),
+            Ok(()),
+            "a number at or past the end's count: ignored"
+        );
+        for want in [&b"a"[..], b"b", b"c"] {
+            assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], want);
+        }
+        assert_eq!(s.take().unwrap(), Ok(None));
+    }
+
+    #[test]
+    fn a_number_received_twice_fails_the_stream() {
+        let (s, _rx) = shared(1 << 20);
+        s.on_message(1, Bytes::new()).unwrap();
+        assert_eq!(
+            s.on_message(1, Bytes::new()).unwrap_err().code,
+            Code::Internal
+        );
+    }
+
+    #[tokio::test]
+    async fn taking_messages_grants_the_window_back_and_the_sender_waits_for_it() {
+        let (rx_side, mut wire) = shared(1000);
+        rx_side.on_message(0, Bytes::from(vec![0; 400])).unwrap();
+        rx_side.on_message(1, Bytes::from(vec![0; 400])).unwrap();
+        rx_side.take().unwrap().unwrap();
+        assert!(
+            wire.try_recv().is_err(),
+            "no grant while the queue holds less than half taken"
+        );
+        rx_side.take().unwrap().unwrap();
+        let grant = wire
+            .try_recv()
+            .expect("a WINDOW_UPDATE once the queue is empty");
+        assert_eq!(grant.header.kind, Kind::WindowUpdate);
+        assert_eq!(grant.header.timeout_us, 880);
+
+        let (tx_side, mut out) = shared(1000);
+        tx_side.send(Bytes::from(vec![0; 400])).await.unwrap();
+        tx_side.send(Bytes::from(vec![0; 400])).await.unwrap();
+        let third = tokio::spawn({
+            let s = tx_side.clone();
+            async move { s.send(Bytes::from(vec![0; 400])).await }
+        });
+        for n in 0..2 {
+            assert_eq!(out.recv().await.unwrap().header.timeout_us, n);
+        }
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished(), "held at the window");
+        tx_side.on_window_update(440);
+        third.await.unwrap().unwrap();
+        assert_eq!(out.recv().await.unwrap().header.timeout_us, 2);
+    }
+}
