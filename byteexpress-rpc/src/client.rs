@@ -115,6 +115,9 @@ impl Dispatch for Calls {
     }
 
     fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if self.streams.refused((h.conn_id, h.call_id), why.clone()) {
+            return;
+        }
         if h.kind == Kind::Response
             && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))
         {

@@ -243,6 +243,9 @@ impl Dispatch for Handlers {
     }
 
     fn refused(&self, link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if self.streams.refused((h.conn_id, h.call_id), why.clone()) {
+            return;
+        }
         if matches!(h.kind, Kind::Request | Kind::StreamOpen) {
             let _ = link.send(Outgoing::status(
                 Kind::Response,

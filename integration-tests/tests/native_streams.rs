@@ -329,3 +329,50 @@ async fn a_max_message_of_4_gib_is_refused_when_the_client_is_set_up_not_truncat
     assert_eq!(err.code, Code::InvalidArgument, "{err:?}");
     assert!(err.message.contains("max_message"), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_ending_a_stream_stops_the_clients_sender() {
+    let (addr, _) = serve(Config::default()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        // /produce never reads the client's messages and ends after one message
+        let (mut tx, mut rx) = cl
+            .open_stream(open("/produce", &[("n", 1), ("size", 5)]))
+            .await
+            .unwrap();
+        within("message", rx.message()).await.unwrap().unwrap();
+        assert!(within("end", rx.message()).await.unwrap().is_none());
+        within("sender closed", tx.closed()).await;
+        let err = tx.send(Bytes::from_static(b"late")).await.unwrap_err();
+        assert_eq!(err.code, Code::Cancelled, "{t:?}: {err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_message_over_the_servers_memory_budget_fails_that_stream_only() {
+    let cfg = Config {
+        memory_budget: 1 << 20,
+        stream_window: 8 << 20,
+        ..Config::default()
+    };
+    let (addr, _) = serve(cfg.clone()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &cfg).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        within("headers", rx.headers()).await.unwrap();
+        tx.send(Bytes::from(vec![1; 2 << 20])).await.unwrap();
+        let err = within("refused", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?}: {err:?}");
+        let r = within(
+            "a call after",
+            cl.call(Request {
+                method: "/unary".into(),
+                body: Bytes::from_static(b"ok"),
+                ..Request::default()
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(&r.body[..], b"ok");
+    }
+}

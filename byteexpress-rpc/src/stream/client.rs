@@ -84,6 +84,16 @@ impl ClientStreams {
         }
     }
 
+    /// A frame of stream `key` was refused unread for want of budget: the stream fails with
+    /// `why` (the server is told to cancel). False when `key` is no stream.
+    pub(crate) fn refused(&self, key: (u32, u64), why: Status) -> bool {
+        let Some(s) = self.map.lock().get(&key).cloned() else {
+            return false;
+        };
+        self.reset(&s, why);
+        true
+    }
+
     pub(crate) fn closed(&self, why: &Status) {
         for (_, s) in self.map.lock().drain() {
             s.fail(why.clone());

@@ -180,6 +180,16 @@ impl ServerStreams {
         }
     }
 
+    /// A frame of stream `key` was refused unread for want of budget: the stream ends with
+    /// `why`. False when `key` is no open stream.
+    pub(crate) fn refused(&self, key: (u32, u64), why: Status) -> bool {
+        if !self.map.lock().contains_key(&key) {
+            return false;
+        }
+        self.reset(key, why, true);
+        true
+    }
+
     pub(crate) fn closed(&self, why: &Status) {
         for (_, (s, h)) in self.map.lock().drain() {
             if let Some(h) = h {
