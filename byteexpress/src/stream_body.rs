@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use byteexpress_rpc::stream::{OpenStream, ResponseReceiver};
-use byteexpress_rpc::{Client, Code, Metadata, Status};
+use byteexpress_rpc::{CallOptions, Code, Metadata, Status};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::stream::BoxStream;
@@ -18,10 +18,11 @@ use http::HeaderMap;
 use http_body::Frame;
 use http_body_util::BodyExt;
 
-use crate::BoxError;
 use crate::body::ReplyBody;
+use crate::channel::Target;
 use crate::grpc_status::{GRPC_CONTENT_TYPE, status_headers};
 use crate::metadata_map::metadata_to_headers;
+use crate::{BoxError, WaitForReady};
 
 /// The rest of a streamed answer: data frames, then trailers (see [`ReplyBody`]).
 pub struct StreamRest {
@@ -60,9 +61,10 @@ fn trailers_of(end: Result<Metadata, Status>) -> HeaderMap {
     }
 }
 
-/// One call of a single-address channel as a stream.
+/// One call of a channel as a stream (over a replica set: on the endpoint it picks).
 pub(crate) async fn stream_call<B>(
-    client: &Client,
+    target: &Target,
+    ext: &http::Extensions,
     method: String,
     metadata: Metadata,
     timeout: Option<std::time::Duration>,
@@ -104,15 +106,21 @@ where
         }
         None => {}
     }
-    let (mut tx, mut rx) = client
-        .open_stream(OpenStream {
-            method,
-            metadata,
-            timeout,
-            first,
-            half_close,
-        })
-        .await?;
+    let open = OpenStream {
+        method,
+        metadata,
+        timeout,
+        first,
+        half_close,
+    };
+    let (mut tx, mut rx) = match target {
+        Target::One(client) => client.open_stream(open).await?,
+        Target::Set(set, wait) => {
+            let wait_for_ready = ext.get::<WaitForReady>().map_or(*wait, |w| w.0);
+            set.open_stream_with(open, CallOptions { wait_for_ready })
+                .await?
+        }
+    };
     if !half_close {
         tokio::spawn(async move {
             if let Some(d) = stash

@@ -583,3 +583,58 @@ async fn client_stream_whose_large_first_message_is_overtaken_by_later_small_one
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_channel_over_replicas_streams_too_and_cancels_on_drop() {
+    let svc = Svc::default();
+    let c = svc.0.clone();
+    let addr = serve(svc, Config::default(), false).await;
+    for t in BOTH {
+        let ch = Channel::connect_lazy_with(
+            &format!("bx://{addr}"),
+            &Config {
+                transport: t,
+                ..Config::default()
+            },
+            &byteexpress::BalanceConfig::default(),
+        )
+        .unwrap();
+        let mut client = StreamsClient::new(ch.clone());
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Msg>();
+        let resp = within("headers", client.ping_pong(rx)).await.unwrap();
+        let mut answers = resp.into_inner();
+        for i in 0..10u64 {
+            tx.unbounded_send(Msg {
+                seq: i,
+                payload: Bytes::new(),
+            })
+            .unwrap();
+            let m = within("pong", answers.message()).await.unwrap().unwrap();
+            assert_eq!(m.seq, i, "{t:?}");
+        }
+        drop(tx);
+        assert!(within("end", answers.message()).await.unwrap().is_none());
+        let before = c.dropped.load(Ordering::SeqCst);
+        let mut s = client
+            .produce(ProduceRequest {
+                count: 100,
+                size: 1,
+                fail_code: 0,
+                gate: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        within("first", s.message()).await.unwrap().unwrap();
+        drop(s);
+        poll_until("handler dropped", || {
+            c.dropped.load(Ordering::SeqCst) == before + 1
+        })
+        .await;
+        let stats = ch.replica_set().unwrap().endpoints();
+        assert_eq!(
+            stats[0].outstanding, 0,
+            "{t:?}: streams no longer outstanding"
+        );
+    }
+}

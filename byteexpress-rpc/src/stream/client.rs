@@ -195,6 +195,7 @@ impl Client {
                 streams: slot.streams,
                 deadline,
                 done: false,
+                on_end: None,
             },
         ))
     }
@@ -251,7 +252,12 @@ pub struct ResponseReceiver {
     streams: Arc<ClientStreams>,
     deadline: Option<tokio::time::Instant>,
     done: bool,
+    /// Told the stream's outcome once (a replica set's bookkeeping).
+    on_end: Option<OnEnd>,
 }
+
+/// What a [`ResponseReceiver`] tells of its stream's outcome.
+pub(crate) type OnEnd = Box<dyn FnOnce(Result<(), Status>) + Send>;
 
 impl std::fmt::Debug for ResponseReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -317,9 +323,18 @@ impl ResponseReceiver {
     /// server broke the window).
     pub async fn message(&mut self) -> Result<Option<Bytes>, Status> {
         let s = self.s.clone();
-        let r = self.bounded(async move { s.next().await }).await?;
-        if !matches!(r, Ok(Some(_))) {
-            self.done = true;
+        let r = self.bounded(async move { s.next().await }).await;
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.ended(Err(e.clone()));
+                return Err(e);
+            }
+        };
+        match &r {
+            Ok(Some(_)) => {}
+            Ok(None) => self.ended(Ok(())),
+            Err(e) => self.ended(Err(e.clone())),
         }
         r
     }
@@ -330,6 +345,19 @@ impl ResponseReceiver {
         match &self.s.st.lock().end {
             Some(Ok(md)) => Some(md.clone()),
             _ => None,
+        }
+    }
+
+    /// Sets what is told of the stream's outcome, once: at its end, its failure, or its
+    /// cancellation (CANCELLED) when the receiver is dropped first.
+    pub(crate) fn set_on_end(&mut self, f: OnEnd) {
+        self.on_end = Some(f);
+    }
+
+    fn ended(&mut self, res: Result<(), Status>) {
+        self.done = true;
+        if let Some(f) = self.on_end.take() {
+            f(res);
         }
     }
 
@@ -354,6 +382,12 @@ impl Drop for ResponseReceiver {
         let ended = self.s.st.lock().end.is_some();
         if !ended {
             self.cancel_now();
+        }
+        if let Some(f) = self.on_end.take() {
+            f(Err(Status::new(
+                Code::Cancelled,
+                "stream dropped before its end",
+            )));
         }
     }
 }
