@@ -264,6 +264,7 @@ impl Handlers {
     /// Starts a stream's handler, counted as one call against the link's limit.
     fn start_stream(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
         let refuse = |code: Code, why: String| {
+            self.streams.refused_open(key);
             let _ = link.send(Outgoing::status(
                 Kind::Response,
                 key.0,

@@ -381,3 +381,41 @@ async fn a_stream_message_over_the_servers_memory_budget_fails_that_stream_only(
         assert_eq!(&r.body[..], b"ok");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_to_a_server_without_a_stream_service_is_unimplemented() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = Server::new(
+        |req: ServerRequest| async move {
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: req.body,
+            })
+        },
+        Config {
+            transport: TransportPref::Auto,
+            ..Config::default()
+        },
+    );
+    tokio::spawn(server.serve(listener));
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        // frames after the refused opening are dropped, not kept for a stream that never opens
+        let _ = tx.send(Bytes::from_static(b"after")).await;
+        let err = within("refused", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::Unimplemented, "{t:?}: {err:?}");
+        let r = within(
+            "a unary call still works",
+            cl.call(Request {
+                method: "/u".into(),
+                body: Bytes::from_static(b"ok"),
+                ..Request::default()
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(&r.body[..], b"ok");
+    }
+}

@@ -190,6 +190,16 @@ impl ServerStreams {
         true
     }
 
+    /// The stream `key` was refused before it started: its early frames are dropped and its
+    /// late ones will be.
+    pub(crate) fn refused_open(&self, key: (u32, u64)) {
+        let mut e = self.early.lock();
+        if let Some(frames) = e.frames.remove(&key) {
+            e.bytes -= frames.iter().map(|m| m.body.len() + 64).sum::<usize>();
+        }
+        e.ended(key);
+    }
+
     pub(crate) fn closed(&self, why: &Status) {
         for (_, (s, h)) in self.map.lock().drain() {
             if let Some(h) = h {
@@ -213,6 +223,7 @@ impl ServerStreams {
             Ok(m) => m,
             Err(e) => {
                 drop(on_end); // nothing counted yet: the caller inserts only on Some
+                self.refused_open(key);
                 let _ = link.send(Outgoing::status(
                     Kind::Response,
                     key.0,
