@@ -15,6 +15,10 @@
 //!   registered receive buffers (zero copy). [`Client::link_stats`] counts what happened.
 //! - Calls carry gRPC status codes, metadata and a deadline that both sides enforce; a client
 //!   that gives up cancels the server's handler.
+//! - Streams ([`stream`]): client, server and bidirectional streaming with gRPC's rules
+//!   (headers, messages in order both ways at once, half-close, trailers after the messages,
+//!   cancellation, a deadline on the whole stream) and a per-stream window in bytes granted by
+//!   the receiver, as HTTP/2's WINDOW_UPDATE ([`Config::stream_window`]).
 //!
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
