@@ -55,7 +55,8 @@ impl ClientStreams {
                 };
                 let mut count = n;
                 if msg.header.flags & FLAG_MESSAGE != 0 {
-                    if s.on_message(n, msg.body).is_err() {
+                    if let Err(why) = s.on_message(n, msg.body) {
+                        self.reset(&s, why);
                         return None;
                     }
                     count += 1;
