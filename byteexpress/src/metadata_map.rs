@@ -144,16 +144,21 @@ mod tests {
             ("te", "trailers"),
             ("user-agent", "tonic"),
             ("grpc-timeout", "1S"),
+            ("grpc-message", "x"),
             ("grpc-accept-encoding", "gzip"),
             ("x-user", "alice"),
         ]);
         let mut md = Metadata::new();
         headers_to_metadata(&h, "", &mut md);
+        // compression headers are carried (issue 21); every other reserved one is not
         assert_eq!(
             md.iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect::<Vec<_>>(),
-            vec![("x-user".into(), Bytes::from("alice"))]
+            vec![
+                ("grpc-accept-encoding".into(), Bytes::from("gzip")),
+                ("x-user".into(), Bytes::from("alice"))
+            ]
         );
     }
 
