@@ -437,8 +437,9 @@ impl Client {
     }
 }
 
-/// What a new stream needs of its client: the link, a call id and a place under the server's
-/// concurrency limit (waited for within `timeout`).
+/// What a new stream needs of its client: the link, a logical connection of its own (a fresh
+/// `conn_id`, so the scheduler shares the QP among streams), a call id and a place under the
+/// server's concurrency limit (waited for within `timeout`).
 pub(crate) struct StreamSlot {
     pub(crate) link: LinkTx,
     pub(crate) streams: Arc<crate::stream::client::ClientStreams>,
@@ -476,6 +477,10 @@ impl Client {
         }
         .map_err(|_| Status::new(Code::Unavailable, "link closed"))?;
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
+        // a stream is a logical connection of its own, so the link's scheduler shares the QP
+        // among streams as among clients
+        let _ = conn_id;
+        let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
         Ok(StreamSlot {
             link: link.tx.clone(),
             streams: link.calls.streams.clone(),

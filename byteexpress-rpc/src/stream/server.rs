@@ -28,7 +28,8 @@ pub struct StreamRequest {
     pub deadline: Option<tokio::time::Instant>,
     /// Transport of the link.
     pub transport: Transport,
-    /// The client's logical connection (`conn_id`).
+    /// The stream's logical connection (`conn_id`): each stream has its own, so the link's
+    /// scheduler shares the QP among streams; unique per link only.
     pub conn_id: u32,
 }
 
