@@ -419,3 +419,48 @@ async fn a_stream_to_a_server_without_a_stream_service_is_unimplemented() {
         assert_eq!(&r.body[..], b"ok");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sizes_up_to_16_mib_with_max_message_raised_and_one_above_fails_alone() {
+    let cfg = Config {
+        max_message: 32 << 20,
+        ..Config::default()
+    };
+    let (addr, _) = serve(cfg.clone()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &cfg).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        for n in [
+            0usize,
+            1,
+            (64 << 10) - 1,
+            64 << 10,
+            (64 << 10) + 1,
+            (4 << 20) - 1,
+            4 << 20,
+            (4 << 20) + 1,
+            (16 << 20) - 1,
+            16 << 20,
+            (16 << 20) + 1,
+        ] {
+            let m = Bytes::from(vec![(n % 251) as u8; n]);
+            within("send", tx.send(m.clone())).await.unwrap();
+            let got = within("echo", rx.message()).await.unwrap().unwrap();
+            assert!(got == m, "{t:?}: {n} bytes");
+        }
+        // above max_message: that send fails RESOURCE_EXHAUSTED, the stream goes on
+        let err = within("refused send", tx.send(Bytes::from(vec![0; 32 << 20])))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?}");
+        within("send after", tx.send(Bytes::from_static(b"after")))
+            .await
+            .unwrap();
+        assert_eq!(
+            &within("after", rx.message()).await.unwrap().unwrap()[..],
+            b"after"
+        );
+        tx.finish().unwrap();
+        assert!(within("end", rx.message()).await.unwrap().is_none());
+    }
+}

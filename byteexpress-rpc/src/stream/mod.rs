@@ -232,10 +232,13 @@ impl Shared {
                     return Err(s.clone());
                 }
                 if st.avail >= c || st.avail == st.send_window as i64 {
-                    st.avail -= c;
                     let seq = st.sent;
+                    // a message the link refuses (over max_message, link closed) takes no
+                    // number and no window
+                    self.link.send(self.frame(Kind::StreamMessage, seq, body))?;
+                    st.avail -= c;
                     st.sent += 1;
-                    return self.link.send(self.frame(Kind::StreamMessage, seq, body));
+                    return Ok(());
                 }
             }
             n.await;
