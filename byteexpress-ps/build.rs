@@ -7,6 +7,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     tonic_prost_build::configure()
         .bytes(".")
-        .compile_with_config(cfg, &["proto/ps.proto", "proto/echo.proto"], &["proto"])?;
+        .compile_with_config(
+            cfg,
+            &["proto/ps.proto", "proto/echo.proto", "proto/streams.proto"],
+            &["proto"],
+        )?;
     Ok(())
 }

@@ -32,4 +32,8 @@ pub mod pb {
     pub mod echo {
         tonic::include_proto!("echo");
     }
+    /// The facade's streaming test service (`proto/streams.proto`).
+    pub mod streams {
+        tonic::include_proto!("streams");
+    }
 }

@@ -53,6 +53,8 @@ struct Calls {
     /// `max_concurrent_calls`, added once set-up is done); a call holds one from before it is
     /// sent until it is answered or given up. Closed with the link.
     slots: Arc<Semaphore>,
+    /// Streams open on this link ([`crate::stream`]).
+    streams: Arc<crate::stream::client::ClientStreams>,
 }
 
 impl Calls {
@@ -63,6 +65,7 @@ impl Calls {
             gone: tokio::sync::Notify::new(),
             budget: client_budget(cfg),
             slots: Arc::new(Semaphore::new(0)),
+            streams: Arc::default(),
         }
     }
 }
@@ -78,6 +81,9 @@ fn client_budget(cfg: &Config) -> MemoryBudget {
 
 impl Dispatch for Calls {
     fn incoming(&self, _link: &LinkTx, msg: Incoming) {
+        let Some(msg) = self.streams.incoming(msg) else {
+            return;
+        };
         if msg.header.kind != Kind::Response {
             tracing::debug!(kind = ?msg.header.kind, "client ignores a message that is not a response");
             return;
@@ -93,6 +99,7 @@ impl Dispatch for Calls {
         *self.closed.lock() = Some(why.clone());
         self.gone.notify_waiters();
         self.slots.close();
+        self.streams.closed(&why);
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
             let _ = tx.send(Err(why.clone()));
@@ -104,10 +111,13 @@ impl Dispatch for Calls {
     }
 
     fn calls_in_flight(&self) -> usize {
-        self.pending.lock().len()
+        self.pending.lock().len() + self.streams.len()
     }
 
     fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if self.streams.refused((h.conn_id, h.call_id), why.clone()) {
+            return;
+        }
         if h.kind == Kind::Response
             && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))
         {
@@ -240,7 +250,8 @@ fn registry() -> &'static tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>> 
 impl Client {
     /// Opens a logical connection to `addr` (`host:port`), reusing the process's live link to it
     /// or setting one up (HELLO, transport choice per `cfg.transport`, QP handshake).
-    /// Errors: UNAVAILABLE when the server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
+    /// Errors: INVALID_ARGUMENT when `cfg` fails [`Config::validate`]; UNAVAILABLE when the
+    /// server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
         Client::open(addr, cfg, true).await
@@ -256,6 +267,8 @@ impl Client {
     }
 
     async fn open(addr: &str, cfg: &Config, shared: bool) -> Result<Client, Status> {
+        cfg.validate()
+            .map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
         let current = open_conn(addr, cfg, shared).await?;
         Ok(Client {
             inner: Arc::new(Conn {
@@ -421,6 +434,60 @@ impl Client {
                 format!("deadline of {:?} exceeded", req.timeout.unwrap_or_default()),
             )),
         }
+    }
+}
+
+/// What a new stream needs of its client: the link, a logical connection of its own (a fresh
+/// `conn_id`, so the scheduler shares the QP among streams), a call id and a place under the
+/// server's concurrency limit (waited for within `timeout`).
+pub(crate) struct StreamSlot {
+    pub(crate) link: LinkTx,
+    pub(crate) streams: Arc<crate::stream::client::ClientStreams>,
+    pub(crate) key: CallKey,
+    pub(crate) permit: tokio::sync::OwnedSemaphorePermit,
+    pub(crate) window: u64,
+}
+
+impl Client {
+    /// A link, call id and concurrency place for a new stream; the same waits and errors as
+    /// [`Client::call`] before it sends.
+    pub(crate) async fn stream_slot(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<StreamSlot, Status> {
+        let late = || {
+            Status::new(
+                Code::DeadlineExceeded,
+                "deadline exceeded before the stream opened",
+            )
+        };
+        let (link, conn_id) = match deadline {
+            Some(d) => tokio::time::timeout_at(d, self.current())
+                .await
+                .map_err(|_| late())??,
+            None => self.current().await?,
+        };
+        if let Some(why) = link.calls.closed.lock().clone() {
+            return Err(why);
+        }
+        let slot = link.calls.slots.clone().acquire_owned();
+        let permit = match deadline {
+            Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| late())?,
+            None => slot.await,
+        }
+        .map_err(|_| Status::new(Code::Unavailable, "link closed"))?;
+        let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
+        // a stream is a logical connection of its own, so the link's scheduler shares the QP
+        // among streams as among clients
+        let _ = conn_id;
+        let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
+        Ok(StreamSlot {
+            link: link.tx.clone(),
+            streams: link.calls.streams.clone(),
+            key: (conn_id, call_id),
+            permit,
+            window: self.inner.cfg.stream_window,
+        })
     }
 }
 

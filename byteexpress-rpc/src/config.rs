@@ -94,6 +94,12 @@ pub struct Config {
     /// message, chunk, PING or PONG) is closed (default 5 min; zero = never). A peer that
     /// answers keepalive pings, or an RDMA link whose QP carries messages, is never idle.
     pub idle_timeout: Duration,
+    /// Per-stream window in bytes, each direction (default 1 MiB), as HTTP/2's
+    /// SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113 §6.5.2, §6.9): a stream's sender may have this
+    /// many bytes (40 + body per message) sent and not yet taken by the receiving application,
+    /// plus one message of any size when nothing is outstanding. A peer beyond it fails its
+    /// stream RESOURCE_EXHAUSTED. Both sides of a link should use the same value; at least 1.
+    pub stream_window: u64,
 }
 
 impl Default for Config {
@@ -120,6 +126,7 @@ impl Default for Config {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(300),
+            stream_window: 1 << 20,
         }
     }
 }

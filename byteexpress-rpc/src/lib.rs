@@ -15,6 +15,10 @@
 //!   registered receive buffers (zero copy). [`Client::link_stats`] counts what happened.
 //! - Calls carry gRPC status codes, metadata and a deadline that both sides enforce; a client
 //!   that gives up cancels the server's handler.
+//! - Streams ([`stream`]): client, server and bidirectional streaming with gRPC's rules
+//!   (headers, messages in order both ways at once, half-close, trailers after the messages,
+//!   cancellation, a deadline on the whole stream) and a per-stream window in bytes granted by
+//!   the receiver, as HTTP/2's WINDOW_UPDATE ([`Config::stream_window`]).
 //!
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
@@ -24,6 +28,7 @@ pub mod balance;
 mod budget;
 mod client;
 mod config;
+mod config_check;
 mod engine;
 mod link_stats;
 mod message;
@@ -31,6 +36,7 @@ mod metadata;
 mod server;
 mod setup;
 mod status;
+pub mod stream;
 // The wire protocol is this crate's own business: outside it, only [`CONN_MAGIC`] is public
 // (re-exported below). The `test-hooks` feature opens the whole module to tests that speak the
 // protocol by hand (hostile-peer and limit tests in integration-tests).
@@ -48,6 +54,7 @@ pub use balance::{BalanceConfig, CallOptions, Policy, ReplicaSet};
 pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
 pub use config::{Config, SchedMode, parse_transport, transport_from_env};
+pub use config_check::ConfigError;
 pub use link_stats::LinkStats;
 pub use metadata::{Metadata, valid_key};
 pub use server::{BoxFuture, Server, ServerRequest, Service};

@@ -69,6 +69,9 @@ pub struct Server {
     cfg: Config,
     /// [`Config::memory_budget`], shared by all links of this server.
     budget: MemoryBudget,
+    /// The handler of streams ([`Server::with_streams`]); without one, a stream is answered
+    /// UNIMPLEMENTED.
+    streams: Option<Arc<dyn crate::stream::StreamService>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -84,14 +87,26 @@ impl Server {
             service: Arc::new(service),
             budget: MemoryBudget::new(cfg.memory_budget),
             cfg,
+            streams: None,
         }
+    }
+
+    /// Serves streams (client, server and bidirectional streaming: [`crate::stream`]) with
+    /// `svc`, beside the unary calls of the service given to [`Server::new`].
+    pub fn with_streams(mut self, svc: impl crate::stream::StreamService) -> Self {
+        self.streams = Some(Arc::new(svc));
+        self
     }
 
     /// Accepts connections for as long as the process runs: accept errors (EMFILE, ENFILE,
     /// ENOMEM, ECONNABORTED, ...) are logged at most once a second and retried, and the
     /// connection caps of the [`Config`] apply ([`crate::accept::Acceptor`]). Returns only if
-    /// the future is dropped; the `Result` is kept for callers that `?` it.
+    /// the future is dropped, or at once with `InvalidInput` when the config fails
+    /// [`Config::validate`].
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        self.cfg
+            .validate()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let mut acceptor = crate::accept::Acceptor::new(listener, &self.cfg);
         loop {
             let (stream, peer, slot) = acceptor.accept().await;
@@ -150,6 +165,9 @@ impl Server {
             max_calls: self.cfg.max_concurrent_calls.max(1) as usize,
             budget: self.budget.clone(),
             _slot: slot,
+            stream_service: self.streams.clone(),
+            streams: Arc::default(),
+            stream_window: self.cfg.stream_window.max(1),
         });
         let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
         tracing::debug!(transport = %link.transport(), "link accepted");
@@ -184,13 +202,20 @@ struct Handlers {
     /// The connection's place under the connection caps, freed when the link's engine drops
     /// its dispatch (the link is gone).
     _slot: Option<ConnSlot>,
+    stream_service: Option<Arc<dyn crate::stream::StreamService>>,
+    streams: Arc<crate::stream::server::ServerStreams>,
+    stream_window: u64,
 }
 
 impl Dispatch for Handlers {
     fn incoming(&self, link: &LinkTx, msg: Incoming) {
         let key = (msg.header.conn_id, msg.header.call_id);
+        if self.streams.incoming(&msg) && msg.header.kind != Kind::Cancel {
+            return;
+        }
         match msg.header.kind {
             Kind::Request => self.start(link, key, msg),
+            Kind::StreamOpen => self.start_stream(link, key, msg),
             Kind::Cancel => {
                 if let Some(h) = self.running.lock().remove(&key) {
                     tracing::debug!(?key, "call cancelled by the client");
@@ -206,6 +231,7 @@ impl Dispatch for Handlers {
         for (_, h) in self.running.lock().drain() {
             h.abort();
         }
+        self.streams.closed(&why);
     }
 
     fn budget(&self) -> &MemoryBudget {
@@ -217,7 +243,10 @@ impl Dispatch for Handlers {
     }
 
     fn refused(&self, link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
-        if h.kind == Kind::Request {
+        if self.streams.refused((h.conn_id, h.call_id), why.clone()) {
+            return;
+        }
+        if matches!(h.kind, Kind::Request | Kind::StreamOpen) {
             let _ = link.send(Outgoing::status(
                 Kind::Response,
                 h.conn_id,
@@ -232,6 +261,46 @@ impl Dispatch for Handlers {
 }
 
 impl Handlers {
+    /// Starts a stream's handler, counted as one call against the link's limit.
+    fn start_stream(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
+        let refuse = |code: Code, why: String| {
+            self.streams.refused_open(key);
+            let _ = link.send(Outgoing::status(
+                Kind::Response,
+                key.0,
+                key.1,
+                code,
+                &why,
+                &Metadata::new(),
+                Bytes::new(),
+            ));
+        };
+        let Some(svc) = &self.stream_service else {
+            return refuse(Code::Unimplemented, "this server serves no streams".into());
+        };
+        let mut map = self.running.lock();
+        if map.len() >= self.max_calls {
+            drop(map);
+            return refuse(
+                Code::ResourceExhausted,
+                format!(
+                    "more than the {} concurrent calls this server runs per link",
+                    self.max_calls
+                ),
+            );
+        }
+        let running = self.running.clone();
+        let on_end = move || {
+            running.lock().remove(&key);
+        };
+        if let Some(h) = self
+            .streams
+            .start(link, msg, svc, self.stream_window, on_end)
+        {
+            map.insert(key, h);
+        }
+    }
+
     fn start(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
         let (method, metadata) = match crate::wire::meta::decode(&msg.meta) {
             Ok(m) => m,

@@ -14,6 +14,8 @@ use http_body::{Frame, SizeHint};
 pub struct ReplyBody {
     data: Option<Bytes>,
     trailers: Option<HeaderMap>,
+    /// A streamed answer's frames ([`crate::stream_body`]), after `data`.
+    rest: Option<crate::stream_body::StreamRest>,
 }
 
 impl ReplyBody {
@@ -22,6 +24,16 @@ impl ReplyBody {
         ReplyBody {
             data: (!data.is_empty()).then_some(data),
             trailers,
+            rest: None,
+        }
+    }
+
+    /// A body yielding a stream's messages as they arrive, then its trailers.
+    pub(crate) fn streamed(rest: crate::stream_body::StreamRest) -> Self {
+        ReplyBody {
+            data: None,
+            trailers: None,
+            rest: Some(rest),
         }
     }
 
@@ -37,20 +49,32 @@ impl http_body::Body for ReplyBody {
 
     fn poll_frame(
         self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         if let Some(d) = this.data.take() {
             return Poll::Ready(Some(Ok(Frame::data(d))));
         }
+        if let Some(rest) = &mut this.rest {
+            return match rest.poll_frame(cx) {
+                Poll::Ready(None) => {
+                    this.rest = None;
+                    Poll::Ready(None)
+                }
+                p => p.map(|f| f.map(Ok)),
+            };
+        }
         Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.trailers.is_none()
+        self.data.is_none() && self.trailers.is_none() && self.rest.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.rest.is_some() {
+            return SizeHint::default();
+        }
         SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }

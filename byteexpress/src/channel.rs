@@ -4,14 +4,12 @@
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
-use byteexpress_rpc::{Client, Code, Config, Metadata, Request, Status, Transport};
+use byteexpress_rpc::{Client, Code, Config, Metadata, Status, Transport};
 use bytes::Bytes;
-use http::HeaderMap;
-use http_body_util::{BodyExt, Limited};
 
 use crate::body::ReplyBody;
-use crate::grpc_status::{GRPC_CONTENT_TYPE, status_headers};
-use crate::metadata_map::{headers_to_metadata, metadata_to_headers};
+use crate::grpc_status::status_headers;
+use crate::metadata_map::headers_to_metadata;
 use crate::{BoxError, grpc_timeout};
 use byteexpress_rpc::BoxFuture;
 
@@ -25,7 +23,11 @@ use byteexpress_rpc::BoxFuture;
 /// `grpc-message` and the error's metadata in the response headers, empty body), as gRPC
 /// servers answer. The service never fails at the tower level: transport failures are
 /// statuses too (UNAVAILABLE, RESOURCE_EXHAUSTED for a request above
-/// [`Client::max_message`], ...). Streaming requests are sent once their body has ended.
+/// [`Client::max_message`], ...). Every call is a ByteExpress stream
+/// (`byteexpress_rpc::stream`; over replicas, on the endpoint the set picks): request
+/// messages go as they are produced, answers arrive message by message with the status in
+/// trailers after them, and dropping the response cancels the server's handler
+/// (`stream_body.rs`).
 ///
 /// Cloning is cheap and shares the connection.
 ///
@@ -159,45 +161,15 @@ where
     });
     let mut metadata = Metadata::new();
     headers_to_metadata(&parts.headers, "", &mut metadata);
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let limit = target.max_message();
-    let collect = Limited::new(body, limit).collect();
-    let body = match deadline {
-        Some(d) => tokio::time::timeout_at(d, collect).await.map_err(|_| {
-            Status::new(
-                Code::DeadlineExceeded,
-                "deadline exceeded while reading the request body",
-            )
-        })?,
-        None => collect.await,
-    }
-    .map_err(|e| {
-        if e.is::<http_body_util::LengthLimitError>() {
-            Status::new(
-                Code::ResourceExhausted,
-                format!("request larger than {limit} bytes"),
-            )
-        } else {
-            Status::new(Code::Internal, format!("reading the request body: {e}"))
-        }
-    })?
-    .to_bytes();
-    // the time spent reading the body counts against the deadline
-    let timeout = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-    let call = Request {
-        method: parts.uri.path().to_string(),
+    crate::stream_body::stream_call(
+        target,
+        &parts.extensions,
+        parts.uri.path().to_string(),
         metadata,
-        body,
         timeout,
-    };
-    let resp = target.call(call, &parts.extensions).await?;
-    let (mut headers, mut trailers) = (HeaderMap::new(), HeaderMap::new());
-    headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
-    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-    metadata_to_headers(&resp.metadata, &mut headers, Some(&mut trailers));
-    let mut out = http::Response::new(ReplyBody::new(resp.body, Some(trailers)));
-    *out.headers_mut() = headers;
-    Ok(out)
+        body,
+    )
+    .await
 }
 
 /// A trailers-only response carrying `status`.

@@ -17,6 +17,7 @@
 
 mod body;
 mod bx_handler;
+mod bx_stream;
 mod channel;
 mod detect;
 mod grpc_status;
@@ -26,6 +27,7 @@ mod percent;
 mod replicas;
 mod routes;
 mod server;
+mod stream_body;
 
 pub use body::ReplyBody;
 pub use bx_handler::{ServedOver, served_over};

@@ -50,13 +50,23 @@ pub fn is_reserved_header(name: &str) -> bool {
         )
 }
 
+/// The `grpc-*` headers the facade carries as metadata although they are reserved: message
+/// compression (`grpc-encoding`, `grpc-accept-encoding`, gRPC's `doc/compression.md`) and the
+/// rich error details (`grpc-status-details-bin`), which tonic reads and writes itself.
+pub(crate) fn carried_grpc_header(name: &str) -> bool {
+    matches!(
+        name,
+        "grpc-encoding" | "grpc-accept-encoding" | "grpc-status-details-bin"
+    )
+}
+
 /// Appends the custom metadata of `headers` to `md`, each key prefixed with `prefix` (empty,
 /// or [`TRAILER_PREFIX`] for trailers). Entries that cannot be carried (a `-bin` value that is
 /// not base64) are dropped and logged, as gRPC implementations drop malformed metadata.
 pub fn headers_to_metadata(headers: &HeaderMap, prefix: &str, md: &mut Metadata) {
     for (name, value) in headers {
         let name = name.as_str();
-        if is_reserved_header(name) {
+        if is_reserved_header(name) && !carried_grpc_header(name) {
             continue;
         }
         let value = if name.ends_with("-bin") {
@@ -91,7 +101,7 @@ pub fn metadata_to_headers(
             (Some(k), Some(t)) => (k, t),
             _ => (key, &mut *headers),
         };
-        if is_reserved_header(key) || !valid_key(key) {
+        if (is_reserved_header(key) && !carried_grpc_header(key)) || !valid_key(key) {
             tracing::debug!(key, "dropping reserved or invalid metadata key");
             continue;
         }
@@ -134,16 +144,21 @@ mod tests {
             ("te", "trailers"),
             ("user-agent", "tonic"),
             ("grpc-timeout", "1S"),
+            ("grpc-message", "x"),
             ("grpc-accept-encoding", "gzip"),
             ("x-user", "alice"),
         ]);
         let mut md = Metadata::new();
         headers_to_metadata(&h, "", &mut md);
+        // compression headers are carried (issue 21); every other reserved one is not
         assert_eq!(
             md.iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect::<Vec<_>>(),
-            vec![("x-user".into(), Bytes::from("alice"))]
+            vec![
+                ("grpc-accept-encoding".into(), Bytes::from("gzip")),
+                ("x-user".into(), Bytes::from("alice"))
+            ]
         );
     }
 

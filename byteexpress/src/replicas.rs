@@ -2,10 +2,7 @@
 
 use std::sync::Arc;
 
-use byteexpress_rpc::{
-    BalanceConfig, CallOptions, Client, Config, ReplicaSet, Request, Response, Status,
-    balance::SystemResolver,
-};
+use byteexpress_rpc::{BalanceConfig, Config, ReplicaSet, Status, balance::SystemResolver};
 
 use crate::channel::{Channel, Target, parse_uri};
 
@@ -99,29 +96,6 @@ impl Channel {
         match &self.target {
             Target::Set(set, _) => Some(set),
             Target::One(_) => None,
-        }
-    }
-}
-
-impl Target {
-    pub(crate) fn max_message(&self) -> usize {
-        match self {
-            Target::One(c) => c.max_message(),
-            Target::Set(set, _) => set.max_message(),
-        }
-    }
-
-    pub(crate) async fn call(
-        &self,
-        req: Request,
-        ext: &http::Extensions,
-    ) -> Result<Response, Status> {
-        match self {
-            Target::One(c) => Client::call(c, req).await,
-            Target::Set(set, wait) => {
-                let wait_for_ready = ext.get::<WaitForReady>().map_or(*wait, |w| w.0);
-                set.call_with(req, CallOptions { wait_for_ready }).await
-            }
         }
     }
 }

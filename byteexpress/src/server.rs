@@ -42,8 +42,8 @@ impl Server {
 /// (`byteexpress_rpc::accept::Acceptor`). The HTTP/2 side gets
 /// [`Config::max_concurrent_calls`] as SETTINGS_MAX_CONCURRENT_STREAMS and
 /// [`Config::keepalive_interval`] / [`Config::keepalive_timeout`] as HTTP/2 PING keepalive. Both dispatch by path to the same services. On the ByteExpress path
-/// streaming methods see their whole request at once, and their whole response is sent at
-/// once.
+/// calls are streams (`byteexpress_rpc::stream`): request and response messages travel as
+/// they are produced, both directions at once, each direction under its own window.
 #[derive(Debug, Clone)]
 pub struct ServerBuilder {
     routes: Routes,
@@ -103,6 +103,9 @@ impl ServerBuilder {
         listener: TcpListener,
         signal: impl Future<Output = ()>,
     ) -> io::Result<()> {
+        self.cfg
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let routes = self.routes;
         let bx_routes = routes.clone();
         let detect_timeout = self.cfg.detect_timeout;
@@ -113,8 +116,12 @@ impl ServerBuilder {
             (!self.cfg.keepalive_interval.is_zero()).then_some(self.cfg.keepalive_interval);
         let h2_ping_timeout = self.cfg.keepalive_timeout;
         let mut acceptor = Acceptor::new(listener, &self.cfg);
+        let stream_routes = routes.clone();
         let bx =
-            byteexpress_rpc::Server::new(move |req| serve_call(bx_routes.clone(), req), self.cfg);
+            byteexpress_rpc::Server::new(move |req| serve_call(bx_routes.clone(), req), self.cfg)
+                .with_streams(move |req, rx, tx| {
+                    crate::bx_stream::serve_stream(stream_routes.clone(), req, rx, tx)
+                });
         let (h2_tx, h2_rx) = mpsc::unbounded_channel::<Replayed>();
         let (stop_tx, mut stop_rx) = watch::channel(false);
 

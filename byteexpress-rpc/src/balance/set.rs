@@ -17,6 +17,9 @@ use super::outlier::{self, HostWindow};
 use super::{BalanceConfig, Policy};
 use crate::{Client, Code, Config, Request, Response, Status, Transport};
 
+#[path = "set_stream.rs"]
+mod set_stream;
+
 /// Options of one call through a [`ReplicaSet`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallOptions {

@@ -4,16 +4,33 @@
 //! |---|---|---|---|
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
-//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG |
-//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bits 2–7 sent as 0, not checked on receipt |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bits 4–7 sent as 0, not checked on receipt |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
 //! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
 //! | 16 | 8 | call_id | call number, unique per conn_id while the call lives; PING: the ping's number, echoed by its PONG |
-//! | 24 | 8 | timeout_us | REQUEST: time left until the deadline in µs, 0 = none |
+//! | 24 | 8 | timeout_us | REQUEST, STREAM_OPEN: time left until the deadline in µs, 0 = none; STREAM_MESSAGE: the message's sequence number in its direction (a STREAM_OPEN's message is 0); HALF_CLOSE, and RESPONSE of a stream: messages sent before it in that direction; WINDOW_UPDATE: bytes granted |
 //! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |
 //! | 36 | 4 | body_len | bytes of body of the message; in a CONTINUATION: bytes after this header |
+//!
+//! # Streams (kinds 9–13; gRPC's PROTOCOL-HTTP2 over one call id)
+//! A stream is one call `(conn_id, call_id)`: STREAM_OPEN (client → server: metadata = method
+//! path + request metadata, `timeout_us` the deadline of the whole stream, optionally the first
+//! message with [`FLAG_MESSAGE`], [`FLAG_END_STREAM`] when the client will send no more);
+//! STREAM_HEADERS (server → client: metadata = "" + the initial metadata, before the first
+//! message); STREAM_MESSAGE (either way: one message per frame, numbered in offset 24 from 0
+//! per direction, so a one-chunk message that the RDMA scheduler posts ahead of an earlier
+//! multi-chunk one is put back in order by the receiver); HALF_CLOSE (client → server, offset
+//! 24 = messages sent); the stream ends with a RESPONSE from the server (status, metadata =
+//! status message + trailers, offset 24 = messages sent, optionally a last message with
+//! [`FLAG_MESSAGE`]), delivered after those messages; CANCEL (client → server) ends it early.
+//! WINDOW_UPDATE (either way, offset 24 = bytes) is HTTP/2's WINDOW_UPDATE (RFC 9113 §6.9) per
+//! stream: a sender may have at most the receiver's window (`Config::stream_window`, counted as
+//! 40 + body bytes per message) sent and not yet granted back, except one message when nothing
+//! is outstanding; the receiver grants bytes back as the application takes messages. A message
+//! beyond the window fails the stream RESOURCE_EXHAUSTED, never the link.
 //!
 //! [`Header::decode`] checks `meta_len` and `body_len` against the bytes actually received
 //! before anything is sliced. The configured maxima are applied before that, where the bytes
@@ -50,6 +67,10 @@ pub const VERSION: u8 = 1;
 pub const FLAG_SLOT_RETURN: u8 = 1;
 /// Flag bit: more chunks of this message follow (RDMA chunking, module docs).
 pub const FLAG_MORE: u8 = 2;
+/// Flag bit (STREAM_OPEN): the client half-closes with this frame (gRPC END_STREAM).
+pub const FLAG_END_STREAM: u8 = 4;
+/// Flag bit (STREAM_OPEN, RESPONSE of a stream): the body is one message of the stream.
+pub const FLAG_MESSAGE: u8 = 8;
 
 /// Message kind (byte 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +95,17 @@ pub enum Kind {
     Ping = 7,
     /// Answer to PING, with its `call_id`; nothing else.
     Pong = 8,
+    /// Opens a stream (module docs, "Streams"): as REQUEST, the body optionally its first
+    /// message ([`FLAG_MESSAGE`]), [`FLAG_END_STREAM`] when no more follow.
+    StreamOpen = 9,
+    /// One message of a stream, either direction; offset 24 = its sequence number.
+    StreamMessage = 10,
+    /// The server's initial metadata of a stream: metadata = "" + entries, no body.
+    StreamHeaders = 11,
+    /// The client's half-close; offset 24 = messages it sent.
+    HalfClose = 12,
+    /// Bytes granted back to the stream's sender (offset 24), as HTTP/2's WINDOW_UPDATE.
+    WindowUpdate = 13,
 }
 
 /// A decoded header.
@@ -183,6 +215,11 @@ impl Header {
             6 => Kind::Continuation,
             7 => Kind::Ping,
             8 => Kind::Pong,
+            9 => Kind::StreamOpen,
+            10 => Kind::StreamMessage,
+            11 => Kind::StreamHeaders,
+            12 => Kind::HalfClose,
+            13 => Kind::WindowUpdate,
             k => return err(format!("unknown kind {k}")),
         };
         let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -261,6 +298,24 @@ mod tests {
     }
 
     #[test]
+    fn stream_kinds_have_their_numbers_and_round_trip() {
+        for (kind, n) in [
+            (Kind::StreamOpen, 9),
+            (Kind::StreamMessage, 10),
+            (Kind::StreamHeaders, 11),
+            (Kind::HalfClose, 12),
+            (Kind::WindowUpdate, 13),
+        ] {
+            let mut h = Header::new(kind);
+            h.timeout_us = 65_536;
+            h.flags = FLAG_END_STREAM | FLAG_MESSAGE;
+            let msg = h.encode();
+            assert_eq!(msg[3], n);
+            assert_eq!(Header::decode(&msg).unwrap(), h);
+        }
+    }
+
+    #[test]
     fn header_rejects_lengths_that_disagree_with_the_message() {
         let mut h = Header::new(Kind::Request);
         h.body_len = u32::MAX;
@@ -272,7 +327,7 @@ mod tests {
     fn header_rejects_short_bad_magic_version_and_kind() {
         let good = Header::new(Kind::Cancel).encode();
         assert!(Header::decode(&good[..39]).is_err());
-        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 9)] {
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 14)] {
             let mut b = good;
             b[i] = v;
             assert!(Header::decode(&b).is_err(), "byte {i} = {v}");

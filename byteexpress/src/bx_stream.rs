@@ -1,0 +1,154 @@
+//! The ByteExpress side of the [`crate::Server`] for streams: each stream becomes an
+//! `http::Request` whose body yields the client's messages as they arrive, for the tonic
+//! service its path names; the service's response headers, data frames and trailers go back as
+//! the stream's initial metadata, messages and trailers (gRPC's `doc/PROTOCOL-HTTP2.md`).
+//! Dropping the handler (client cancel, deadline, link gone) drops the service's response body
+//! and so its handler's stream.
+
+use byteexpress_rpc::stream::{RequestReceiver, ResponseSender, StreamRequest};
+use byteexpress_rpc::{Code, Metadata, Status};
+use futures::FutureExt;
+use http::HeaderMap;
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+
+use crate::bx_handler::ServedOver;
+use crate::grpc_status::{GRPC_CONTENT_TYPE, code_of, status_of};
+use crate::grpc_timeout;
+use crate::metadata_map::{TRAILER_PREFIX, headers_to_metadata, metadata_to_headers};
+use crate::routes::Routes;
+
+/// Serves one stream with `routes`. Returns the trailers (custom trailer metadata under
+/// [`TRAILER_PREFIX`], and the response headers unprefixed when no headers frame was sent) or
+/// the status the service ended with.
+pub async fn serve_stream(
+    routes: Routes,
+    req: StreamRequest,
+    rx: RequestReceiver,
+    mut tx: ResponseSender,
+) -> Result<Metadata, Status> {
+    let uri: http::Uri = req.method.parse().map_err(|_| {
+        Status::new(
+            Code::Unimplemented,
+            format!("malformed method path {:?}", req.method),
+        )
+    })?;
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
+    headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    if let Some(d) = req.deadline {
+        let left = d.saturating_duration_since(tokio::time::Instant::now());
+        if let Ok(v) = http::HeaderValue::from_str(&grpc_timeout::format(left)) {
+            headers.insert("grpc-timeout", v);
+        }
+    }
+    metadata_to_headers(&req.metadata, &mut headers, None);
+    let frames = futures::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        match rx.message().await {
+            Ok(Some(m)) => Some((Ok::<_, tonic::Status>(Frame::data(m)), Some(rx))),
+            Ok(None) => None,
+            Err(s) => Some((
+                Err(tonic::Status::new(
+                    tonic::Code::from_i32(s.code as i32),
+                    s.message,
+                )),
+                None,
+            )),
+        }
+    });
+    let mut hreq = http::Request::new(tonic::body::Body::new(StreamBody::new(frames)));
+    *hreq.method_mut() = http::Method::POST;
+    *hreq.uri_mut() = uri;
+    *hreq.version_mut() = http::Version::HTTP_2;
+    *hreq.headers_mut() = headers;
+    hreq.extensions_mut().insert(ServedOver(req.transport));
+
+    let (parts, mut body) = routes.dispatch(hreq).await.into_parts();
+    if let Some(status) = status_of(&parts.headers) {
+        // trailers-only
+        return if status.code == Code::Ok {
+            Ok(status.metadata)
+        } else {
+            Err(status)
+        };
+    }
+    let mut head_md = Metadata::new();
+    headers_to_metadata(&parts.headers, "", &mut head_md);
+    let body_err = |s: tonic::Status| Status::new(Code::from_u16(s.code() as u16), s.message());
+    let mut peeked = None;
+    loop {
+        let frame = match peeked.take() {
+            Some(f) => f,
+            None => match body.frame().now_or_never() {
+                Some(f) => f,
+                None => {
+                    tx.send_headers(&head_md)?;
+                    body.frame().await
+                }
+            },
+        };
+        let frame = match frame {
+            None => {
+                return Err(Status::new(
+                    Code::Internal,
+                    "the service's response has no grpc-status",
+                ));
+            }
+            Some(Err(e)) => return Err(body_err(e)),
+            Some(Ok(f)) => f,
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                let next = body.frame().now_or_never();
+                if !tx.headers_sent()
+                    && let Some(Some(Ok(f))) = &next
+                    && let Some(t) = f.trailers_ref()
+                    && code_of(t) == Some(Code::Ok)
+                {
+                    // one message then OK: one frame with the trailers, as a unary answer
+                    tx.send_last(data);
+                    return finish(t, &head_md, false);
+                }
+                tx.send_headers(&head_md)?;
+                tx.send(data).await?;
+                peeked = next;
+            }
+            Err(f) => {
+                let t = f.into_trailers().unwrap_or_default();
+                let sent = tx.headers_sent();
+                return finish(&t, &head_md, sent);
+            }
+        }
+    }
+}
+
+/// The end of a stream from the service's trailers `t`.
+fn finish(t: &HeaderMap, head_md: &Metadata, headers_sent: bool) -> Result<Metadata, Status> {
+    let mut md = Metadata::new();
+    if !headers_sent {
+        for (k, v) in head_md.iter() {
+            let _ = md.insert(k, v.clone());
+        }
+    }
+    match status_of(t) {
+        None => Err(Status::new(
+            Code::Internal,
+            "the service's response has no grpc-status",
+        )),
+        Some(s) if s.code != Code::Ok => {
+            for (k, v) in s.metadata.iter() {
+                let _ = md.insert(k, v.clone());
+            }
+            Err(Status {
+                code: s.code,
+                message: s.message,
+                metadata: md,
+            })
+        }
+        Some(_) => {
+            headers_to_metadata(t, TRAILER_PREFIX, &mut md);
+            Ok(md)
+        }
+    }
+}

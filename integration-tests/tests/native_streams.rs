@@ -1,0 +1,466 @@
+//! Issue 21: the native stream types of `byteexpress-rpc` (`Client::open_stream`,
+//! `RequestSender`/`ResponseReceiver`, `Server::with_streams` with
+//! `RequestReceiver`/`ResponseSender`) over soft RDMA and TCP: the same gRPC rules as the
+//! facade, the per-stream window, and a stream counting as one call against
+//! `max_concurrent_calls`. Server and client in one process; synchronised by messages and
+//! polled counters, never sleeps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use byteexpress_rpc::stream::{OpenStream, RequestReceiver, ResponseSender, StreamRequest};
+use byteexpress_rpc::{
+    Client, Code, Config, Metadata, Request, Response, Server, ServerRequest, Status, Transport,
+    TransportPref,
+};
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+const BOUND: Duration = Duration::from_secs(10);
+const BOTH: [TransportPref; 2] = [TransportPref::Rdma, TransportPref::Tcp];
+
+struct Counters {
+    sent: AtomicU64,
+    dropped: AtomicU64,
+    gate: Semaphore,
+}
+
+struct DropCount(Arc<Counters>);
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Methods: `/echo` answers each message (headers first, `x-initial`); `/produce` sends
+/// `n` messages of `size` bytes (request metadata `n`, `size`, `gate`, `fail`), waiting for
+/// the gate before each after the first when `gate` is set, then fails when `fail` is set.
+async fn handler(
+    c: Arc<Counters>,
+    req: StreamRequest,
+    mut rx: RequestReceiver,
+    mut tx: ResponseSender,
+) -> Result<Metadata, Status> {
+    let _guard = DropCount(c.clone());
+    let num = |k: &str| {
+        req.metadata
+            .get(k)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut md = Metadata::new();
+    md.insert("x-initial", Bytes::from_static(b"yes")).unwrap();
+    tx.send_headers(&md)?;
+    match req.method.as_str() {
+        "/echo" => {
+            while let Some(m) = rx.message().await? {
+                tx.send(m).await?;
+            }
+        }
+        "/produce" => {
+            for i in 0..num("n") {
+                if i > 0 && num("gate") == 1 {
+                    c.gate.acquire().await.unwrap().forget();
+                }
+                tx.send(Bytes::from(vec![i as u8; num("size") as usize]))
+                    .await?;
+                c.sent.fetch_add(1, Ordering::SeqCst);
+            }
+            if num("fail") != 0 {
+                return Err(Status::new(
+                    Code::from_u16(num("fail") as u16),
+                    "after messages",
+                ));
+            }
+        }
+        m => return Err(Status::new(Code::Unimplemented, m.to_string())),
+    }
+    let mut trailers = Metadata::new();
+    trailers
+        .insert("x-trailer", Bytes::from_static(b"end"))
+        .unwrap();
+    Ok(trailers)
+}
+
+async fn serve(cfg: Config) -> (String, Arc<Counters>) {
+    let c = Arc::new(Counters {
+        sent: AtomicU64::new(0),
+        dropped: AtomicU64::new(0),
+        gate: Semaphore::new(0),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let hc = c.clone();
+    let server = Server::new(
+        |req: ServerRequest| async move {
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: req.body,
+            })
+        },
+        Config {
+            transport: TransportPref::Auto,
+            ..cfg
+        },
+    )
+    .with_streams(move |req, rx, tx| handler(hc.clone(), req, rx, tx));
+    tokio::spawn(server.serve(listener));
+    (addr, c)
+}
+
+async fn client(addr: &str, t: TransportPref, cfg: &Config) -> Client {
+    let c = Client::connect_unshared(
+        addr,
+        &Config {
+            transport: t,
+            ..cfg.clone()
+        },
+    )
+    .await
+    .unwrap();
+    let want = if t == TransportPref::Rdma {
+        Transport::Rdma
+    } else {
+        Transport::Tcp
+    };
+    assert_eq!(c.transport(), want);
+    c
+}
+
+fn open(method: &str, md: &[(&str, u64)]) -> OpenStream {
+    let mut metadata = Metadata::new();
+    for (k, v) in md {
+        metadata.insert(*k, Bytes::from(v.to_string())).unwrap();
+    }
+    OpenStream {
+        method: method.into(),
+        metadata,
+        ..OpenStream::default()
+    }
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {BOUND:?}"))
+}
+
+async fn poll_until(what: &str, f: impl Fn() -> bool) {
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(tokio::time::Instant::now() < end, "{what}: not within 5 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_ping_pong_of_100_with_headers_first_and_trailers_last() {
+    let (addr, _) = serve(Config::default()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        let h = within("headers", rx.headers()).await.unwrap();
+        assert_eq!(&h.get("x-initial").unwrap()[..], b"yes");
+        for i in 0..100usize {
+            let m = Bytes::from(vec![i as u8; i * 1000]);
+            tx.send(m.clone()).await.unwrap();
+            let got = within("pong", rx.message()).await.unwrap().unwrap();
+            assert_eq!(got, m, "{t:?} message {i}");
+        }
+        tx.finish().unwrap();
+        assert!(within("end", rx.message()).await.unwrap().is_none());
+        assert_eq!(
+            &rx.trailers().unwrap().get("x-trailer").unwrap()[..],
+            b"end"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_server_stream_first_message_before_the_second_is_sent_and_error_after_n() {
+    let (addr, c) = serve(Config::default()).await;
+    for t in BOTH {
+        c.sent.store(0, Ordering::SeqCst);
+        let cl = client(&addr, t, &Config::default()).await;
+        let mut req = open(
+            "/produce",
+            &[("n", 3), ("size", 100_000), ("gate", 1), ("fail", 9)],
+        );
+        req.half_close = true;
+        let (_tx, mut rx) = cl.open_stream(req).await.unwrap();
+        for i in 0..3u64 {
+            let m = within("message", rx.message()).await.unwrap().unwrap();
+            assert_eq!(m.len(), 100_000);
+            assert_eq!(m[0], i as u8);
+            poll_until("counted", || c.sent.load(Ordering::SeqCst) == i + 1).await;
+            if i < 2 {
+                // nothing further was sent before the gate opens
+                assert_eq!(c.sent.load(Ordering::SeqCst), i + 1, "{t:?}");
+                c.gate.add_permits(1);
+            }
+        }
+        let err = within("status", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::FailedPrecondition, "{t:?}: {err:?}");
+        assert_eq!(err.message, "after messages");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_cancellation_drops_the_handler_and_deadline_ends_the_stream() {
+    let (addr, c) = serve(Config::default()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        let before = c.dropped.load(Ordering::SeqCst);
+        let mut req = open("/produce", &[("n", 1000), ("size", 10), ("gate", 1)]);
+        req.half_close = true;
+        let (_tx, mut rx) = cl.open_stream(req).await.unwrap();
+        within("first", rx.message()).await.unwrap().unwrap();
+        drop(rx);
+        poll_until("handler dropped on cancel", || {
+            c.dropped.load(Ordering::SeqCst) == before + 1
+        })
+        .await;
+
+        let mut req = open("/produce", &[("n", 1000), ("size", 10), ("gate", 1)]);
+        req.half_close = true;
+        req.timeout = Some(Duration::from_millis(300));
+        let (_tx, mut rx) = cl.open_stream(req).await.unwrap();
+        within("first", rx.message()).await.unwrap().unwrap();
+        let err = within("deadline", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::DeadlineExceeded, "{t:?}");
+        poll_until("handler dropped at the deadline", || {
+            c.dropped.load(Ordering::SeqCst) == before + 2
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_unread_stream_holds_the_writer_at_the_window_while_a_unary_call_completes() {
+    let window = 256u64 << 10;
+    let cfg = Config {
+        stream_window: window,
+        ..Config::default()
+    };
+    let (addr, c) = serve(cfg.clone()).await;
+    let size = 10_000u64;
+    for t in BOTH {
+        c.sent.store(0, Ordering::SeqCst);
+        let cl = client(&addr, t, &cfg).await;
+        let mut req = open("/produce", &[("n", 10_000), ("size", size)]);
+        req.half_close = true;
+        let (_tx, rx) = cl.open_stream(req).await.unwrap();
+        let at_window = window / (size + 40);
+        poll_until("the writer fills the window", || {
+            c.sent.load(Ordering::SeqCst) >= at_window
+        })
+        .await;
+        let r = within(
+            "unary call beside the unread stream",
+            cl.call(Request {
+                method: "/unary".into(),
+                body: Bytes::from_static(b"ok"),
+                ..Request::default()
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(&r.body[..], b"ok");
+        if t == TransportPref::Rdma {
+            // the unread messages landed in receive buffers; once only one grant of free
+            // buffers was left, later ones were copied out, so the link's credits kept flowing
+            assert!(cl.link_stats().copied_out > 0, "{:?}", cl.link_stats());
+        }
+        let sent = c.sent.load(Ordering::SeqCst);
+        assert!(
+            sent <= at_window + 1,
+            "{t:?}: {sent} messages of {size} bytes sent into a window of {window}"
+        );
+        drop(rx);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_counts_as_one_call_against_max_concurrent_calls() {
+    let cfg = Config {
+        max_concurrent_calls: 1,
+        ..Config::default()
+    };
+    let (addr, _) = serve(cfg.clone()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &cfg).await;
+        let (tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        within("headers", rx.headers()).await.unwrap();
+        let err = cl
+            .call(Request {
+                method: "/unary".into(),
+                timeout: Some(Duration::from_millis(200)),
+                ..Request::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code,
+            Code::DeadlineExceeded,
+            "{t:?}: queued behind the stream"
+        );
+        tx.finish().unwrap();
+        assert!(within("end", rx.message()).await.unwrap().is_none());
+        within(
+            "call after the stream",
+            cl.call(Request {
+                method: "/unary".into(),
+                ..Request::default()
+            }),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_max_message_of_4_gib_is_refused_when_the_client_is_set_up_not_truncated() {
+    let (addr, _) = serve(Config::default()).await;
+    let err = Client::connect(
+        &addr,
+        &Config {
+            max_message: 1 << 32,
+            ..Config::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{err:?}");
+    assert!(err.message.contains("max_message"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_ending_a_stream_stops_the_clients_sender() {
+    let (addr, _) = serve(Config::default()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        // /produce never reads the client's messages and ends after one message
+        let (mut tx, mut rx) = cl
+            .open_stream(open("/produce", &[("n", 1), ("size", 5)]))
+            .await
+            .unwrap();
+        within("message", rx.message()).await.unwrap().unwrap();
+        assert!(within("end", rx.message()).await.unwrap().is_none());
+        within("sender closed", tx.closed()).await;
+        let err = tx.send(Bytes::from_static(b"late")).await.unwrap_err();
+        assert_eq!(err.code, Code::Cancelled, "{t:?}: {err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_message_over_the_servers_memory_budget_fails_that_stream_only() {
+    let cfg = Config {
+        memory_budget: 1 << 20,
+        stream_window: 8 << 20,
+        ..Config::default()
+    };
+    let (addr, _) = serve(cfg.clone()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &cfg).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        within("headers", rx.headers()).await.unwrap();
+        tx.send(Bytes::from(vec![1; 2 << 20])).await.unwrap();
+        let err = within("refused", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?}: {err:?}");
+        let r = within(
+            "a call after",
+            cl.call(Request {
+                method: "/unary".into(),
+                body: Bytes::from_static(b"ok"),
+                ..Request::default()
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(&r.body[..], b"ok");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_to_a_server_without_a_stream_service_is_unimplemented() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = Server::new(
+        |req: ServerRequest| async move {
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: req.body,
+            })
+        },
+        Config {
+            transport: TransportPref::Auto,
+            ..Config::default()
+        },
+    );
+    tokio::spawn(server.serve(listener));
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        // frames after the refused opening are dropped, not kept for a stream that never opens
+        let _ = tx.send(Bytes::from_static(b"after")).await;
+        let err = within("refused", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::Unimplemented, "{t:?}: {err:?}");
+        let r = within(
+            "a unary call still works",
+            cl.call(Request {
+                method: "/u".into(),
+                body: Bytes::from_static(b"ok"),
+                ..Request::default()
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(&r.body[..], b"ok");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sizes_up_to_16_mib_with_max_message_raised_and_one_above_fails_alone() {
+    let cfg = Config {
+        max_message: 32 << 20,
+        ..Config::default()
+    };
+    let (addr, _) = serve(cfg.clone()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &cfg).await;
+        let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+        for n in [
+            0usize,
+            1,
+            (64 << 10) - 1,
+            64 << 10,
+            (64 << 10) + 1,
+            (4 << 20) - 1,
+            4 << 20,
+            (4 << 20) + 1,
+            (16 << 20) - 1,
+            16 << 20,
+            (16 << 20) + 1,
+        ] {
+            let m = Bytes::from(vec![(n % 251) as u8; n]);
+            within("send", tx.send(m.clone())).await.unwrap();
+            let got = within("echo", rx.message()).await.unwrap().unwrap();
+            assert!(got == m, "{t:?}: {n} bytes");
+        }
+        // above max_message: that send fails RESOURCE_EXHAUSTED, the stream goes on
+        let err = within("refused send", tx.send(Bytes::from(vec![0; 32 << 20])))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?}");
+        within("send after", tx.send(Bytes::from_static(b"after")))
+            .await
+            .unwrap();
+        assert_eq!(
+            &within("after", rx.message()).await.unwrap().unwrap()[..],
+            b"after"
+        );
+        tx.finish().unwrap();
+        assert!(within("end", rx.message()).await.unwrap().is_none());
+    }
+}
