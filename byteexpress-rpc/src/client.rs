@@ -133,8 +133,9 @@ impl std::fmt::Debug for Client {
 /// A logical connection on the process's live link to `addr`, setting one up if needed.
 async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), Status> {
     let key = format!(
-        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
         cfg.transport,
+        cfg.allow_soft,
         cfg.grant,
         cfg.recv_buf_size,
         cfg.max_send_wr,
@@ -151,7 +152,7 @@ async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), S
         _ => {
             let calls = Arc::new(Calls::default());
             let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
-            tracing::info!(addr, transport = %tx.transport(), "link up");
+            tracing::debug!(addr, transport = %tx.transport(), "link up");
             let l = Arc::new(ClientLink {
                 tx,
                 calls,
@@ -232,6 +233,15 @@ impl Client {
     /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
     /// the future cancels the call on the server too.
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
+        let t0 = std::time::Instant::now();
+        let method = req.method.clone();
+        let res = self.call_once(req).await;
+        let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
+        crate::metrics::record_call(crate::metrics::Side::Client, &method, code, t0.elapsed());
+        res
+    }
+
+    async fn call_once(&self, req: Request) -> Result<Response, Status> {
         let (link, conn_id) = self.current().await?;
         let link = &*link;
         if let Some(why) = link.calls.closed.lock().clone() {

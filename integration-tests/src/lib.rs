@@ -196,3 +196,19 @@ impl ServerProc {
         let _ = self.child.kill().await;
     }
 }
+
+/// The transport an RDMA link of this host negotiates: RDMA on the first device that
+/// `byteexpress_verbs::devices()` lists (hardware first, so `rxe0` in the Soft-RoCE VM, `soft0`
+/// on a host without an RDMA NIC). Tests compare [`byteexpress_rpc::Client::transport`] with
+/// it, so they assert the device, not only the transport.
+pub fn rdma_here() -> byteexpress_rpc::Transport {
+    static NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    let device = NAME.get_or_init(|| {
+        let first = byteexpress_verbs::devices()
+            .into_iter()
+            .next()
+            .expect("an RDMA device (soft0 unless BX_SOFT=0)");
+        Box::leak(first.name().to_string().into_boxed_str())
+    });
+    byteexpress_rpc::Transport::Rdma { device }
+}

@@ -52,6 +52,7 @@ impl Closer {
         if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
             tracing::debug!(%why, "link closed");
             self.link.close();
+            self.link.counters().metrics.link_down();
             self.dispatch.closed(why);
         }
     }
@@ -72,6 +73,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         loop {
             let is_error = msg.header.kind == Kind::Error;
             let h = msg.final_header().encode();
+            let wire = (h.len() + msg.meta.len() + msg.body.len()) as u64;
+            link.counters().metrics.bytes_sent.increment(wire);
             if let Err(e) = w.write_frame(&[&h, &msg.meta, &msg.body]).await {
                 closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
                 return;
@@ -110,7 +113,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
             _ = link.close_requested() => return,
         };
         match frame {
-            Ok(Some(frame)) => match Incoming::parse(frame) {
+            Ok(Some(frame)) => match {
+                link.counters().metrics.bytes_received.increment(frame.len() as u64);
+                Incoming::parse(frame)
+            } {
                 Ok(msg) if msg.header.kind == Kind::Error => {
                     closer.close(peer_error(&msg));
                     return;
