@@ -462,7 +462,11 @@ pub fn exchange_error(s: &TcpStream, e: &std::io::Error, what: &str) -> String {
     match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
             "timed out after {} s waiting for {what}",
-            s.read_timeout().ok().flatten().unwrap_or_default().as_secs()
+            s.read_timeout()
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+                .as_secs()
         ),
         std::io::ErrorKind::UnexpectedEof => {
             format!("the peer closed the connection during the exchange of {what}")
@@ -570,8 +574,12 @@ impl Connector<'_> {
 
 fn read_line(s: &mut TcpStream) -> Result<Dest, String> {
     let mut line = [0u8; LINE_LEN];
-    s.read_exact(&mut line)
-        .map_err(|e| format!("couldn't read the remote address: {}", exchange_error(s, &e, "the peer's QP information")))?;
+    s.read_exact(&mut line).map_err(|e| {
+        format!(
+            "couldn't read the remote address: {}",
+            exchange_error(s, &e, "the peer's QP information")
+        )
+    })?;
     decode_line(&line)
 }
 
@@ -710,7 +718,11 @@ impl PingPong<'_> {
             last_progress = Instant::now();
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
-                    let what = if wc.wr_id == SEND_WRID { "send" } else { "receive" };
+                    let what = if wc.wr_id == SEND_WRID {
+                        "send"
+                    } else {
+                        "receive"
+                    };
                     if scnt > 0 && wc.status != WcStatus::Success {
                         return Err(format!(
                             "the peer stopped after {rcnt} of {} exchanges: {what} failed \

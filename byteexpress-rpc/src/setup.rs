@@ -44,9 +44,9 @@ pub(crate) struct LocalDevices {
 impl LocalDevices {
     /// The first hardware device refused for a configuration error (invalid `BX_GID_INDEX`).
     fn config_error(&self) -> Option<&(String, bool, byteexpress_verbs::Error)> {
-        self.refused.iter().find(|(_, hw, e)| {
-            *hw && matches!(e, byteexpress_verbs::Error::InvalidArgument(_))
-        })
+        self.refused
+            .iter()
+            .find(|(_, hw, e)| *hw && matches!(e, byteexpress_verbs::Error::InvalidArgument(_)))
     }
 
     fn has_hardware(&self) -> bool {
@@ -114,7 +114,10 @@ fn candidates(cfg: &Config) -> Result<(Vec<&'static Context>, String), Status> {
             "no RDMA device on this host".into()
         } else {
             let names: Vec<&str> = local.refused.iter().map(|(n, _, _)| n.as_str()).collect();
-            format!("no usable RDMA device ({} could not be opened)", names.join(", "))
+            format!(
+                "no usable RDMA device ({} could not be opened)",
+                names.join(", ")
+            )
         };
     } else if !local.has_hardware() {
         why = "no hardware RDMA device on this host".into();
@@ -416,7 +419,10 @@ pub(crate) async fn connect(
         if why.is_empty() && cfg.transport == TransportPref::Rdma && !cfg.allow_soft {
             let skipped = local_devices().usable.len() - local.len();
             if skipped > 0 {
-                why = format!("soft device not offered under {} with hardware present", who_set(cfg));
+                why = format!(
+                    "soft device not offered under {} with hardware present",
+                    who_set(cfg)
+                );
             }
         }
         tracing::info!(

@@ -73,7 +73,11 @@ async fn channel(addr: &str, path: Path3) -> Either<Channel, tonic::transport::C
         Path3::BxRdma => {
             let ch = bx(TransportPref::Rdma).await;
             if let Either::Bx(c) = &ch {
-                assert_eq!(c.transport(), rdma_here(), "negotiated transport and device");
+                assert_eq!(
+                    c.transport(),
+                    rdma_here(),
+                    "negotiated transport and device"
+                );
             }
             ch
         }

@@ -411,7 +411,8 @@ fn cdf(hist: &Histogram<u64>) -> Vec<(f64, f64)> {
 /// starts, and stopping drops the bench, whose child is killed on drop (`kill_on_drop`).
 pub async fn run_until_signal(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let handler = |kind| signal(kind).map_err(|e| BenchError::Failed(format!("signal handler: {e}")));
+    let handler =
+        |kind| signal(kind).map_err(|e| BenchError::Failed(format!("signal handler: {e}")));
     let mut term = handler(SignalKind::terminate())?;
     let mut int = handler(SignalKind::interrupt())?;
     tokio::select! {
@@ -562,7 +563,9 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
         finite(args.warmup),
         finite(args.push_ratio),
         transports.join(", "),
-        args.server.as_deref().map_or_else(|| "null".to_string(), json_str),
+        args.server
+            .as_deref()
+            .map_or_else(|| "null".to_string(), json_str),
     );
     let objs: Vec<String> = rows
         .iter()
@@ -682,7 +685,14 @@ mod tests {
             #[command(flatten)]
             b: BenchArgs,
         }
-        A::parse_from(["bench", "--server", "127.0.0.1:9", "--transports", "rdma,tcp"]).b
+        A::parse_from([
+            "bench",
+            "--server",
+            "127.0.0.1:9",
+            "--transports",
+            "rdma,tcp",
+        ])
+        .b
     }
 
     #[test]
@@ -694,7 +704,7 @@ mod tests {
             server_cpu_us: None,
             ..row()
         };
-        let t = table(&[other.clone()]);
+        let t = table(std::slice::from_ref(&other));
         assert!(t.lines().nth(1).unwrap().trim_end().ends_with('-'), "{t}");
         let j = json(&args(), &[row(), other]);
         assert!(j.contains("\"transport\": \"bx/rdma\""));
@@ -720,9 +730,21 @@ mod tests {
         plot(&[row(), tcp], &path).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
-        assert!(svg.contains("bx/rdma") && svg.contains("bx/tcp"), "labels missing");
+        assert!(
+            svg.contains("bx/rdma") && svg.contains("bx/tcp"),
+            "labels missing"
+        );
         assert!(svg.matches("<polyline").count() >= 2, "curves missing");
-        assert!(plot(&[Row { cdf: vec![], ..row() }], &path).is_err());
+        assert!(
+            plot(
+                &[Row {
+                    cdf: vec![],
+                    ..row()
+                }],
+                &path
+            )
+            .is_err()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

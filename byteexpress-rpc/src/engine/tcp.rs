@@ -112,11 +112,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
             f = r.read_frame() => f,
             _ = link.close_requested() => return,
         };
+        if let Ok(Some(f)) = &frame {
+            link.counters()
+                .metrics
+                .bytes_received
+                .increment(f.len() as u64);
+        }
         match frame {
-            Ok(Some(frame)) => match {
-                link.counters().metrics.bytes_received.increment(frame.len() as u64);
-                Incoming::parse(frame)
-            } {
+            Ok(Some(frame)) => match Incoming::parse(frame) {
                 Ok(msg) if msg.header.kind == Kind::Error => {
                     closer.close(peer_error(&msg));
                     return;

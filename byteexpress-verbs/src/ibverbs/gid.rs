@@ -60,9 +60,10 @@ pub(crate) fn select_on(
     forced: Option<&str>,
 ) -> Result<GidEntry> {
     select(entries, link_layer, forced).map_err(|e| match e {
-        Error::InvalidArgument(why) => {
-            Error::InvalidArgument(format!("{why} on {device}; valid entries: {}", valid_list(entries)))
-        }
+        Error::InvalidArgument(why) => Error::InvalidArgument(format!(
+            "{why} on {device}; valid entries: {}",
+            valid_list(entries)
+        )),
         other => other,
     })
 }
@@ -185,13 +186,22 @@ mod tests {
         let t = [e(0, LL, Some(2)), e(1, V4, Some(2))];
         let err = select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("99")).unwrap_err();
         let msg = err.to_string();
-        for part in ["BX_GID_INDEX=99", "rxe0", "0 (fe80::", "1 (::ffff:10.0.2.15, RoCE v2)"] {
+        for part in [
+            "BX_GID_INDEX=99",
+            "rxe0",
+            "0 (fe80::",
+            "1 (::ffff:10.0.2.15, RoCE v2)",
+        ] {
             assert!(msg.contains(part), "{part:?} missing from {msg:?}");
         }
-        let msg = select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("x")).unwrap_err().to_string();
+        let msg = select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("x"))
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("\"x\" is not a GID index on rxe0"), "{msg}");
         assert_eq!(
-            select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("1")).unwrap().index,
+            select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("1"))
+                .unwrap()
+                .index,
             1
         );
     }

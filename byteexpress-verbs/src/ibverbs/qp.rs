@@ -464,7 +464,12 @@ mod tests {
         let mask = M::IBV_QP_STATE | M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN;
         let msg = refused("ibv_modify_qp(RTR)", &attr_summary(&a, mask)).to_string();
         assert_eq!(msg.matches("ibv_modify_qp").count(), 1, "{msg}");
-        for part in ["ibv_modify_qp(RTR) refused", "path_mtu 1024", "dest_qp_num 0x11", "sgid_index 7"] {
+        for part in [
+            "ibv_modify_qp(RTR) refused",
+            "path_mtu 1024",
+            "dest_qp_num 0x11",
+            "sgid_index 7",
+        ] {
             assert!(msg.contains(part), "{part:?} missing from {msg:?}");
         }
     }

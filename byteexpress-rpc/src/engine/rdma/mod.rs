@@ -437,7 +437,9 @@ impl Engine {
             self.parts.window.cap(),
             std::sync::atomic::Ordering::Relaxed,
         );
-        self.counters.metrics.set_window_cap(self.parts.window.cap());
+        self.counters
+            .metrics
+            .set_window_cap(self.parts.window.cap());
         Ok(())
     }
 
