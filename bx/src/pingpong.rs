@@ -471,6 +471,9 @@ pub fn exchange_error(s: &TcpStream, e: &std::io::Error, what: &str) -> String {
         std::io::ErrorKind::UnexpectedEof => {
             format!("the peer closed the connection during the exchange of {what}")
         }
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted => {
+            format!("the peer closed the connection during the exchange of {what} (reset)")
+        }
         _ => format!("reading {what}: {e}"),
     }
 }
