@@ -168,8 +168,15 @@ impl ServerProc {
     /// Starts the server binary with `args` (e.g. `["--grant", "8"]`) and waits for its
     /// `LISTENING <addr>` line.
     pub async fn start(bin: &str, args: &[&str]) -> ServerProc {
+        Self::start_env(bin, args, &[]).await
+    }
+
+    /// [`ServerProc::start`] with `env` added to the server's environment (e.g.
+    /// `[("BX_GID_INDEX", "99")]`).
+    pub async fn start_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProc {
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
