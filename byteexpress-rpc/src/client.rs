@@ -211,7 +211,8 @@ impl Client {
         self.inner.current.lock().0.clone()
     }
 
-    /// The transport this connection's link negotiated.
+    /// The transport this connection's link negotiated, with the local device of an RDMA link
+    /// (shown as `rdma(rxe0)`, `rdma(soft0)` or `tcp`; DESIGN.md 3.5 has the choice rule).
     pub fn transport(&self) -> Transport {
         self.link().tx.transport()
     }

@@ -5,9 +5,11 @@
 //!   channel or the transport itself) and, when a local device reaches the peer, one RC QP.
 //!   Many logical connections ([`Client`]s) share it, each with its own `conn_id` in every
 //!   message header (the wire header of `DESIGN.md`).
-//! - Transport choice: `BX_TRANSPORT=auto|rdma|tcp` ([`Config::transport`]); auto takes the first
-//!   local device that reaches the peer (hardware before the soft device), else TCP. Every client
-//!   reports what it negotiated ([`Client::transport`]).
+//! - Transport choice: `BX_TRANSPORT=auto|rdma|rdma-any|tcp` ([`Config::transport`],
+//!   [`Config::allow_soft`]); auto takes the first local device that reaches the peer (hardware
+//!   before the soft device), else TCP; rdma takes hardware where the host has it. Every client
+//!   reports what it negotiated, device included ([`Client::transport`]: `rdma(rxe0)`).
+//! - Link and call events go to the `metrics` facade under the names of [`metrics`].
 //! - On RDMA, receiver credits (`byteexpress-flow`) keep every SEND matched by a posted receive;
 //!   messages larger than a chunk ([`Config::max_chunk`]) go as several SENDs, ordered among
 //!   logical connections by a fair scheduler and capped by a software window

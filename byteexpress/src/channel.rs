@@ -35,7 +35,7 @@ pub struct Channel {
 
 impl Channel {
     /// Connects to `uri` (`bx://host:port`) with [`Config::default`], which reads
-    /// `BX_TRANSPORT=auto|rdma|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
+    /// `BX_TRANSPORT=auto|rdma|rdma-any|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
     /// port, and whatever [`Client::connect`] reports (UNAVAILABLE, ...).
     pub async fn connect(uri: &str) -> Result<Channel, Status> {
         Channel::connect_with(uri, &Config::default()).await
@@ -54,7 +54,8 @@ impl Channel {
         Channel { client }
     }
 
-    /// The transport this channel's link negotiated.
+    /// The transport this channel's link negotiated, with the local device of an RDMA link
+    /// (shown as `rdma(rxe0)`, `rdma(soft0)` or `tcp`).
     pub fn transport(&self) -> Transport {
         self.client.transport()
     }
