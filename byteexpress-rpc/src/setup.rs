@@ -380,7 +380,7 @@ pub(crate) async fn connect(
                 )));
             }
             send(&mut w, &Hello::SelectTcp).await?;
-            tracing::info!(peer = addr, transport = "tcp", device = "-", why = %why, "link set up");
+            log_link(false, addr, "tcp", "-", &why);
             return Ok(tcp::spawn(r, w, cfg.max_message, dispatch));
         };
         let mut parts = build_rdma(ctx, cfg, cfg.recv_buf_size)?;
@@ -425,13 +425,7 @@ pub(crate) async fn connect(
                 );
             }
         }
-        tracing::info!(
-            peer = addr,
-            transport = "rdma",
-            device = ctx.name(),
-            why = if why.is_empty() { "-" } else { why.as_str() },
-            "link set up"
-        );
+        log_link(false, addr, "rdma", ctx.name(), &why);
         Ok(start_rdma(parts, r, w, dispatch, posted))
     };
     tokio::time::timeout(cfg.connect_timeout, fut)
@@ -442,6 +436,18 @@ pub(crate) async fn connect(
                 cfg.connect_timeout
             )))
         })
+}
+
+/// The one `info` line of a link set up: `link set up` on the client, `link accepted` on the
+/// server, with the peer, transport, device (`-` on TCP) and why a faster path was not taken
+/// (quoted; `"-"` when none was passed over).
+fn log_link(accepted: bool, peer: &str, transport: &str, device: &str, why: &str) {
+    let why = if why.is_empty() { "-" } else { why };
+    if accepted {
+        tracing::info!(%peer, %transport, %device, ?why, "link accepted");
+    } else {
+        tracing::info!(%peer, %transport, %device, ?why, "link set up");
+    }
 }
 
 /// First (local device, index of server device) pair whose probe succeeds.
@@ -522,7 +528,7 @@ pub(crate) async fn accept(
                 } else {
                     "the client chose TCP".into()
                 };
-                tracing::info!(peer = %peer, transport = "tcp", device = "-", why = %why, "link accepted");
+                log_link(true, &peer, "tcp", "-", &why);
                 Ok(None)
             }
             Hello::SelectRdma {
@@ -561,7 +567,7 @@ pub(crate) async fn accept(
                     endpoint: parts.qp.endpoint().to_bytes(),
                 };
                 send(&mut w, &accept).await?;
-                tracing::info!(peer = %peer, transport = "rdma", device = ctx.name(), why = "-", "link accepted");
+                log_link(true, &peer, "rdma", ctx.name(), "");
                 Ok(Some((parts, posted)))
             }
             Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),

@@ -515,7 +515,7 @@ fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
 /// The rows as an aligned text table.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<10} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}\n",
+        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}\n",
         "transport",
         "calls",
         "mean µs",
@@ -531,7 +531,7 @@ pub fn table(rows: &[Row]) -> String {
             .server_cpu_us
             .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         s += &format!(
-            "{:<10} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}\n",
+            "{:<16} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}\n",
             r.transport,
             r.calls,
             r.mean_us,
