@@ -635,6 +635,7 @@ pub fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
     chart
         .configure_mesh()
         .x_desc("latency (µs, log scale)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .y_desc("fraction of calls")
         .draw()
         .map_err(|x| e(&x))?;
