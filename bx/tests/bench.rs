@@ -244,7 +244,7 @@ fn bench_drives_a_separately_started_server_while_both_serve_prometheus_metrics(
         ],
         LIMIT,
     );
-    assert!(server.contains("transport=rdma"), "{server}");
+    assert!(server.contains("transport=\"rdma\""), "{server}");
 
     let f = finish(bench, LIMIT);
     let _ = serve.kill();
