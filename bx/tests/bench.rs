@@ -353,3 +353,37 @@ fn forcing_rdma_where_no_device_exists_names_what_the_user_set() {
     );
     assert!(!f.stderr.contains("BX_TRANSPORT"), "{}", f.both());
 }
+
+/// On a terminal (a pty from util-linux's `script`) the bench draws its progress bar on
+/// stderr, with the transport running and the share of the bench done.
+#[test]
+fn a_terminal_gets_a_progress_bar() {
+    let mut cmd = format!("{BX} ps bench --transports tcp --duration 1 --warmup 0");
+    for a in SMALL {
+        cmd += " ";
+        cmd += a;
+    }
+    let f = finish(spawn("script", &["-qfec", &cmd, "/dev/null"]), LIMIT);
+    assert!(f.status.success(), "{}", f.both());
+    let out = f.stdout.replace('\r', "\n");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("bx ps bench   tcp [") && l.contains("%")),
+        "no progress bar: {out}"
+    );
+    // without a terminal (the other tests' pipes) there is none
+    let mut args = vec![
+        "ps",
+        "bench",
+        "--transports",
+        "tcp",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0",
+    ];
+    args.extend_from_slice(SMALL);
+    let f = finish(spawn(BX, &args), LIMIT);
+    assert!(f.status.success(), "{}", f.both());
+    assert!(!f.stderr.contains("bx ps bench   tcp ["), "{}", f.both());
+}
