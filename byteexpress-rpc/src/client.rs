@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
+use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
 use crate::wire::header::Kind;
@@ -42,10 +43,37 @@ type CallKey = (u32, u64);
 type Pending = oneshot::Sender<Result<Response, Status>>;
 
 /// The calls waiting on one link.
-#[derive(Default)]
 struct Calls {
     pending: Mutex<HashMap<CallKey, Pending>>,
     closed: Mutex<Option<Status>>,
+    /// Woken when the link closes ([`Client::link_closed`]).
+    gone: tokio::sync::Notify,
+    budget: MemoryBudget,
+    /// One permit per call the server runs at once on this link (HELLO_ACK's
+    /// `max_concurrent_calls`, added once set-up is done); a call holds one from before it is
+    /// sent until it is answered or given up. Closed with the link.
+    slots: Arc<Semaphore>,
+}
+
+impl Calls {
+    fn new(cfg: &Config) -> Self {
+        Calls {
+            pending: Mutex::default(),
+            closed: Mutex::default(),
+            gone: tokio::sync::Notify::new(),
+            budget: client_budget(cfg),
+            slots: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+/// The process's budget for answers in transit ([`Config::memory_budget`] of the first link
+/// set up).
+fn client_budget(cfg: &Config) -> MemoryBudget {
+    static BUDGET: std::sync::OnceLock<MemoryBudget> = std::sync::OnceLock::new();
+    BUDGET
+        .get_or_init(|| MemoryBudget::new(cfg.memory_budget))
+        .clone()
 }
 
 impl Dispatch for Calls {
@@ -63,9 +91,27 @@ impl Dispatch for Calls {
 
     fn closed(&self, why: Status) {
         *self.closed.lock() = Some(why.clone());
+        self.gone.notify_waiters();
+        self.slots.close();
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
             let _ = tx.send(Err(why.clone()));
+        }
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn calls_in_flight(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if h.kind == Kind::Response
+            && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))
+        {
+            let _ = tx.send(Err(why));
         }
     }
 }
@@ -118,6 +164,8 @@ struct Conn {
     current: Mutex<(Arc<ClientLink>, u32)>,
     /// Held while a new link is set up, so concurrent calls reconnect once.
     reconnecting: tokio::sync::Mutex<()>,
+    /// Whether this connection's links come from the process registry (shared) or are its own.
+    shared: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -131,7 +179,16 @@ impl std::fmt::Debug for Client {
 }
 
 /// A logical connection on the process's live link to `addr`, setting one up if needed.
-async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), Status> {
+async fn open_conn(
+    addr: &str,
+    cfg: &Config,
+    shared: bool,
+) -> Result<(Arc<ClientLink>, u32), Status> {
+    if !shared {
+        let link = new_link(addr, cfg).await?;
+        let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
+        return Ok((link, conn_id));
+    }
     let key = format!(
         "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
         cfg.transport,
@@ -150,21 +207,29 @@ async fn open_conn(addr: &str, cfg: &Config) -> Result<(Arc<ClientLink>, u32), S
     let link = match links.get(&key).and_then(Weak::upgrade) {
         Some(l) if !l.tx.is_closed() => l,
         _ => {
-            let calls = Arc::new(Calls::default());
-            let tx = crate::setup::connect(addr, cfg, calls.clone()).await?;
-            tracing::debug!(addr, transport = %tx.transport(), "link up");
-            let l = Arc::new(ClientLink {
-                tx,
-                calls,
-                next_conn: AtomicU32::new(1),
-                next_call: AtomicU64::new(1),
-            });
+            let l = new_link(addr, cfg).await?;
             links.insert(key, Arc::downgrade(&l));
             l
         }
     };
     let conn_id = link.next_conn.fetch_add(1, Ordering::Relaxed);
     Ok((link, conn_id))
+}
+
+/// Sets up a new link to `addr` (HELLO, transport choice, QP handshake).
+async fn new_link(addr: &str, cfg: &Config) -> Result<Arc<ClientLink>, Status> {
+    let calls = Arc::new(Calls::new(cfg));
+    let (tx, max_calls) = crate::setup::connect(addr, cfg, calls.clone()).await?;
+    calls
+        .slots
+        .add_permits((max_calls as usize).min(Semaphore::MAX_PERMITS));
+    tracing::debug!(addr, transport = %tx.transport(), max_calls, "link up");
+    Ok(Arc::new(ClientLink {
+        tx,
+        calls,
+        next_conn: AtomicU32::new(1),
+        next_call: AtomicU64::new(1),
+    }))
 }
 
 fn registry() -> &'static tokio::sync::Mutex<HashMap<String, Weak<ClientLink>>> {
@@ -179,15 +244,50 @@ impl Client {
     /// Errors: UNAVAILABLE when the server cannot be reached, refuses, or `BX_TRANSPORT=rdma`
     /// finds no RDMA path.
     pub async fn connect(addr: &str, cfg: &Config) -> Result<Client, Status> {
-        let current = open_conn(addr, cfg).await?;
+        Client::open(addr, cfg, true).await
+    }
+
+    /// Like [`Client::connect`], but on a link of this client's own, outside the process
+    /// registry: every call of `connect_unshared` sets up a distinct link (its own TCP
+    /// connection and QP), and so does every reconnection of the returned client. This is how
+    /// a test gets several links to one server; a [`ReplicaSet`](crate::ReplicaSet) gives each
+    /// endpoint one this way. Errors: as [`Client::connect`].
+    pub async fn connect_unshared(addr: &str, cfg: &Config) -> Result<Client, Status> {
+        Client::open(addr, cfg, false).await
+    }
+
+    async fn open(addr: &str, cfg: &Config, shared: bool) -> Result<Client, Status> {
+        let current = open_conn(addr, cfg, shared).await?;
         Ok(Client {
             inner: Arc::new(Conn {
                 addr: addr.to_string(),
                 cfg: cfg.clone(),
                 current: Mutex::new(current),
                 reconnecting: tokio::sync::Mutex::new(()),
+                shared,
             }),
         })
+    }
+
+    /// Whether this connection's current link is closed (server gone, QP error); the next
+    /// call would set up a new one.
+    pub fn is_closed(&self) -> bool {
+        let link = self.link();
+        link.tx.is_closed() || link.calls.closed.lock().is_some()
+    }
+
+    /// Resolves when this connection's current link closes (at once if it is closed).
+    pub async fn link_closed(&self) {
+        let link = self.link();
+        loop {
+            let gone = link.calls.gone.notified();
+            tokio::pin!(gone);
+            gone.as_mut().enable();
+            if link.tx.is_closed() || link.calls.closed.lock().is_some() {
+                return;
+            }
+            gone.await;
+        }
     }
 
     /// The live link and connection id, setting up a new link if the current one is closed.
@@ -202,7 +302,7 @@ impl Client {
             return Ok(cur); // another call reconnected meanwhile
         }
         tracing::info!(addr = self.inner.addr, "link closed; reconnecting");
-        let fresh = open_conn(&self.inner.addr, &self.inner.cfg).await?;
+        let fresh = open_conn(&self.inner.addr, &self.inner.cfg, self.inner.shared).await?;
         *self.inner.current.lock() = fresh.clone();
         Ok(fresh)
     }
@@ -229,10 +329,13 @@ impl Client {
         self.link().tx.stats()
     }
 
-    /// Makes a unary call. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
+    /// Makes a unary call. A call beyond the server's concurrency limit on the link
+    /// ([`Config::max_concurrent_calls`], announced at set-up) waits here first; that wait counts
+    /// against `req.timeout`. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`
     /// passes (the server is told to cancel the handler); UNAVAILABLE when the link fails;
     /// RESOURCE_EXHAUSTED when the request is larger than [`Client::max_message`]. Dropping
-    /// the future cancels the call on the server too.
+    /// the future cancels the call on the server too. The deadline bounds everything done for
+    /// the call, setting up a new link included (DEADLINE_EXCEEDED when set-up outlasts it).
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
         let t0 = std::time::Instant::now();
         let method = req.method.clone();
@@ -243,11 +346,47 @@ impl Client {
     }
 
     async fn call_once(&self, req: Request) -> Result<Response, Status> {
-        let (link, conn_id) = self.current().await?;
+        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        let (link, conn_id) = match deadline {
+            Some(d) => tokio::time::timeout_at(d, self.current())
+                .await
+                .map_err(|_| {
+                    Status::new(
+                        Code::DeadlineExceeded,
+                        format!(
+                            "deadline of {:?} exceeded while setting up a link",
+                            req.timeout.unwrap_or_default()
+                        ),
+                    )
+                })??,
+            None => self.current().await?,
+        };
         let link = &*link;
         if let Some(why) = link.calls.closed.lock().clone() {
             return Err(why);
         }
+        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        let slot = link.calls.slots.clone().acquire_owned();
+        let _slot = match deadline {
+            Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| {
+                Status::new(
+                    Code::DeadlineExceeded,
+                    format!(
+                        "deadline of {:?} exceeded while queued behind the server's limit of \
+                         concurrent calls",
+                        req.timeout.unwrap_or_default()
+                    ),
+                )
+            })?,
+            None => slot.await,
+        }
+        .map_err(|_| {
+            link.calls
+                .closed
+                .lock()
+                .clone()
+                .unwrap_or_else(|| Status::new(Code::Unavailable, "link closed"))
+        })?;
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
         let key = (conn_id, call_id);
         let mut out = Outgoing::new(
@@ -258,9 +397,10 @@ impl Client {
             &req.metadata,
             req.body,
         );
-        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
-        if let Some(t) = req.timeout {
-            out.header.timeout_us = (t.as_micros() as u64).max(1);
+        if let Some(d) = deadline {
+            // what is left after queueing
+            let left = d.saturating_duration_since(tokio::time::Instant::now());
+            out.header.timeout_us = (left.as_micros() as u64).max(1);
         }
         let (tx, rx) = oneshot::channel();
         link.calls.pending.lock().insert(key, tx);

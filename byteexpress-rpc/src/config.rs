@@ -59,6 +59,44 @@ pub struct Config {
     pub busy_poll: Duration,
     /// Time allowed for TCP connect plus link set-up (default 5 s).
     pub connect_timeout: Duration,
+    /// Server: time a new connection has to send its whole protocol preface (default 10 s):
+    /// the 8-byte [`CONN_MAGIC`](crate::CONN_MAGIC), or, on the facade's shared port, the 24
+    /// bytes of the HTTP/2 client preface. Waited for by socket readiness, never polled. A
+    /// connection that has not sent it in time is closed.
+    pub detect_timeout: Duration,
+    /// Server: time the client has to finish set-up after its preface: HELLO, the transport
+    /// choice and the QP handshake (default 5 s). A connection that has not finished in time
+    /// is closed (UNAVAILABLE "set-up timed out").
+    pub handshake_timeout: Duration,
+    /// Server: most connections held at once, in any state (default 16,384). A connection
+    /// beyond it is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Server: most connections held at once from one remote IP address (default 1,024: the
+    /// project's tests open up to 500 from 127.0.0.1). Beyond it, closed when accepted.
+    pub max_connections_per_addr: usize,
+    /// Bytes that messages still in transit may hold, across all links of a server (for
+    /// clients: of the process, fixed by the first link's setting): partly received TCP frames
+    /// larger than 64 KiB and the buffers of messages reassembled from RDMA chunks, charged
+    /// their whole size when their first bytes arrive (default 256 MiB). A message that does not fit is never
+    /// buffered: its bytes are dropped as they arrive and the call fails RESOURCE_EXHAUSTED.
+    pub memory_budget: usize,
+    /// Server: most calls it runs at once on one link (default 1,024; at least 1). Announced
+    /// to the client in HELLO_ACK, as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: the client
+    /// queues calls beyond it (the wait counts against each call's deadline), and the server
+    /// answers a call over it with RESOURCE_EXHAUSTED without running it.
+    pub max_concurrent_calls: u32,
+    /// Keepalive, as gRPC's `keepalive_time`: when nothing has arrived on a link for this long,
+    /// a PING goes to the peer (default 30 s; zero = no pings). On a TCP link it is a message;
+    /// on an RDMA link, a frame on its TCP control connection.
+    pub keepalive_interval: Duration,
+    /// Keepalive, as gRPC's `keepalive_timeout`: a PING with nothing heard back (its PONG or
+    /// any message) within this long closes the link as dead, its calls fail UNAVAILABLE
+    /// (default 20 s).
+    pub keepalive_timeout: Duration,
+    /// A link with no call in flight on which nothing at all arrived for this long (no
+    /// message, chunk, PING or PONG) is closed (default 5 min; zero = never). A peer that
+    /// answers keepalive pings, or an RDMA link whose QP carries messages, is never idle.
+    pub idle_timeout: Duration,
     /// Lets `transport = Rdma` take the userspace soft device (`soft0`) even when a hardware
     /// device exists (default false; `BX_TRANSPORT=rdma-any` sets it). `auto` always may,
     /// after the hardware devices.
@@ -80,6 +118,15 @@ impl Default for Config {
             sched: SchedMode::Fair,
             busy_poll: Duration::ZERO,
             connect_timeout: Duration::from_secs(5),
+            detect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: 16_384,
+            max_connections_per_addr: 1024,
+            memory_budget: 256 << 20,
+            max_concurrent_calls: 1024,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(300),
             allow_soft: allow_soft_from_env(),
         }
     }

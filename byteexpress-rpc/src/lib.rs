@@ -21,6 +21,9 @@
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
+pub mod accept;
+pub mod balance;
+mod budget;
 mod client;
 mod config;
 mod engine;
@@ -44,6 +47,7 @@ pub mod test_hooks;
 #[cfg(not(feature = "test-hooks"))]
 mod test_hooks;
 
+pub use balance::{BalanceConfig, CallOptions, Policy, ReplicaSet};
 pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
 pub use config::{Config, SchedMode, parse_transport, transport_from_env};

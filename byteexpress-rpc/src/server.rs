@@ -14,6 +14,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
+use crate::accept::ConnSlot;
+use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
 use crate::wire::CONN_MAGIC;
@@ -65,6 +67,8 @@ where
 pub struct Server {
     service: Arc<dyn Service>,
     cfg: Config,
+    /// [`Config::memory_budget`], shared by all links of this server.
+    budget: MemoryBudget,
 }
 
 impl std::fmt::Debug for Server {
@@ -73,25 +77,27 @@ impl std::fmt::Debug for Server {
     }
 }
 
-/// Time a new connection has to send its first 8 bytes.
-const MAGIC_TIMEOUT: Duration = Duration::from_secs(10);
-
 impl Server {
     /// A server of `service` with `cfg` (its `transport` pins what the server accepts).
     pub fn new(service: impl Service, cfg: Config) -> Self {
         Server {
             service: Arc::new(service),
+            budget: MemoryBudget::new(cfg.memory_budget),
             cfg,
         }
     }
 
-    /// Accepts connections until the listener fails.
+    /// Accepts connections for as long as the process runs: accept errors (EMFILE, ENFILE,
+    /// ENOMEM, ECONNABORTED, ...) are logged at most once a second and retried, and the
+    /// connection caps of the [`Config`] apply ([`crate::accept::Acceptor`]). Returns only if
+    /// the future is dropped; the `Result` is kept for callers that `?` it.
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        let mut acceptor = crate::accept::Acceptor::new(listener, &self.cfg);
         loop {
-            let (stream, peer) = listener.accept().await?;
+            let (stream, peer, slot) = acceptor.accept().await;
             let this = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = this.serve_connection(stream).await {
+                if let Err(e) = this.serve_connection_held(stream, Some(slot)).await {
                     tracing::info!(%peer, "connection ended: {e}");
                 }
             });
@@ -99,11 +105,22 @@ impl Server {
     }
 
     /// Serves one connection: checks the ByteExpress [`CONN_MAGIC`] (anything else gets an ERROR
-    /// message and a close), then runs set-up and the link.
-    pub async fn serve_connection(&self, mut stream: TcpStream) -> Result<(), Status> {
+    /// message and a close; nothing within [`Config::detect_timeout`], a close), then runs
+    /// set-up and the link.
+    pub async fn serve_connection(&self, stream: TcpStream) -> Result<(), Status> {
+        self.serve_connection_held(stream, None).await
+    }
+
+    /// [`Server::serve_connection`], holding `slot` (its place under the connection caps)
+    /// until the connection closes.
+    async fn serve_connection_held(
+        &self,
+        mut stream: TcpStream,
+        slot: Option<ConnSlot>,
+    ) -> Result<(), Status> {
         let mut magic = [0u8; 8];
-        match tokio::time::timeout(MAGIC_TIMEOUT, stream.read_exact(&mut magic)).await {
-            Ok(Ok(_)) if magic == CONN_MAGIC => self.serve_after_magic(stream).await,
+        match tokio::time::timeout(self.cfg.detect_timeout, stream.read_exact(&mut magic)).await {
+            Ok(Ok(_)) if magic == CONN_MAGIC => self.serve_after_magic_held(stream, slot).await,
             Ok(Ok(_)) => {
                 let why = Status::new(Code::Unavailable, "not a ByteExpress connection");
                 reject(&mut stream, &why).await;
@@ -117,9 +134,22 @@ impl Server {
     /// Serves a connection whose first 8 bytes were [`CONN_MAGIC`] and have been read (for
     /// front ends that tell protocols apart by the first bytes).
     pub async fn serve_after_magic(&self, stream: TcpStream) -> Result<(), Status> {
+        self.serve_after_magic_held(stream, None).await
+    }
+
+    /// [`Server::serve_after_magic`], holding `slot` (the connection's place under the caps of
+    /// an [`Acceptor`](crate::accept::Acceptor)) for as long as the link lives.
+    pub async fn serve_after_magic_held(
+        &self,
+        stream: TcpStream,
+        slot: Option<ConnSlot>,
+    ) -> Result<(), Status> {
         let dispatch = Arc::new(Handlers {
             service: self.service.clone(),
             running: Arc::default(),
+            max_calls: self.cfg.max_concurrent_calls.max(1) as usize,
+            budget: self.budget.clone(),
+            _slot: slot,
         });
         let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
         tracing::debug!(transport = %link.transport(), "link accepted");
@@ -148,6 +178,12 @@ async fn reject(stream: &mut TcpStream, why: &Status) {
 struct Handlers {
     service: Arc<dyn Service>,
     running: Arc<Mutex<HashMap<(u32, u64), AbortHandle>>>,
+    /// [`Config::max_concurrent_calls`]: more handlers than this on the link are refused.
+    max_calls: usize,
+    budget: MemoryBudget,
+    /// The connection's place under the connection caps, freed when the link's engine drops
+    /// its dispatch (the link is gone).
+    _slot: Option<ConnSlot>,
 }
 
 impl Dispatch for Handlers {
@@ -169,6 +205,28 @@ impl Dispatch for Handlers {
         tracing::debug!(%why, "link closed; cancelling its handlers");
         for (_, h) in self.running.lock().drain() {
             h.abort();
+        }
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn calls_in_flight(&self) -> usize {
+        self.running.lock().len()
+    }
+
+    fn refused(&self, link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
+        if h.kind == Kind::Request {
+            let _ = link.send(Outgoing::status(
+                Kind::Response,
+                h.conn_id,
+                h.call_id,
+                why.code,
+                &why.message,
+                &Metadata::new(),
+                Bytes::new(),
+            ));
         }
     }
 }
@@ -200,11 +258,29 @@ impl Handlers {
             transport: link.transport(),
             conn_id: key.0,
         };
+        // Held across the check, spawn and insert, so the task's own removal (below) comes
+        // after the insert.
+        let mut map = self.running.lock();
+        if map.len() >= self.max_calls {
+            drop(map);
+            tracing::debug!(?key, "call over the link's concurrency limit refused");
+            let _ = link.send(Outgoing::status(
+                Kind::Response,
+                key.0,
+                key.1,
+                Code::ResourceExhausted,
+                &format!(
+                    "more than the {} concurrent calls this server runs per link",
+                    self.max_calls
+                ),
+                &Metadata::new(),
+                Bytes::new(),
+            ));
+            return;
+        }
         let fut = self.service.call(req);
         let link = link.clone();
         let running = self.running.clone();
-        // Held across spawn and insert, so the task's own removal (below) comes after the insert.
-        let mut map = self.running.lock();
         let handle = tokio::spawn(async move {
             let result = match deadline {
                 Some(d) => tokio::time::timeout_at(d, fut).await.unwrap_or_else(|_| {
@@ -215,6 +291,9 @@ impl Handlers {
                 }),
                 None => fut.await,
             };
+            // Off the count before the answer leaves, so the client's next call (sent when
+            // this answer arrives) finds the place free.
+            running.lock().remove(&key);
             let msg = match result {
                 Ok(r) => Outgoing::new(Kind::Response, key.0, key.1, "", &r.metadata, r.body),
                 Err(s) => Outgoing::status(
@@ -241,7 +320,6 @@ impl Handlers {
                     Bytes::new(),
                 ));
             }
-            running.lock().remove(&key);
         });
         map.insert(key, handle.abort_handle());
     }

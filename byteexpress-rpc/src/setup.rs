@@ -23,10 +23,11 @@ use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCa
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use crate::engine::keepalive::{self, Liveness};
 use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, tcp};
 use crate::wire::CONN_MAGIC;
-use crate::wire::header::HEADER_LEN;
+use crate::wire::header::{HEADER_LEN, Kind};
 use crate::wire::hello::{HELLO_VERSION, Hello, TransportPref};
 use crate::{Code, Config, Status};
 
@@ -266,11 +267,14 @@ fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
         .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
 }
 
-/// Keeps the TCP control connection of an RDMA link: reports its end through the returned
-/// receiver and closes it when the link closes.
+/// Keeps the TCP control connection of an RDMA link: answers the peer's PINGs, sends its own
+/// and watches the link's liveness (`live`, [`keepalive`]), reports its end through the
+/// returned receiver and closes it when the link closes.
 fn spawn_control(
     mut r: Reader,
     mut w: Writer,
+    live: Liveness,
+    dispatch: Arc<dyn Dispatch>,
 ) -> (
     tokio::sync::oneshot::Receiver<Status>,
     tokio::sync::oneshot::Sender<LinkTx>,
@@ -279,16 +283,40 @@ fn spawn_control(
     let (link_tx, link_rx) = tokio::sync::oneshot::channel::<LinkTx>();
     tokio::spawn(async move {
         let Ok(link) = link_rx.await else { return };
-        let why = tokio::select! {
-            f = r.read_frame() => match f {
-                Ok(Some(frame)) => match crate::message::Incoming::parse(frame) {
-                    Ok(msg) => tcp::peer_error(&msg),
-                    Err(e) => unavailable(format!("control channel: {e}")),
+        let (ping_tx, mut ping_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let watcher = keepalive::watch(&link, live, &*dispatch, move |n| {
+            let _ = ping_tx.send(n);
+        });
+        tokio::pin!(watcher);
+        let why = loop {
+            let reply = tokio::select! {
+                f = r.read_frame() => match f {
+                    Ok(Some(frame)) => match crate::message::Incoming::parse(frame) {
+                        Ok(msg) if msg.header.kind == Kind::Ping => {
+                            link.touch();
+                            tcp::control(Kind::Pong, msg.header.call_id)
+                        }
+                        Ok(msg) if msg.header.kind == Kind::Pong => {
+                            link.touch();
+                            continue;
+                        }
+                        Ok(msg) => break tcp::peer_error(&msg),
+                        Err(e) => break unavailable(format!("control channel: {e}")),
+                    },
+                    Ok(None) => break unavailable("peer closed the control connection"),
+                    Err(e) => break unavailable(format!("control connection: {e}")),
                 },
-                Ok(None) => unavailable("peer closed the control connection"),
-                Err(e) => unavailable(format!("control connection: {e}")),
-            },
-            _ = link.close_requested() => unavailable("link closed"),
+                Some(n) = ping_rx.recv() => tcp::control(Kind::Ping, n),
+                why = &mut watcher => break why,
+                _ = link.close_requested() => break unavailable("link closed"),
+            };
+            let h = reply.final_header().encode();
+            if let Err(e) = w.write_frame(&[&h]).await {
+                break unavailable(format!("control connection: {e}"));
+            }
+            if let Err(e) = w.flush().await {
+                break unavailable(format!("control connection: {e}"));
+            }
         };
         let _ = dead_tx.send(why);
         let _ = w.shutdown().await;
@@ -298,12 +326,12 @@ fn spawn_control(
 
 fn start_rdma(
     parts: RdmaParts,
-    r: Reader,
-    w: Writer,
+    (r, w): (Reader, Writer),
     dispatch: Arc<dyn Dispatch>,
     posted: rdma::Posted,
+    live: Liveness,
 ) -> LinkTx {
-    let (dead, give_link) = spawn_control(r, w);
+    let (dead, give_link) = spawn_control(r, w, live, dispatch.clone());
     let link = rdma::spawn(parts, posted, dispatch, dead);
     let _ = give_link.send(link.clone());
     link
@@ -318,14 +346,16 @@ fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
     (FrameReader::new(r, fc), FrameWriter::new(w, fc))
 }
 
-/// Client side: connects to `addr`, negotiates, starts the engine.
+/// Client side: connects to `addr`, negotiates, starts the engine. Returns the link and the
+/// most calls the server runs at once on it (HELLO_ACK's `max_concurrent_calls`).
 pub(crate) async fn connect(
     addr: &str,
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
-) -> Result<LinkTx, Status> {
+) -> Result<(LinkTx, u32), Status> {
     // Device choice comes first: a configuration error makes no connection at all.
     let (local, mut why) = candidates(cfg)?;
+    let mut max_calls = 1;
     let fut = async {
         let mut stream = TcpStream::connect(addr)
             .await
@@ -347,11 +377,14 @@ pub(crate) async fn connect(
         )
         .await?;
         let Hello::HelloAck {
-            devices: remote, ..
+            devices: remote,
+            max_concurrent_calls,
+            ..
         } = recv(&mut r).await?
         else {
             return Err(unavailable("set-up: expected HELLO_ACK"));
         };
+        max_calls = max_concurrent_calls;
         let chosen = pick_device(&local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
             if why.is_empty() {
@@ -381,7 +414,13 @@ pub(crate) async fn connect(
             }
             send(&mut w, &Hello::SelectTcp).await?;
             log_link(false, addr, "tcp", "-", &why);
-            return Ok(tcp::spawn(r, w, cfg.max_message, dispatch));
+            return Ok(tcp::spawn(
+                r,
+                w,
+                cfg.max_message,
+                dispatch,
+                Liveness::from_config(cfg),
+            ));
         };
         let mut parts = build_rdma(ctx, cfg, cfg.recv_buf_size)?;
         let endpoint = parts.qp.endpoint().to_bytes();
@@ -426,16 +465,23 @@ pub(crate) async fn connect(
             }
         }
         log_link(false, addr, "rdma", ctx.name(), &why);
-        Ok(start_rdma(parts, r, w, dispatch, posted))
+        Ok(start_rdma(
+            parts,
+            (r, w),
+            dispatch,
+            posted,
+            Liveness::from_config(cfg),
+        ))
     };
-    tokio::time::timeout(cfg.connect_timeout, fut)
+    let link = tokio::time::timeout(cfg.connect_timeout, fut)
         .await
         .unwrap_or_else(|_| {
             Err(unavailable(format!(
                 "connect {addr}: set-up timed out after {:?}",
                 cfg.connect_timeout
             )))
-        })
+        })?;
+    Ok((link, max_calls))
 }
 
 /// The one `info` line of a link set up: `link set up` on the client, `link accepted` on the
@@ -507,6 +553,7 @@ pub(crate) async fn accept(
             &mut w,
             &Hello::HelloAck {
                 version: HELLO_VERSION,
+                max_concurrent_calls: cfg.max_concurrent_calls.max(1),
                 devices,
             },
         )
@@ -574,9 +621,21 @@ pub(crate) async fn accept(
             _ => Err(unavailable("set-up: expected SELECT")),
         }
     };
-    match tokio::time::timeout(cfg.connect_timeout, fut).await {
-        Ok(Ok(None)) => Ok(tcp::spawn(r, w, cfg.max_message, dispatch)),
-        Ok(Ok(Some((parts, posted)))) => Ok(start_rdma(parts, r, w, dispatch, posted)),
+    match tokio::time::timeout(cfg.handshake_timeout, fut).await {
+        Ok(Ok(None)) => Ok(tcp::spawn(
+            r,
+            w,
+            cfg.max_message,
+            dispatch,
+            Liveness::from_config(cfg),
+        )),
+        Ok(Ok(Some((parts, posted)))) => Ok(start_rdma(
+            parts,
+            (r, w),
+            dispatch,
+            posted,
+            Liveness::from_config(cfg),
+        )),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(unavailable("set-up timed out")),
     }

@@ -26,6 +26,6 @@ mod writer;
 
 pub use config::{DEFAULT_MAX_FRAME, FrameConfig, HEADER_LEN};
 pub use error::FrameError;
-pub use reader::FrameReader;
+pub use reader::{Frame, FrameReader};
 pub use tcp::{connect, split};
 pub use writer::FrameWriter;

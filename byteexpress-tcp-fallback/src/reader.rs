@@ -20,6 +20,34 @@ pub struct FrameReader<R> {
     inner: R,
     buf: BytesMut,
     max_frame: usize,
+    /// The buffered frame's announced length was admitted (by [`FrameReader::read_frame_admit`]).
+    admitted: bool,
+    /// A refused frame: its head is being collected (`Some(head_len)`), then its remaining
+    /// bytes are dropped as they arrive (`skip`).
+    refused: Option<Refusal>,
+    skip: usize,
+}
+
+/// A frame refused by the admission check, while its head is read.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    len: usize,
+    head_len: usize,
+}
+
+/// What [`FrameReader::read_frame_admit`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A whole frame's payload.
+    Whole(Bytes),
+    /// A frame whose announced length the admission check refused: only its first bytes are
+    /// kept (`head`); the rest is dropped as it arrives, never buffered whole.
+    Refused {
+        /// The payload's first `min(head_len, len)` bytes.
+        head: Bytes,
+        /// The payload length the frame announced (bytes).
+        len: usize,
+    },
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -29,6 +57,92 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             inner,
             buf: BytesMut::with_capacity(MIN_READ),
             max_frame: cfg.max_frame,
+            admitted: false,
+            refused: None,
+            skip: 0,
+        }
+    }
+
+    /// Reads the next frame as [`FrameReader::read_frame`] does, but asks `admit(len)` once per
+    /// frame, as soon as its length is known and before any room is reserved for it. A refused
+    /// frame is returned as [`Frame::Refused`] once its first `head_len` bytes are in; its other
+    /// bytes are then read and dropped (in reads of at most 8 KiB) before the next frame. Used
+    /// to keep the memory that peers' partial frames hold within a budget.
+    ///
+    /// # Errors
+    /// As [`FrameReader::read_frame`].
+    ///
+    /// # Cancellation
+    /// Cancel-safe: the admission decision and the bytes read stay with the reader, and
+    /// `admit` is not asked again for the same frame.
+    pub async fn read_frame_admit(
+        &mut self,
+        head_len: usize,
+        mut admit: impl FnMut(usize) -> bool,
+    ) -> Result<Option<Frame>, FrameError> {
+        loop {
+            // drop what is left of a refused frame
+            while self.skip > 0 {
+                if self.buf.is_empty() {
+                    self.buf.reserve(MIN_READ);
+                    if self.inner.read_buf(&mut self.buf).await? == 0 {
+                        return Err(FrameError::Truncated {
+                            expected: self.skip as u64,
+                            received: 0,
+                        });
+                    }
+                }
+                let n = self.skip.min(self.buf.len());
+                self.buf.advance(n);
+                self.skip -= n;
+            }
+            if let Some(r) = self.refused {
+                if self.buf.len() >= r.head_len {
+                    let head = self.buf.split_to(r.head_len).freeze();
+                    self.refused = None;
+                    self.skip = r.len - r.head_len;
+                    return Ok(Some(Frame::Refused { head, len: r.len }));
+                }
+            } else if let Some(len) = self.announced_len()? {
+                if !self.admitted {
+                    if admit(len) {
+                        self.admitted = true;
+                    } else {
+                        self.buf.advance(HEADER_LEN);
+                        self.refused = Some(Refusal {
+                            len,
+                            head_len: head_len.min(len),
+                        });
+                        continue;
+                    }
+                }
+                if self.buf.len() >= HEADER_LEN + len {
+                    self.admitted = false;
+                    self.buf.advance(HEADER_LEN);
+                    return Ok(Some(Frame::Whole(self.buf.split_to(len).freeze())));
+                }
+            }
+            let needed = match self.refused {
+                Some(r) => r.head_len,
+                None => match self.announced_len()? {
+                    Some(len) => HEADER_LEN + len,
+                    None => HEADER_LEN,
+                },
+            };
+            let missing = needed.saturating_sub(self.buf.len());
+            let want = missing.max(MIN_READ);
+            if self.buf.capacity() - self.buf.len() < want {
+                self.buf.reserve(want);
+            }
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                if self.buf.is_empty() && self.refused.is_none() {
+                    return Ok(None);
+                }
+                return Err(FrameError::Truncated {
+                    expected: needed as u64,
+                    received: self.buf.len(),
+                });
+            }
         }
     }
 

@@ -28,9 +28,23 @@ use byteexpress_rpc::BoxFuture;
 /// [`Client::max_message`], ...). Streaming requests are sent once their body has ended.
 ///
 /// Cloning is cheap and shares the connection.
+///
+/// A channel over a service's replicas (`connect_lazy`, `balance_list`, `from_dns`,
+/// `from_replica_set`: see `replicas.rs`) balances its calls over a
+/// [`ReplicaSet`](crate::ReplicaSet); its `poll_ready` is Pending while no endpoint is ready
+/// (see [`Channel::wait_for_ready`] for the one exception), never an error.
 #[derive(Debug, Clone)]
 pub struct Channel {
-    client: Client,
+    pub(crate) target: Target,
+}
+
+/// What a [`Channel`] sends its calls to.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// One address's logical connection.
+    One(Client),
+    /// A replica set, and whether calls wait for a ready endpoint by default.
+    Set(byteexpress_rpc::ReplicaSet, bool),
 }
 
 impl Channel {
@@ -45,29 +59,43 @@ impl Channel {
     pub async fn connect_with(uri: &str, cfg: &Config) -> Result<Channel, Status> {
         let addr = parse_uri(uri)?;
         Ok(Channel {
-            client: Client::connect(addr, cfg).await?,
+            target: Target::One(Client::connect(addr, cfg).await?),
         })
     }
 
     /// Wraps an rpc client (its logical connection and link).
     pub fn from_client(client: Client) -> Channel {
-        Channel { client }
+        Channel {
+            target: Target::One(client),
+        }
     }
 
     /// The transport this channel's link negotiated, with the local device of an RDMA link
-    /// (shown as `rdma(rxe0)`, `rdma(soft0)` or `tcp`).
+    /// (shown as `rdma(rxe0)`, `rdma(soft0)` or `tcp`). For a channel over a replica set: that
+    /// of the first ready endpoint, [`Transport::Tcp`] while none is ready (each endpoint's
+    /// own is in [`ReplicaSet::endpoints`](crate::ReplicaSet::endpoints)).
     pub fn transport(&self) -> Transport {
-        self.client.transport()
+        match &self.target {
+            Target::One(c) => c.transport(),
+            Target::Set(set, _) => set
+                .endpoints()
+                .iter()
+                .find_map(|e| e.transport)
+                .unwrap_or(Transport::Tcp),
+        }
     }
 
-    /// The underlying rpc client.
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// The underlying rpc client; `None` for a channel over a replica set.
+    pub fn client(&self) -> Option<&Client> {
+        match &self.target {
+            Target::One(c) => Some(c),
+            Target::Set(..) => None,
+        }
     }
 }
 
 /// `bx://host:port` → `host:port`.
-fn parse_uri(uri: &str) -> Result<&str, Status> {
+pub(crate) fn parse_uri(uri: &str) -> Result<&str, Status> {
     let addr = uri
         .strip_prefix("bx://")
         .ok_or_else(|| {
@@ -95,14 +123,17 @@ where
     type Error = Infallible;
     type Future = BoxFuture<Result<http::Response<ReplyBody>, Infallible>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        match &self.target {
+            Target::One(_) => Poll::Ready(Ok(())),
+            Target::Set(set, wait) => set.poll_ready(cx, !*wait).map(Ok),
+        }
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let client = self.client.clone();
+        let target = self.target.clone();
         Box::pin(async move {
-            Ok(match round_trip(&client, req).await {
+            Ok(match round_trip(&target, req).await {
                 Ok(r) => r,
                 Err(status) => trailers_only(&status),
             })
@@ -112,7 +143,7 @@ where
 
 /// One call: the request's parts to an rpc request, the rpc response to an HTTP response.
 async fn round_trip<B>(
-    client: &Client,
+    target: &Target,
     req: http::Request<B>,
 ) -> Result<http::Response<ReplyBody>, Status>
 where
@@ -130,7 +161,7 @@ where
     let mut metadata = Metadata::new();
     headers_to_metadata(&parts.headers, "", &mut metadata);
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let limit = client.max_message();
+    let limit = target.max_message();
     let collect = Limited::new(body, limit).collect();
     let body = match deadline {
         Some(d) => tokio::time::timeout_at(d, collect).await.map_err(|_| {
@@ -160,7 +191,7 @@ where
         body,
         timeout,
     };
-    let resp = client.call(call).await?;
+    let resp = target.call(call, &parts.extensions).await?;
     let (mut headers, mut trailers) = (HeaderMap::new(), HeaderMap::new());
     headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
     trailers.insert("grpc-status", http::HeaderValue::from_static("0"));

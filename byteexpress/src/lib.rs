@@ -18,10 +18,12 @@
 mod body;
 mod bx_handler;
 mod channel;
+mod detect;
 mod grpc_status;
 mod grpc_timeout;
 mod metadata_map;
 mod percent;
+mod replicas;
 mod routes;
 mod server;
 
@@ -29,9 +31,16 @@ pub use body::ReplyBody;
 pub use bx_handler::{ServedOver, served_over};
 /// The native client under a [`Channel`] ([`Channel::client`], [`Channel::from_client`]).
 pub use byteexpress_rpc::Client;
+/// A [`Channel`] over a service's replicas: the endpoint set, its sources and settings.
+pub use byteexpress_rpc::balance::{
+    Backoff, BalanceConfig, CallOptions, Change, Discover, EndpointInfo, EndpointState,
+    FailurePercentageEjection, OutlierDetection, OutlierEvent, OutlierEventKind, Policy,
+    ReplicaSet, ReplicaSetStats, Resolve, SuccessRateEjection, SystemResolver,
+};
 pub use byteexpress_rpc::{Code, Config, Metadata, SchedMode, Status, Transport, TransportPref};
 pub use channel::Channel;
 pub use metadata_map::is_reserved_header;
+pub use replicas::WaitForReady;
 pub use routes::{HttpRequest, HttpResponse, Routes};
 pub use server::{Server, ServerBuilder};
 

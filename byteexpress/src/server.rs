@@ -5,19 +5,16 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use byteexpress_rpc::CONN_MAGIC;
 use byteexpress_rpc::Config;
-use tokio::net::{TcpListener, TcpStream};
+use byteexpress_rpc::accept::Acceptor;
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tower_service::Service;
 
 use crate::bx_handler::serve_call;
+use crate::detect::{Protocol, Replayed, detect};
 use crate::routes::{HttpRequest, HttpResponse, Routes};
-
-/// Time a new connection has to send the 8 bytes that tell the protocols apart.
-const PEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Entry point, as `tonic::transport::Server`: `Server::builder().add_service(svc).serve(addr)`.
 #[derive(Debug)]
@@ -36,10 +33,15 @@ impl Server {
 
 /// Services and settings of a server; `serve*` runs it.
 ///
-/// Each accepted connection is classified with `TcpStream::peek` (nothing is consumed, so
-/// nothing needs replaying): the ByteExpress [`CONN_MAGIC`](byteexpress_rpc::CONN_MAGIC) goes to the ByteExpress server
-/// (`byteexpress-rpc`), anything else (the HTTP/2 preface `PRI * HTTP/2.0`, ...) to tonic's
-/// own HTTP/2 server. Both dispatch by path to the same services. On the ByteExpress path
+/// Each accepted connection is classified by its first bytes, read as they arrive (waited for
+/// by readiness) for at most [`Config::detect_timeout`]: the ByteExpress
+/// [`CONN_MAGIC`](byteexpress_rpc::CONN_MAGIC) goes to the ByteExpress server
+/// (`byteexpress-rpc`); the whole 24-byte HTTP/2 preface `PRI * HTTP/2.0…`, or anything that
+/// is neither, to tonic's own HTTP/2 server, which reads the bytes taken for detection again.
+/// Accept errors never end the server, and the connection caps of the [`Config`] apply
+/// (`byteexpress_rpc::accept::Acceptor`). The HTTP/2 side gets
+/// [`Config::max_concurrent_calls`] as SETTINGS_MAX_CONCURRENT_STREAMS and
+/// [`Config::keepalive_interval`] / [`Config::keepalive_timeout`] as HTTP/2 PING keepalive. Both dispatch by path to the same services. On the ByteExpress path
 /// streaming methods see their whole request at once, and their whole response is sent at
 /// once.
 #[derive(Debug, Clone)]
@@ -70,7 +72,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Binds `addr` and serves until an accept fails.
+    /// Binds `addr` and serves for as long as the process runs (accept errors are logged and
+    /// retried, never returned).
     pub async fn serve(self, addr: SocketAddr) -> io::Result<()> {
         self.serve_with_listener(TcpListener::bind(addr).await?)
             .await
@@ -86,7 +89,7 @@ impl ServerBuilder {
             .await
     }
 
-    /// Serves on `listener` (e.g. bound to port 0 by a test) until an accept fails.
+    /// Serves on `listener` (e.g. bound to port 0 by a test) for as long as the process runs.
     pub async fn serve_with_listener(self, listener: TcpListener) -> io::Result<()> {
         self.serve_with_listener_shutdown(listener, std::future::pending())
             .await
@@ -102,9 +105,17 @@ impl ServerBuilder {
     ) -> io::Result<()> {
         let routes = self.routes;
         let bx_routes = routes.clone();
+        let detect_timeout = self.cfg.detect_timeout;
+        // the same limits on the HTTP/2 side, in its own terms (SETTINGS_MAX_CONCURRENT_STREAMS,
+        // HTTP/2 PING keepalive)
+        let h2_streams = self.cfg.max_concurrent_calls.max(1);
+        let h2_ping =
+            (!self.cfg.keepalive_interval.is_zero()).then_some(self.cfg.keepalive_interval);
+        let h2_ping_timeout = self.cfg.keepalive_timeout;
+        let mut acceptor = Acceptor::new(listener, &self.cfg);
         let bx =
             byteexpress_rpc::Server::new(move |req| serve_call(bx_routes.clone(), req), self.cfg);
-        let (h2_tx, h2_rx) = mpsc::unbounded_channel::<TcpStream>();
+        let (h2_tx, h2_rx) = mpsc::unbounded_channel::<Replayed>();
         let (stop_tx, mut stop_rx) = watch::channel(false);
 
         let incoming = futures::stream::unfold(h2_rx, |mut rx| async move {
@@ -115,6 +126,9 @@ impl ServerBuilder {
                 let _ = stop_rx.wait_for(|s| *s).await;
             };
             tonic::transport::Server::builder()
+                .max_concurrent_streams(h2_streams)
+                .http2_keepalive_interval(h2_ping)
+                .http2_keepalive_timeout(Some(h2_ping_timeout))
                 .serve_with_incoming_shutdown(routes, incoming, stopped)
                 .await
                 .map_err(io::Error::other)
@@ -123,24 +137,24 @@ impl ServerBuilder {
         let accept = async move {
             tokio::pin!(signal);
             loop {
-                let (stream, peer) = tokio::select! {
+                let (mut stream, peer, slot) = tokio::select! {
                     () = &mut signal => break,
-                    r = listener.accept() => r?,
+                    r = acceptor.accept() => r,
                 };
                 let _ = stream.set_nodelay(true);
                 let (bx, h2_tx) = (bx.clone(), h2_tx.clone());
                 tokio::spawn(async move {
-                    match classify(&stream).await {
-                        Ok(Protocol::ByteExpress) => {
-                            if let Err(e) = bx.serve_connection(stream).await {
+                    match detect(&mut stream, detect_timeout).await {
+                        Ok((Protocol::ByteExpress, _)) => {
+                            if let Err(e) = bx.serve_after_magic_held(stream, Some(slot)).await {
                                 tracing::info!(%peer, "ByteExpress connection ended: {e}");
                             }
                         }
-                        Ok(Protocol::Other) => {
-                            let _ = h2_tx.send(stream);
+                        Ok((Protocol::Other, prefix)) => {
+                            let _ = h2_tx.send(Replayed::new(prefix, stream, slot));
                         }
                         Err(e) => {
-                            tracing::debug!(%peer, "connection dropped before its first bytes: {e}")
+                            tracing::debug!(%peer, "connection closed during protocol detection: {e}")
                         }
                     }
                 });
@@ -149,76 +163,5 @@ impl ServerBuilder {
             Ok::<(), io::Error>(())
         };
         tokio::try_join!(accept, h2).map(|_| ())
-    }
-}
-
-/// What a connection speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Protocol {
-    ByteExpress,
-    Other,
-}
-
-/// Peeks at the first bytes until they match [`CONN_MAGIC`] in full or differ from it.
-/// Errors: the peer closed or sent too little within [`PEEK_TIMEOUT`].
-async fn classify(stream: &TcpStream) -> io::Result<Protocol> {
-    let until = tokio::time::Instant::now() + PEEK_TIMEOUT;
-    let mut buf = [0u8; CONN_MAGIC.len()];
-    loop {
-        let n = tokio::time::timeout_at(until, stream.peek(&mut buf))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no protocol preface"))??;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
-        }
-        if buf[..n] != CONN_MAGIC[..n] {
-            return Ok(Protocol::Other);
-        }
-        if n == CONN_MAGIC.len() {
-            return Ok(Protocol::ByteExpress);
-        }
-        // a prefix of the magic: peek returns at once while those bytes wait, so pause briefly
-        if tokio::time::Instant::now() >= until {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "partial protocol preface",
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::AsyncWriteExt;
-
-    async fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        (c, l.accept().await.unwrap().0)
-    }
-
-    #[tokio::test]
-    async fn classifies_magic_split_across_writes_and_http2() {
-        let (mut c, s) = pair().await;
-        c.write_all(&CONN_MAGIC[..3]).await.unwrap();
-        let t = tokio::spawn(async move { classify(&s).await.map(|p| (p, s)) });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        c.write_all(&CONN_MAGIC[3..]).await.unwrap();
-        let (p, s) = t.await.unwrap().unwrap();
-        assert_eq!(p, Protocol::ByteExpress);
-        let mut buf = [0u8; 8];
-        assert_eq!(s.peek(&mut buf).await.unwrap(), 8, "nothing consumed");
-
-        let (mut c, s) = pair().await;
-        c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-            .await
-            .unwrap();
-        assert_eq!(classify(&s).await.unwrap(), Protocol::Other);
-
-        let (c, s) = pair().await;
-        drop(c);
-        assert!(classify(&s).await.is_err());
     }
 }

@@ -7,6 +7,8 @@
 //! - `/test.Test/Sleep`: sleeps for the milliseconds in its body (decimal), counting handlers
 //!   dropped before they finished (cancelled);
 //! - `/test.Test/Stats`: answers `cancelled=<n> finished=<n>`;
+//! - `/test.Test/MaxSleeping`: answers the most Sleep handlers that ran at once so far
+//!   (decimal): the server's pending calls, for the concurrency-limit test;
 //! - `/test.Test/Fail`: answers the status code in metadata `x-code` with message `x-message`;
 //! - `/test.Test/StallReposts`: stops this process's RDMA links from re-posting receive
 //!   buffers for the milliseconds in its body (`byteexpress_rpc::test_hooks`), so no credits
@@ -33,6 +35,9 @@ static CANCELLED: AtomicU64 = AtomicU64::new(0);
 /// `x-seq` of each Echo call by `conn_id`, in the order the handlers started.
 static SEEN: Mutex<Option<HashMap<u32, Vec<u64>>>> = Mutex::new(None);
 static FINISHED: AtomicU64 = AtomicU64::new(0);
+/// Sleep handlers running now, and the most at once.
+static SLEEPING: AtomicU64 = AtomicU64::new(0);
+static MAX_SLEEPING: AtomicU64 = AtomicU64::new(0);
 
 /// Counts a Sleep handler that was dropped before finishing.
 struct CancelProbe {
@@ -41,6 +46,7 @@ struct CancelProbe {
 
 impl Drop for CancelProbe {
     fn drop(&mut self) {
+        SLEEPING.fetch_sub(1, Ordering::SeqCst);
         if self.done {
             FINISHED.fetch_add(1, Ordering::SeqCst);
         } else {
@@ -80,6 +86,8 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
+            let now = SLEEPING.fetch_add(1, Ordering::SeqCst) + 1;
+            MAX_SLEEPING.fetch_max(now, Ordering::SeqCst);
             let mut probe = CancelProbe { done: false };
             tokio::time::sleep(Duration::from_millis(ms)).await;
             probe.done = true;
@@ -96,6 +104,10 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 body: Bytes::from(s),
             })
         }
+        "/test.Test/MaxSleeping" => Ok(Response {
+            metadata: Metadata::new(),
+            body: Bytes::from(MAX_SLEEPING.load(Ordering::SeqCst).to_string()),
+        }),
         "/test.Test/Fail" => {
             let code = req
                 .metadata

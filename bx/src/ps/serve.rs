@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// Lock shards per table.
     #[arg(long, default_value_t = 64)]
     pub shards: usize,
+    /// Time a connection has to send its protocol preface, in ms (`Config::detect_timeout`;
+    /// default: the library's).
+    #[arg(long)]
+    pub detect_timeout_ms: Option<u64>,
     /// Exit when the process with this pid (the parent that started this server) dies, even
     /// by SIGKILL (`PR_SET_PDEATHSIG`); `bx ps bench` passes its own pid.
     #[arg(long, value_name = "PID", hide = true)]
@@ -54,7 +58,12 @@ pub fn die_with_parent(args: &ServeArgs) -> Result<(), String> {
 pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let store = Arc::new(Store::new(args.dim, &args.tables, args.shards));
+    let mut cfg = byteexpress::Config::default();
+    if let Some(ms) = args.detect_timeout_ms {
+        cfg.detect_timeout = std::time::Duration::from_millis(ms);
+    }
     let server = Server::builder()
+        .config(cfg)
         .add_service(PsService::new(store).server())
         .add_service(EchoService::default().server());
     let mut out = std::io::stdout().lock();

@@ -4,6 +4,7 @@
 //! in; callers hold a [`LinkTx`] and receive through a [`Dispatch`]. Nothing above this module
 //! knows which engine runs, except to report it.
 
+pub(crate) mod keepalive;
 pub(crate) mod rdma;
 pub(crate) mod tcp;
 
@@ -12,8 +13,10 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::MemoryBudget;
 use crate::link_stats::LinkCounters;
 use crate::message::{Incoming, Outgoing};
+use crate::wire::header::Header;
 use crate::{Status, Transport};
 
 /// Receives what an engine delivers. Called on the engine's task: must not block.
@@ -22,6 +25,14 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
     fn incoming(&self, link: &LinkTx, msg: Incoming);
     /// The link is gone; every call still waiting on it fails with `why`. Called once.
     fn closed(&self, why: Status);
+    /// The budget that partly received messages on this link are charged to.
+    fn budget(&self) -> &MemoryBudget;
+    /// Calls on this link not yet answered (client) or handlers running (server); the idle
+    /// timeout never closes a link with calls.
+    fn calls_in_flight(&self) -> usize;
+    /// A message (header `h`) was refused unread for want of budget: the server answers the
+    /// request with `why`, the client fails the call with it.
+    fn refused(&self, link: &LinkTx, h: &Header, why: Status);
 }
 
 /// The sending side of a link, cheap to clone.
@@ -37,6 +48,9 @@ struct LinkShared {
     max_message: usize,
     close_now: CancellationToken,
     counters: Arc<LinkCounters>,
+    /// When the peer was last heard from (any message, chunk, PING or PONG), in µs after
+    /// [`keepalive::epoch`].
+    last_rx: std::sync::atomic::AtomicU64,
 }
 
 impl LinkTx {
@@ -55,6 +69,7 @@ impl LinkTx {
                     metrics: crate::metrics::LinkMetrics::link_up(transport),
                     ..LinkCounters::default()
                 }),
+                last_rx: keepalive::now_us().into(),
             }),
         }
     }
@@ -103,6 +118,20 @@ impl LinkTx {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.inner.close_now.is_cancelled()
+    }
+
+    /// Notes that the peer was heard from now (for keepalive and the idle timeout).
+    pub(crate) fn touch(&self) {
+        self.inner
+            .last_rx
+            .store(keepalive::now_us(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the peer was last heard from, in µs after [`keepalive::epoch`].
+    pub(crate) fn last_rx_us(&self) -> u64 {
+        self.inner
+            .last_rx
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Asks the engine to stop and close its transport.

@@ -2,23 +2,27 @@
 
 use std::sync::Arc;
 
-use byteexpress_tcp_fallback::{FrameError, FrameReader, FrameWriter};
+use byteexpress_tcp_fallback::{Frame, FrameError, FrameReader, FrameWriter};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
+use super::keepalive::{Liveness, watch};
 use super::{Dispatch, LinkTx};
+use crate::budget::UNCHARGED;
 use crate::message::{Incoming, Outgoing};
-use crate::wire::header::Kind;
+use crate::wire::header::{HEADER_LEN, Header, Kind};
 use crate::{Code, Metadata, Status, Transport};
 
 /// Starts the engine on an established connection (set-up done). Returns the link's sender.
 /// `max_message` (bytes, header included) bounds what it sends; the reader's frame limit
-/// bounds what it receives.
+/// bounds what it receives. `live` sets its keepalive pings and idle timeout
+/// ([`super::keepalive`]).
 pub(crate) fn spawn<R, W>(
     reader: FrameReader<R>,
     writer: FrameWriter<W>,
     max_message: usize,
     dispatch: Arc<dyn Dispatch>,
+    live: Liveness,
 ) -> LinkTx
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -28,8 +32,34 @@ where
     let link = LinkTx::new(tx, Transport::Tcp, max_message);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone()));
-    tokio::spawn(read_loop(reader, link.clone(), dispatch, closer));
+    tokio::spawn(read_loop(
+        reader,
+        link.clone(),
+        dispatch.clone(),
+        closer.clone(),
+    ));
+    let watched = link.clone();
+    tokio::spawn(async move {
+        let ping = |n| {
+            let _ = watched.send(control(Kind::Ping, n));
+        };
+        tokio::select! {
+            why = watch(&watched, live, &*dispatch, ping) => closer.close(why),
+            () = watched.close_requested() => {}
+        }
+    });
     link
+}
+
+/// A PING or PONG number `n`: the 40-byte header alone.
+pub(crate) fn control(kind: Kind, n: u64) -> Outgoing {
+    let mut header = crate::wire::header::Header::new(kind);
+    header.call_id = n;
+    Outgoing {
+        header,
+        meta: Vec::new(),
+        body: bytes::Bytes::new(),
+    }
 }
 
 /// Calls [`Dispatch::closed`] exactly once, whichever task sees the end first.
@@ -107,24 +137,50 @@ async fn read_loop<R: AsyncRead + Unpin>(
     dispatch: Arc<dyn Dispatch>,
     closer: Arc<Closer>,
 ) {
+    let budget = dispatch.budget().clone();
+    // the budget charge of the frame being read, held until it is whole
+    let mut charge = None;
     loop {
         let frame = tokio::select! {
-            f = r.read_frame() => f,
+            f = r.read_frame_admit(HEADER_LEN, |len| {
+                if len <= UNCHARGED {
+                    return true;
+                }
+                charge = budget.try_take(len);
+                charge.is_some()
+            }) => f,
             _ = link.close_requested() => return,
         };
+        charge = None;
         if let Ok(Some(f)) = &frame {
-            link.counters()
-                .metrics
-                .bytes_received
-                .increment(f.len() as u64);
+            link.touch();
+            let len = match f {
+                Frame::Whole(b) => b.len(),
+                Frame::Refused { len, .. } => *len,
+            };
+            link.counters().metrics.bytes_received.increment(len as u64);
         }
         match frame {
-            Ok(Some(frame)) => match Incoming::parse(frame) {
+            Ok(Some(Frame::Refused { head, len })) => match Header::decode_head(&head) {
+                Ok(h) => {
+                    tracing::debug!(len, "message refused for want of memory budget");
+                    dispatch.refused(&link, &h, budget.refusal(len as u64));
+                }
+                Err(e) => {
+                    protocol_error(&link, &closer, Code::Internal, &e.to_string());
+                    return;
+                }
+            },
+            Ok(Some(Frame::Whole(frame))) => match Incoming::parse(frame) {
                 Ok(msg) if msg.header.kind == Kind::Error => {
                     closer.close(peer_error(&msg));
                     return;
                 }
                 Ok(msg) if msg.header.kind == Kind::CreditUpdate => {}
+                Ok(msg) if msg.header.kind == Kind::Ping => {
+                    let _ = link.send(control(Kind::Pong, msg.header.call_id));
+                }
+                Ok(msg) if msg.header.kind == Kind::Pong => {}
                 Ok(msg) => dispatch.incoming(&link, msg),
                 Err(e) => {
                     protocol_error(&link, &closer, Code::Internal, &e.to_string());

@@ -4,13 +4,13 @@
 //! |---|---|---|---|
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
-//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG |
 //! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bits 2–7 sent as 0, not checked on receipt |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
 //! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
-//! | 16 | 8 | call_id | call number, unique per conn_id while the call lives |
+//! | 16 | 8 | call_id | call number, unique per conn_id while the call lives; PING: the ping's number, echoed by its PONG |
 //! | 24 | 8 | timeout_us | REQUEST: time left until the deadline in µs, 0 = none |
 //! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |
 //! | 36 | 4 | body_len | bytes of body of the message; in a CONTINUATION: bytes after this header |
@@ -69,6 +69,11 @@ pub enum Kind {
     /// A further chunk of the message `(conn_id, call_id)` whose first chunk carried
     /// [`FLAG_MORE`]: `meta_len` 0, `body_len` = bytes in this chunk (RDMA only).
     Continuation = 6,
+    /// Keepalive probe (TCP only: on a TCP link, or on the TCP control connection of an RDMA
+    /// link): `call_id` = the ping's number, no metadata, no body. Answered with PONG.
+    Ping = 7,
+    /// Answer to PING, with its `call_id`; nothing else.
+    Pong = 8,
 }
 
 /// A decoded header.
@@ -133,6 +138,30 @@ impl Header {
     /// CONTINUATION must have `meta_len` 0; a CREDIT_UPDATE must not have [`FLAG_MORE`].
     /// Errors name the first broken field.
     pub fn decode(msg: &[u8]) -> Result<Header, WireError> {
+        let h = Self::decode_head(msg)?;
+        let rest = (msg.len() - HEADER_LEN) as u64;
+        let announced = h.meta_len as u64 + h.body_len as u64;
+        if h.first_of_many() {
+            if rest >= announced {
+                return err(format!(
+                    "first chunk of {rest} bytes with FLAG_MORE, but meta_len {} + body_len {} \
+                     fit in it",
+                    h.meta_len, h.body_len
+                ));
+            }
+        } else if announced != rest {
+            return err(format!(
+                "meta_len {} + body_len {} != {rest} bytes received",
+                h.meta_len, h.body_len
+            ));
+        }
+        Ok(h)
+    }
+
+    /// The checks of [`Header::decode`] on the 40 header bytes alone, without the lengths
+    /// against the bytes that follow (for a message whose body is refused unread, e.g. over
+    /// the memory budget).
+    pub fn decode_head(msg: &[u8]) -> Result<Header, WireError> {
         if msg.len() < HEADER_LEN {
             return err(format!(
                 "{} bytes, shorter than the {HEADER_LEN}-byte header",
@@ -152,6 +181,8 @@ impl Header {
             4 => Kind::CreditUpdate,
             5 => Kind::Error,
             6 => Kind::Continuation,
+            7 => Kind::Ping,
+            8 => Kind::Pong,
             k => return err(format!("unknown kind {k}")),
         };
         let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -167,27 +198,11 @@ impl Header {
             meta_len: u32_at(32),
             body_len: u32_at(36),
         };
-        let rest = (msg.len() - HEADER_LEN) as u64;
-        let announced = h.meta_len as u64 + h.body_len as u64;
         if h.kind == Kind::Continuation && h.meta_len != 0 {
             return err(format!("CONTINUATION with meta_len {}", h.meta_len));
         }
         if h.kind == Kind::CreditUpdate && h.more() {
             return err("CREDIT_UPDATE with FLAG_MORE");
-        }
-        if h.first_of_many() {
-            if rest >= announced {
-                return err(format!(
-                    "first chunk of {rest} bytes with FLAG_MORE, but meta_len {} + body_len {} \
-                     fit in it",
-                    h.meta_len, h.body_len
-                ));
-            }
-        } else if announced != rest {
-            return err(format!(
-                "meta_len {} + body_len {} != {rest} bytes received",
-                h.meta_len, h.body_len
-            ));
         }
         Ok(h)
     }
@@ -233,6 +248,19 @@ mod tests {
     }
 
     #[test]
+    fn ping_and_pong_are_a_header_alone_carrying_the_ping_number() {
+        for kind in [Kind::Ping, Kind::Pong] {
+            let mut h = Header::new(kind);
+            h.call_id = 77;
+            let msg = h.encode();
+            assert_eq!(msg[3], kind as u8);
+            let d = Header::decode(&msg).expect("decodes");
+            assert_eq!((d.kind, d.call_id), (kind, 77));
+        }
+        assert_eq!((Kind::Ping as u8, Kind::Pong as u8), (7, 8));
+    }
+
+    #[test]
     fn header_rejects_lengths_that_disagree_with_the_message() {
         let mut h = Header::new(Kind::Request);
         h.body_len = u32::MAX;
@@ -244,7 +272,7 @@ mod tests {
     fn header_rejects_short_bad_magic_version_and_kind() {
         let good = Header::new(Kind::Cancel).encode();
         assert!(Header::decode(&good[..39]).is_err());
-        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 7)] {
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 9)] {
             let mut b = good;
             b[i] = v;
             assert!(Header::decode(&b).is_err(), "byte {i} = {v}");

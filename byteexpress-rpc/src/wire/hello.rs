@@ -13,7 +13,7 @@
 //! | message | type | fields |
 //! |---|---|---|
 //! | HELLO | 1 | version u16, transport u8 (0 auto, 1 rdma, 2 tcp), nonce u64, count u8, count × bytes16 device info |
-//! | HELLO_ACK | 2 | version u16, count u8, count × bytes16 device info |
+//! | HELLO_ACK | 2 | version u16, max_concurrent_calls u32 (1..=u32::MAX), count u8, count × bytes16 device info |
 //! | SELECT_RDMA | 3 | server device index u8, grant u32, recv_buf u32, bytes16 endpoint |
 //! | SELECT_TCP | 4 | — |
 //! | RDMA_ACCEPT | 5 | grant u32, recv_buf u32, bytes16 endpoint |
@@ -26,7 +26,7 @@
 //! accepts up to its own configured size (echoing it in RDMA_ACCEPT, where the client requires
 //! the same value) or refuses. Decoding checks `grant` within 1..=[`MAX_GRANT`] and `recv_buf`
 //! within 104 (a header and 64 bytes)..=[`MAX_RECV_BUF`], at most 16 devices, no truncation and
-//! no trailing bytes.
+//! no trailing bytes; HELLO_ACK's `max_concurrent_calls` is not 0.
 //!
 //! What each side does with them: the server does not act on HELLO's transport byte (it only
 //! tells the server's logs what the client asked for); the client does not check HELLO_ACK's
@@ -73,6 +73,10 @@ pub enum Hello {
     HelloAck {
         /// Set-up protocol version.
         version: u16,
+        /// Most calls the server runs at once on this link, 1..=u32::MAX (its
+        /// `Config::max_concurrent_calls`), as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: the
+        /// client queues calls beyond it; a call over it gets RESOURCE_EXHAUSTED.
+        max_concurrent_calls: u32,
         /// Serialised `DeviceInfo` of each local device of the server (none when the server is
         /// pinned to TCP); the client probes which of them it reaches.
         devices: Vec<Vec<u8>>,
@@ -137,9 +141,14 @@ impl Hello {
                     .take(MAX_DEVICES)
                     .for_each(|d| bytes16(&mut v, d));
             }
-            Hello::HelloAck { version, devices } => {
+            Hello::HelloAck {
+                version,
+                max_concurrent_calls,
+                devices,
+            } => {
                 v.push(2);
                 v.extend_from_slice(&version.to_le_bytes());
+                v.extend_from_slice(&max_concurrent_calls.to_le_bytes());
                 v.push(devices.len().min(MAX_DEVICES) as u8);
                 devices
                     .iter()
@@ -200,8 +209,13 @@ impl Hello {
             }
             2 => {
                 let version = r.u16()?;
+                let max_concurrent_calls = r.u32()?;
+                if max_concurrent_calls == 0 {
+                    return err("HELLO_ACK with max_concurrent_calls 0");
+                }
                 Hello::HelloAck {
                     version,
+                    max_concurrent_calls,
                     devices: r.devices()?,
                 }
             }
@@ -300,6 +314,7 @@ mod tests {
             },
             Hello::HelloAck {
                 version: 1,
+                max_concurrent_calls: 100,
                 devices: vec![vec![3]],
             },
             Hello::SelectRdma {

@@ -154,6 +154,11 @@ pub(crate) struct SoftDevice {
     /// SRQs of the device: woken (refill eventfd = `wake`), the progress thread tops up the
     /// rings they lend to.
     pub(crate) srqs: Mutex<Vec<Weak<SoftSrq>>>,
+    /// Refill eventfds of peer devices, by (peer pid from `SO_PEERCRED`, peer `dev_id`): the
+    /// first one a peer process sends for its device is kept and shared by every QP attached
+    /// to that device, and the duplicates its later connects carry are closed. Keyed by the
+    /// kernel's pid, so no process can stand in for another's device.
+    refills: Mutex<HashMap<(libc::pid_t, u64), Weak<EventFd>>>,
 }
 
 impl SoftDevice {
@@ -186,6 +191,7 @@ impl SoftDevice {
             timers: Mutex::new(BinaryHeap::new()),
             events: Arc::new(EventHub::default()),
             srqs: Mutex::new(Vec::new()),
+            refills: Mutex::new(HashMap::new()),
         });
         let d = dev.clone();
         std::thread::Builder::new()
@@ -362,9 +368,36 @@ impl SoftDevice {
                 }
                 let alive = match w {
                     Watch::Inbound { .. } => qp.pump_inbound(),
+                    // Our channel to the peer carries the peer's announcements too once the
+                    // peer's QP connected back over it (its first message, a Connect).
+                    Watch::Outbound { sock, .. } if qp.has_peer_on(sock) => qp.pump_inbound(),
                     Watch::Outbound { sock, .. } => loop {
                         match sock.recv(&mut buf, false) {
-                            Ok(Recv::Msg(..)) => continue,
+                            Ok(Recv::Msg(n, fds)) => match Msg::decode(&buf[..n]) {
+                                Some(Msg::Connect(c)) if c.dst_qpn == qp.qpn => {
+                                    match self.attach(c, fds, sock) {
+                                        Ok(_) => {
+                                            let ok = Msg::ConnectReply {
+                                                ok: true,
+                                                reason: String::new(),
+                                            };
+                                            if sock.send(&ok.encode(), &[]).is_err() {
+                                                break false;
+                                            }
+                                            break qp.pump_inbound();
+                                        }
+                                        Err(reason) => {
+                                            tracing::debug!(
+                                                "soft device refused a connect: {reason}"
+                                            );
+                                            let no = Msg::ConnectReply { ok: false, reason };
+                                            let _ = sock.send(&no.encode(), &[]);
+                                            break false;
+                                        }
+                                    }
+                                }
+                                _ => continue,
+                            },
                             Ok(Recv::Empty) => break true,
                             Ok(Recv::Eof) | Err(_) => break false,
                         }
@@ -420,7 +453,7 @@ impl SoftDevice {
                             ok: true,
                             reason: String::new(),
                         };
-                        if sock.send(&reply.encode(), &[]).is_ok() {
+                        if qp.reply_and_mark_chan_ready(&sock, &reply.encode()) {
                             self.watches.lock().push(Watch::Inbound {
                                 qp: Arc::downgrade(&qp),
                                 sock,
@@ -438,6 +471,23 @@ impl SoftDevice {
             }
             _ => tracing::debug!("soft device: malformed first message dropped"),
         }
+    }
+
+    /// The refill eventfd of peer device `dev_id` in the process at the other end of `sock`:
+    /// the one already held for it, else `fd` (see `refills`). `fd` itself when the peer's
+    /// pid cannot be read.
+    fn shared_refill(&self, sock: &Sock, dev_id: u64, fd: OwnedFd) -> Arc<EventFd> {
+        let Ok(pid) = sock.peer_pid() else {
+            return Arc::new(EventFd::from_peer(fd));
+        };
+        let mut refills = self.refills.lock();
+        if let Some(held) = refills.get(&(pid, dev_id)).and_then(Weak::upgrade) {
+            return held; // `fd` is a duplicate: closed here
+        }
+        refills.retain(|_, w| w.strong_count() > 0);
+        let fresh = Arc::new(EventFd::from_peer(fd));
+        refills.insert((pid, dev_id), Arc::downgrade(&fresh));
+        fresh
     }
 
     /// Attaches a connecting peer's ring, doorbell and channel to our QP `c.dst_qpn`.
@@ -472,19 +522,20 @@ impl SoftDevice {
             cap: c.ring_cap,
             max_sge: c.ring_sge,
         };
-        let map = Mapping::open(ring_fd, layout.bytes()).map_err(|e| e.to_string())?;
+        let map = Mapping::open(ring_fd, 0, layout.bytes()).map_err(|e| e.to_string())?;
         let ring = Ring::new(Arc::new(map), layout).ok_or("ring region too small")?;
         tracing::debug!(
             "soft: QP {:#x} attached to peer device {:#x}",
             c.dst_qpn,
             c.src_dev
         );
+        let refill = refill_fd.map(|fd| self.shared_refill(sock, c.src_dev, fd));
         let peer = Peer::new(
             c.name,
             c.src_qpn,
             ring,
             EventFd::from_peer(bell_fd),
-            refill_fd.map(EventFd::from_peer),
+            refill,
             Access(c.access),
             sock.clone(),
         );

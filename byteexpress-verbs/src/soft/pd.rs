@@ -14,7 +14,7 @@ use super::device::SoftDevice;
 use super::limits;
 use super::qp::SoftQp;
 use super::ring::Ring;
-use super::shm::Mapping;
+use super::shm::{Arena, Mapping};
 use super::sock::Sock;
 use super::srq::SoftSrq;
 use super::wire::Msg;
@@ -30,6 +30,17 @@ pub(crate) struct Conn {
     ring: Ring,
     /// Regions whose memfd this peer already has.
     sent: Mutex<HashSet<u64>>,
+    /// Arenas whose memfd this peer was sent: retired when this connection ends, so no
+    /// region made later is carved where that peer could still map it.
+    exposed: Mutex<Vec<Arc<Arena>>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for a in self.exposed.get_mut().drain(..) {
+            a.retire();
+        }
+    }
 }
 
 impl Conn {
@@ -38,6 +49,7 @@ impl Conn {
             sock,
             ring,
             sent: Mutex::new(HashSet::new()),
+            exposed: Mutex::new(Vec::new()),
         }
     }
 
@@ -66,9 +78,19 @@ impl Conn {
         if !sent.contains(&mr.region) {
             let m = Msg::Region {
                 id: mr.region,
+                offset: map.offset(),
                 len: map.len() as u64,
             };
-            self.send(&m, &[map.fd()])?;
+            let fd = map.fd().ok_or_else(|| {
+                std::io::Error::other("a PD region's memfd is open for as long as the region")
+            })?;
+            if let Some(a) = map.arena() {
+                let mut exposed = self.exposed.lock();
+                if !exposed.iter().any(|e| Arc::ptr_eq(e, a)) {
+                    exposed.push(a.clone());
+                }
+            }
+            self.send(&m, &[fd])?;
             sent.insert(mr.region);
         }
         let m = Msg::MrAdd {
@@ -88,6 +110,9 @@ impl Conn {
 pub(crate) struct PdState {
     pub(crate) mrs: Vec<Weak<SoftMr>>,
     pub(crate) conns: Vec<Weak<Conn>>,
+    /// Where `alloc_shared` carves regions: one memfd for the PD's regions (one fd however
+    /// many), replaced by a fresh one once a peer that was sent it is gone.
+    arena: Option<Arc<Arena>>,
 }
 
 /// A protection domain.
@@ -361,7 +386,18 @@ impl PdImpl for SoftPd {
                 limits::MAX_MR_SIZE
             )));
         }
-        let map = Mapping::create(len, c"bx-soft-shared")?;
+        let arena = {
+            let mut st = self.state.lock();
+            match &st.arena {
+                Some(a) if !a.is_retired() => a.clone(),
+                _ => {
+                    let a = Arena::create(c"bx-soft-pd")?;
+                    st.arena = Some(a.clone());
+                    a
+                }
+            }
+        };
+        let map = arena.alloc(len)?;
         Ok(Arc::new(SoftShm {
             id: self.dev.alloc_id(),
             map: Arc::new(map),

@@ -42,10 +42,18 @@ pub(crate) struct Peer {
     pub(crate) ring: Ring,
     pub(crate) doorbell: EventFd,
     /// The peer device's refill eventfd: rung when an SRQ-fed ring of the peer runs low.
-    pub(crate) refill: Option<EventFd>,
+    /// One per peer process and device, shared by all our QPs attached to it (an fd per link
+    /// saved, [`super::device`]).
+    pub(crate) refill: Option<Arc<EventFd>>,
     /// Access the peer's QP grants us (`qp_access_flags`).
     pub(crate) access: Access,
     chan: Arc<Sock>,
+    /// The connecting side has its ConnectReply: the channel may carry our own Connect and
+    /// announcements back (one socket per QP pair instead of two, [`super::qp`]).
+    pub(crate) chan_ready: bool,
+    /// The answer to our own Connect sent back over this channel: `Some(Ok)` once the peer
+    /// attached us, `Some(Err(reason))` if it refused.
+    pub(crate) connect_answer: Option<std::result::Result<(), String>>,
     regions: HashMap<u64, Arc<Mapping>>,
     mrs: HashMap<u32, RemoteMr>,
     /// The MR `resolve` found last, by key (cleared whenever an announcement is applied).
@@ -69,7 +77,7 @@ impl Peer {
         qpn: u32,
         ring: Ring,
         doorbell: EventFd,
-        refill: Option<EventFd>,
+        refill: Option<Arc<EventFd>>,
         access: Access,
         chan: Arc<Sock>,
     ) -> Peer {
@@ -81,6 +89,8 @@ impl Peer {
             refill,
             access,
             chan,
+            chan_ready: false,
+            connect_answer: None,
             regions: HashMap::new(),
             mrs: HashMap::new(),
             last: None,
@@ -93,6 +103,11 @@ impl Peer {
         }
     }
 
+    /// The control channel the peer's announcements arrive on.
+    pub(crate) fn chan(&self) -> &Arc<Sock> {
+        &self.chan
+    }
+
     /// Applies every announcement queued on the control channel. False once the channel hit EOF
     /// (the peer process or QP is gone).
     pub(crate) fn pump(&mut self) -> bool {
@@ -103,6 +118,14 @@ impl Peer {
         loop {
             match self.chan.recv(&mut buf, false) {
                 Ok(Recv::Msg(n, fds)) => {
+                    // The answer to our Connect over a shared channel is not an announcement
+                    // (the peer's `announced` counter does not count it).
+                    if let Some(Msg::ConnectReply { ok, reason }) =
+                        Msg::decode(&buf[..n]).filter(|_| fds.is_empty())
+                    {
+                        self.connect_answer = Some(if ok { Ok(()) } else { Err(reason) });
+                        continue;
+                    }
                     self.applied += 1;
                     self.apply(&buf[..n], fds);
                 }
@@ -125,7 +148,7 @@ impl Peer {
             return;
         };
         match msg {
-            Msg::Region { id, len } => {
+            Msg::Region { id, offset, len } => {
                 let Some(fd) = fds.into_iter().next() else {
                     return;
                 };
@@ -133,7 +156,7 @@ impl Peer {
                     tracing::warn!("soft: peer region {id} refused (limits)");
                     return;
                 }
-                match Mapping::open(fd, len as usize) {
+                match Mapping::open(fd, offset, len as usize) {
                     Ok(m) => {
                         self.regions.insert(id, Arc::new(m));
                     }

@@ -97,6 +97,8 @@ pub(crate) struct SoftQp {
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
     connecting: Mutex<()>,
+    /// Woken when the peer answers a Connect sent over its own channel (see `connect`).
+    connect_answered: parking_lot::Condvar,
     /// The SRQ receives come from, if any.
     pub(crate) srq: Option<Arc<SoftSrq>>,
     /// SQ_DRAINED was raised for the current stay in SQD.
@@ -195,6 +197,7 @@ impl SoftQp {
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
             connecting: Mutex::new(()),
+            connect_answered: parking_lot::Condvar::new(),
             srq: srq.clone(),
             sqd_notified: AtomicBool::new(false),
         });
@@ -297,12 +300,38 @@ impl SoftQp {
         Ok(())
     }
 
+    /// Whether the peer's announcements arrive on `sock` (its Connect came over it).
+    pub(crate) fn has_peer_on(&self, sock: &Arc<Sock>) -> bool {
+        self.send
+            .lock()
+            .peer
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p.chan(), sock))
+    }
+
+    /// Device: sends the peer its ConnectReply on `sock` and marks the channel ready to
+    /// carry our own Connect back, in one critical section of the send lock: `connect` reads
+    /// the mark under that lock, so it never sees the channel ready before the reply is in it,
+    /// and never misses the mark once the peer could have read the reply.
+    pub(crate) fn reply_and_mark_chan_ready(&self, sock: &Sock, reply: &[u8]) -> bool {
+        let mut send = self.send.lock();
+        if sock.send(reply, &[]).is_err() {
+            return false;
+        }
+        if let Some(p) = send.peer.as_mut() {
+            p.chan_ready = true;
+        }
+        true
+    }
+
     /// Progress thread: the inbound control channel is readable. False when it hit EOF.
     pub(crate) fn pump_inbound(&self) -> bool {
-        match self.send.lock().peer.as_mut() {
+        let alive = match self.send.lock().peer.as_mut() {
             Some(p) => p.pump(),
             None => false,
-        }
+        };
+        self.connect_answered.notify_all();
+        alive
     }
 
     // ---- receive side ----
@@ -575,9 +604,26 @@ impl QpImpl for SoftQp {
                 remote.qpn
             ))
         };
-        let sock = Sock::connect(&remote.addr, CONTROL_TIMEOUT)
-            .map_err(|e| peer_err("cannot reach soft device", &e))?;
-        let sock = Arc::new(sock);
+        // When the peer's QP connected to us first, its control channel (a seqpacket socket,
+        // both ways) carries our Connect and our announcements too: one socket per QP pair
+        // instead of two (an fd saved on each side). Its device takes the Connect from the
+        // socket it watches (`Watch::Outbound`); no reply comes back, and a refusal closes
+        // the channel, which fails this QP as a dead peer would.
+        let shared = {
+            let send = self.send.lock();
+            send.peer
+                .as_ref()
+                .filter(|p| p.chan_ready && p.qpn == remote.qpn && p.name == remote.addr)
+                .map(|p| p.chan().clone())
+        };
+        let reused = shared.is_some();
+        let sock = match shared {
+            Some(s) => s,
+            None => Arc::new(
+                Sock::connect(&remote.addr, CONTROL_TIMEOUT)
+                    .map_err(|e| peer_err("cannot reach soft device", &e))?,
+            ),
+        };
         let hello = Msg::Connect(ConnectMsg {
             src_dev: self.dev.dev_id,
             src_qpn: self.qpn,
@@ -587,19 +633,49 @@ impl QpImpl for SoftQp {
             access: attr.access.0,
             name: self.dev.sock_name.clone(),
         });
+        let ring_fd = self.ring.mapping().fd().ok_or_else(|| {
+            Error::InvalidState("the QP's ring was already passed to a peer".into())
+        })?;
         sock.send(
             &hello.encode(),
-            &[
-                self.ring.mapping().fd(),
-                self.recv_cq.doorbell_fd(),
-                self.dev.wake_fd(),
-            ],
+            &[ring_fd, self.recv_cq.doorbell_fd(), self.dev.wake_fd()],
         )
         .map_err(|e| peer_err("connect to", &e))?;
         let mut buf = [0u8; MAX_MSG];
-        match sock.recv(&mut buf, true) {
+        let reply = if reused {
+            // The message holds its own reference to the ring's memfd until the peer takes it.
+            self.ring.mapping().close_fd();
+            // The answer comes back on the shared channel, which the progress thread pumps.
+            let deadline = Instant::now() + CONTROL_TIMEOUT;
+            let mut send = self.send.lock();
+            loop {
+                match send.peer.as_mut().map(|p| p.connect_answer.take()) {
+                    Some(Some(Ok(()))) => break,
+                    Some(Some(Err(reason))) => return Err(peer_err("refused by", &reason)),
+                    None => return Err(peer_err("no reply from", &"peer gone")),
+                    Some(None) => {}
+                }
+                if self
+                    .connect_answered
+                    .wait_until(&mut send, deadline)
+                    .timed_out()
+                {
+                    return Err(peer_err("no reply from", &"timed out"));
+                }
+            }
+            drop(send);
+            Ok(Recv::Msg(0, Vec::new()))
+        } else {
+            sock.recv(&mut buf, true)
+        };
+        match reply {
+            Ok(Recv::Msg(0, _)) if reused => {}
             Ok(Recv::Msg(n, _)) => match Msg::decode(&buf[..n]) {
-                Some(Msg::ConnectReply { ok: true, .. }) => {}
+                Some(Msg::ConnectReply { ok: true, .. }) => {
+                    // The peer has mapped its own copy of the ring (SCM_RIGHTS), and a QP is
+                    // connected once.
+                    self.ring.mapping().close_fd();
+                }
                 Some(Msg::ConnectReply { ok: false, reason }) => {
                     return Err(peer_err("refused by", &reason));
                 }
@@ -638,10 +714,12 @@ impl QpImpl for SoftQp {
             }
         }
         *self.out.lock() = Some(conn);
-        self.dev.watch(Watch::Outbound {
-            qp: self.me.clone(),
-            sock,
-        });
+        if !reused {
+            self.dev.watch(Watch::Outbound {
+                qp: self.me.clone(),
+                sock,
+            });
+        }
         // RESET→INIT→RTR→RTS, unless to_err() won the race.
         self.state
             .compare_exchange(

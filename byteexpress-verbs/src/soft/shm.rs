@@ -2,10 +2,18 @@
 //!
 //! A memfd is sealed against shrinking before it leaves this process, and a peer's memfd is
 //! mapped only if it carries that seal, so no peer can truncate a mapping under us (SIGBUS).
+//!
+//! fds are a server's scarcest resource per link, so a mapping keeps its memfd open only while
+//! it may still have to be passed to a peer: a peer's memfd is closed as soon as it is mapped
+//! (the mapping keeps the memory), and a QP's ring memfd once the QP has sent it
+//! ([`Mapping::close_fd`]). The regions of a PD share one memfd, its [`Arena`], which stays open
+//! because it may be announced to peers that connect later: a PD costs one fd however many
+//! regions it has.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::{Error, Result};
 
@@ -23,7 +31,89 @@ pub(crate) fn page_size() -> usize {
 pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// Where the mapping starts in its memfd (bytes, a multiple of the page size).
+    offset: u64,
+    /// The memfd, while it may still be passed to a peer (not for arena regions).
+    fd: parking_lot::Mutex<Option<OwnedFd>>,
+    /// The arena the mapping was carved from, whose memfd it shares.
+    arena: Option<Arc<Arena>>,
+}
+
+/// One growable memfd that holds several regions at page-aligned offsets (a PD's shared
+/// memory), sealed against shrinking only, so a peer's mapping can never be truncated.
+#[derive(Debug)]
+pub(crate) struct Arena {
     fd: OwnedFd,
+    /// Bytes handed out so far (the file's size).
+    end: parking_lot::Mutex<u64>,
+    /// No more regions are carved from it (a peer that was sent its fd is gone).
+    retired: AtomicBool,
+}
+
+impl Arena {
+    /// A fresh, empty arena.
+    pub(crate) fn create(name: &CStr) -> Result<Arc<Arena>> {
+        let fd = new_memfd(name)?;
+        const ARENA_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // SAFETY: `fd` is an open memfd created with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, ARENA_SEALS) } != 0 {
+            return Err(Error::last_os("fcntl(F_ADD_SEALS)"));
+        }
+        Ok(Arc::new(Arena {
+            fd,
+            end: parking_lot::Mutex::new(0),
+            retired: AtomicBool::new(false),
+        }))
+    }
+
+    /// A zero-filled region of `len` bytes rounded up to the page size, at the end of the
+    /// arena (which grows by that much), mapped.
+    pub(crate) fn alloc(self: &Arc<Self>, len: usize) -> Result<Mapping> {
+        let len = page_round(len)?;
+        let mut end = self.end.lock();
+        let offset = *end;
+        let size = offset
+            .checked_add(len as u64)
+            .and_then(|s| libc::off_t::try_from(s).ok())
+            .ok_or_else(|| Error::InvalidArgument("shared memory too large".into()))?;
+        // SAFETY: `fd` is an open memfd; growing it is allowed by its seals.
+        if unsafe { libc::ftruncate(self.fd.as_raw_fd(), size) } != 0 {
+            return Err(Error::last_os("ftruncate"));
+        }
+        *end = size as u64;
+        drop(end);
+        let mut map = Mapping::map_at(self.fd.as_raw_fd(), offset, len)?;
+        map.arena = Some(self.clone());
+        Ok(map)
+    }
+
+    /// Stops carving regions from this arena: later ones go to a new arena.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+}
+
+/// `len` (at least 1) rounded up to the page size.
+fn page_round(len: usize) -> Result<usize> {
+    len.max(1)
+        .checked_next_multiple_of(page_size())
+        .ok_or_else(|| Error::InvalidArgument("shared memory length overflows".into()))
+}
+
+/// A new memfd (close-on-exec, sealable).
+fn new_memfd(name: &CStr) -> Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(Error::last_os("memfd_create"));
+    }
+    // SAFETY: memfd_create just returned this fd, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 // SAFETY: the mapping is valid for the whole life of `Mapping`; this crate reads and writes it
@@ -36,20 +126,8 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// A fresh zero-filled memfd of `len` bytes rounded up to the page size, sealed, mapped.
     pub(crate) fn create(len: usize, name: &CStr) -> Result<Mapping> {
-        let page = page_size();
-        let len = len
-            .max(1)
-            .checked_next_multiple_of(page)
-            .ok_or_else(|| Error::InvalidArgument("shared memory length overflows".into()))?;
-        // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
-        let raw = unsafe {
-            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if raw < 0 {
-            return Err(Error::last_os("memfd_create"));
-        }
-        // SAFETY: memfd_create just returned this fd, which nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = page_round(len)?;
+        let fd = new_memfd(name)?;
         let size = libc::off_t::try_from(len)
             .map_err(|_| Error::InvalidArgument("shared memory too large".into()))?;
         // SAFETY: `fd` is an open memfd.
@@ -63,11 +141,15 @@ impl Mapping {
         Self::map(fd, len)
     }
 
-    /// Maps the first `len` bytes of a peer's memfd, which must be sealed against shrinking and
-    /// at least `len` bytes long.
-    pub(crate) fn open(fd: OwnedFd, len: usize) -> Result<Mapping> {
+    /// Maps `len` bytes at `offset` of a peer's memfd, which must be sealed against shrinking
+    /// and at least `offset + len` bytes long; `offset` must be a multiple of the page size.
+    /// The fd is closed once mapped.
+    pub(crate) fn open(fd: OwnedFd, offset: u64, len: usize) -> Result<Mapping> {
         if len == 0 {
             return Err(Error::Peer("zero-length region".into()));
+        }
+        if !offset.is_multiple_of(page_size() as u64) {
+            return Err(Error::Peer("region offset not page-aligned".into()));
         }
         // SAFETY: `fd` is an open fd; F_GET_SEALS only reads its seals.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
@@ -82,13 +164,25 @@ impl Mapping {
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(Error::last_os("fstat"));
         }
-        if u64::try_from(st.st_size).unwrap_or(0) < len as u64 {
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| u64::try_from(st.st_size).unwrap_or(0) < e) {
             return Err(Error::Peer("peer memory shorter than announced".into()));
         }
-        Self::map(fd, len)
+        // never passed on: the mapping alone keeps the memory, and `fd` closes here
+        Self::map_at(fd.as_raw_fd(), offset, len)
     }
 
     fn map(fd: OwnedFd, len: usize) -> Result<Mapping> {
+        Self::map_at(fd.as_raw_fd(), 0, len).map(|mut m| {
+            m.fd = parking_lot::Mutex::new(Some(fd));
+            m
+        })
+    }
+
+    /// Maps `len` bytes at `offset` of `fd` (which the mapping does not keep).
+    fn map_at(fd: RawFd, offset: u64, len: usize) -> Result<Mapping> {
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| Error::InvalidArgument("offset too large".into()))?;
         // SAFETY: a fresh shared mapping of an open fd; the kernel picks the address, so no
         // existing memory is affected.
         let ptr = unsafe {
@@ -97,8 +191,8 @@ impl Mapping {
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
+                fd,
+                off,
             )
         };
         if ptr == libc::MAP_FAILED {
@@ -107,8 +201,15 @@ impl Mapping {
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
-            fd,
+            offset,
+            fd: parking_lot::Mutex::new(None),
+            arena: None,
         })
+    }
+
+    /// Closes the memfd; the mapping stays valid. Later [`Mapping::fd`] calls return `None`.
+    pub(crate) fn close_fd(&self) {
+        self.fd.lock().take();
     }
 
     #[inline]
@@ -121,8 +222,23 @@ impl Mapping {
         self.len
     }
 
-    pub(crate) fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// The memfd, to pass to a peer; `None` once closed ([`Mapping::close_fd`]). The fd stays
+    /// open until `close_fd`, which only the mapping's owner calls once it has passed it on.
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        if let Some(a) = &self.arena {
+            return Some(a.fd.as_raw_fd());
+        }
+        self.fd.lock().as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Where the mapping starts in its memfd (bytes).
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The arena the mapping was carved from, if any.
+    pub(crate) fn arena(&self) -> Option<&Arc<Arena>> {
+        self.arena.as_ref()
     }
 
     /// The 8-byte word at `off`, unchecked: for offsets of a layout checked against this
@@ -154,6 +270,19 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are the mapping created in `map`, unmapped only here.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        if let Some(a) = &self.arena {
+            // Give the region's pages back; its range of the arena reads as zeros from now on
+            // (peers' own mappings included) and is never handed out again.
+            // SAFETY: `fd` is an open memfd; punching a hole inside its size is always valid.
+            unsafe {
+                libc::fallocate(
+                    a.fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    self.offset as libc::off_t,
+                    self.len as libc::off_t,
+                )
+            };
+        }
     }
 }
 
@@ -204,5 +333,60 @@ impl EventFd {
         let mut v: u64 = 0;
         // SAFETY: reads at most 8 bytes into a valid u64.
         unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second mapping of the arena's fd at `m`'s offset, as a peer makes it (the fd is
+    /// duplicated, as `SCM_RIGHTS` would).
+    fn peer_view(m: &Mapping) -> Mapping {
+        let fd = m.fd().expect("arena fd");
+        // SAFETY: `fd` is open for the duration of the call; dup returns a new fd or -1.
+        let dup = unsafe { libc::dup(fd) };
+        assert!(dup >= 0);
+        // SAFETY: dup just returned this fd, which nothing else owns.
+        let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+        Mapping::open(dup, m.offset(), m.len()).expect("peer maps the region")
+    }
+
+    #[test]
+    fn arena_regions_share_one_fd_at_page_offsets_and_free_their_pages_on_drop() {
+        let arena = Arena::create(c"t").unwrap();
+        let a = arena.alloc(100).unwrap();
+        let b = arena.alloc(3 * page_size()).unwrap();
+        assert_eq!(a.fd(), b.fd(), "one memfd for both");
+        assert_eq!((a.offset(), a.len()), (0, page_size()));
+        assert_eq!(b.offset(), page_size() as u64);
+        let view = peer_view(&b);
+        assert!(view.fd().is_none(), "a peer's fd is closed once mapped");
+        // SAFETY: both pointers are inside their live mappings.
+        unsafe {
+            b.ptr().add(5).write(0xAB);
+            assert_eq!(view.ptr().add(5).read(), 0xAB, "the peer sees the region");
+        }
+        drop(b);
+        // SAFETY: `view` is still mapped.
+        let after = unsafe { view.ptr().add(5).read() };
+        assert_eq!(after, 0, "pages punched out on drop");
+        assert!(
+            Mapping::open(
+                {
+                    // SAFETY: as in `peer_view`.
+                    let d = unsafe { libc::dup(a.fd().unwrap()) };
+                    // SAFETY: dup just returned it.
+                    unsafe { OwnedFd::from_raw_fd(d) }
+                },
+                1,
+                10
+            )
+            .is_err(),
+            "unaligned offsets are refused"
+        );
+        assert!(!arena.is_retired());
+        arena.retire();
+        assert!(arena.is_retired());
     }
 }

@@ -141,6 +141,30 @@ impl Sock {
         }
         Ok(())
     }
+    /// The pid of the process at the other end, as the kernel recorded it at `connect`
+    /// (`SO_PEERCRED`, unix(7)): a peer cannot forge it.
+    pub(crate) fn peer_pid(&self) -> io::Result<libc::pid_t> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` and `len` are valid and writable, and `len` is the size of `cred`.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(cred.pid)
+    }
 
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()

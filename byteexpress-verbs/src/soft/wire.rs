@@ -6,12 +6,14 @@
 //! | 2 | `ProbeReply { ok u8, dev_id u64 }` | — |
 //! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, name_len u16, name }` | ring memfd, doorbell eventfd, refill eventfd (optional: rung when the ring, fed by an SRQ, runs low) |
 //! | 4 | `ConnectReply { ok u8, reason_len u16, reason }` | — |
-//! | 5 | `Region { id u64, len u64 }` | memfd |
+//! | 5 | `Region { id u64, offset u64, len u64 }`: `len` bytes at `offset` (page-aligned) of the memfd | memfd (the PD's arena, shared by its regions; the receiver closes it once mapped) |
 //! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }` | — |
 //! | 7 | `MrDel { key u32 }` | — |
 //!
 //! A connection starts with `Probe` (answered, then closed) or `Connect` (answered, then kept as
-//! the control channel of that QP: `Region`/`MrAdd`/`MrDel` announcements follow).
+//! the control channel of that QP: `Region`/`MrAdd`/`MrDel` announcements follow). The peer QP
+//! may later send its own `Connect` back over that channel (answered there with
+//! `ConnectReply`); the channel then carries both directions' announcements.
 
 /// Protocol version carried in `Connect`.
 pub(crate) const VERSION: u16 = 1;
@@ -49,6 +51,7 @@ pub(crate) enum Msg {
     },
     Region {
         id: u64,
+        offset: u64,
         len: u64,
     },
     MrAdd {
@@ -103,9 +106,10 @@ impl Msg {
                 v.extend_from_slice(&(r.len() as u16).to_le_bytes());
                 v.extend_from_slice(r);
             }
-            Msg::Region { id, len } => {
+            Msg::Region { id, offset, len } => {
                 v.push(5);
                 v.extend_from_slice(&id.to_le_bytes());
+                v.extend_from_slice(&offset.to_le_bytes());
                 v.extend_from_slice(&len.to_le_bytes());
             }
             Msg::MrAdd {
@@ -168,6 +172,7 @@ impl Msg {
             }
             5 => Msg::Region {
                 id: r.u64()?,
+                offset: r.u64()?,
                 len: r.u64()?,
             },
             6 => Msg::MrAdd {
@@ -234,7 +239,11 @@ mod tests {
                 ok: false,
                 reason: "no such QP".into(),
             },
-            Msg::Region { id: 1, len: 4096 },
+            Msg::Region {
+                id: 1,
+                offset: 8192,
+                len: 4096,
+            },
             Msg::MrAdd {
                 key: 1,
                 region: 2,

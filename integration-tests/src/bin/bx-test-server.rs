@@ -1,7 +1,15 @@
 //! The test server of the integration tests:
 //! `bx-test-server [--grant N] [--transport auto|rdma|tcp] [--sched fair|fifo] [--busy-poll-us N]
-//! [--addr HOST:PORT]`.
+//! [--detect-timeout-ms N] [--memory-budget-mib N] [--max-concurrent-calls N]
+//! [--keepalive-interval-ms N] [--keepalive-timeout-ms N] [--idle-timeout-ms N]
+//! [--max-connections N] [--max-connections-per-addr N] [--addr HOST:PORT]
+//! [--delay-ms N] [--fail-all CODE] [--hang] [--id NAME]`.
 //! Listens on 127.0.0.1 (ephemeral port) and prints `LISTENING <addr>`.
+//! - `--delay-ms N`: every call is answered N ms later than the test service would (a slow
+//!   replica);
+//! - `--fail-all CODE`: every call fails with gRPC status CODE (a broken replica);
+//! - `--id NAME`: every answer carries metadata `x-server: NAME` (which replica answered);
+//! - `--hang`: accepts TCP connections and never reads or answers (an accept-and-hang port).
 
 use std::time::Duration;
 
@@ -15,9 +23,21 @@ async fn main() -> std::io::Result<()> {
         .init();
     let mut cfg = Config::default();
     let mut addr = "127.0.0.1:0".to_string();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let v = args.next().unwrap_or_default();
+    let mut delay = Duration::ZERO;
+    let mut fail_all: Option<u16> = None;
+    let mut hang = false;
+    let mut id: Option<String> = None;
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let a = argv[i].clone();
+        if a == "--hang" {
+            hang = true;
+            i += 1;
+            continue;
+        }
+        let v = argv.get(i + 1).cloned().unwrap_or_default();
+        i += 2;
         match a.as_str() {
             "--grant" => cfg.grant = v.parse().expect("--grant N"),
             "--transport" => {
@@ -33,13 +53,60 @@ async fn main() -> std::io::Result<()> {
             "--busy-poll-us" => {
                 cfg.busy_poll = Duration::from_micros(v.parse().expect("--busy-poll-us N"))
             }
+            "--detect-timeout-ms" => {
+                cfg.detect_timeout =
+                    Duration::from_millis(v.parse().expect("--detect-timeout-ms N"))
+            }
+            "--memory-budget-mib" => {
+                cfg.memory_budget = v.parse::<usize>().expect("--memory-budget-mib N") << 20
+            }
+            "--max-concurrent-calls" => {
+                cfg.max_concurrent_calls = v.parse().expect("--max-concurrent-calls N")
+            }
+            "--keepalive-interval-ms" => {
+                cfg.keepalive_interval = Duration::from_millis(v.parse().expect("ms"))
+            }
+            "--keepalive-timeout-ms" => {
+                cfg.keepalive_timeout = Duration::from_millis(v.parse().expect("ms"))
+            }
+            "--idle-timeout-ms" => cfg.idle_timeout = Duration::from_millis(v.parse().expect("ms")),
+            "--max-connections" => cfg.max_connections = v.parse().expect("N"),
+            "--max-connections-per-addr" => cfg.max_connections_per_addr = v.parse().expect("N"),
             "--addr" => addr = v,
+            "--id" => id = Some(v),
+            "--delay-ms" => delay = Duration::from_millis(v.parse().expect("--delay-ms N")),
+            "--fail-all" => fail_all = Some(v.parse().expect("--fail-all CODE")),
             other => panic!("unknown flag {other}"),
         }
     }
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("LISTENING {}", listener.local_addr()?);
-    Server::new(integration_tests::test_service, cfg)
-        .serve(listener)
-        .await
+    if hang {
+        // hold every connection open, unread, for the life of the process
+        let mut held = Vec::new();
+        loop {
+            let (s, _) = listener.accept().await?;
+            held.push(s);
+        }
+    }
+    let service = move |req: byteexpress_rpc::ServerRequest| {
+        let id = id.clone();
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if let Some(code) = fail_all {
+                return Err(byteexpress_rpc::Status::new(
+                    byteexpress_rpc::Code::from_u16(code),
+                    "--fail-all",
+                ));
+            }
+            let mut resp = integration_tests::test_service(req).await?;
+            if let Some(id) = id {
+                resp.metadata.insert("x-server", id).expect("valid key");
+            }
+            Ok(resp)
+        }
+    };
+    Server::new(service, cfg).serve(listener).await
 }

@@ -171,7 +171,8 @@ pub(crate) fn spawn(
             parts.max_message,
             Some(parts.reassembly_pool.clone()),
             counters.clone(),
-        ),
+        )
+        .with_budget(dispatch.budget().clone()),
         chunks: VecDeque::with_capacity(32),
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
@@ -351,6 +352,10 @@ impl Engine {
             .cq
             .poll(&mut wcs)
             .map_err(|e| Status::new(Code::Unavailable, format!("poll_cq: {e}")))?;
+        if n > 0 {
+            // completions, received or acknowledged by the peer: it is alive (keepalive)
+            self.link.touch();
+        }
         self.delivered = false;
         // With a static window the SEND completions of one poll release the windows once,
         // their bytes summed (completions may be merged, `Window::on_complete`; the RTT plays

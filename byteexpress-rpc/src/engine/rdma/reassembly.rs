@@ -12,6 +12,7 @@ use std::sync::Arc;
 use byteexpress_mem::{MemError, Pool, RegisteredBuf};
 use bytes::Bytes;
 
+use crate::budget::{Charge, MemoryBudget};
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
 use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
@@ -60,6 +61,8 @@ pub(crate) enum ReassemblyError {
 enum Buf {
     Registered(RegisteredBuf),
     Heap(Vec<u8>),
+    /// A message refused for want of memory budget: its bytes are counted, not kept.
+    Discard(usize),
 }
 
 impl Buf {
@@ -67,6 +70,7 @@ impl Buf {
         match self {
             Buf::Registered(b) => b.len(),
             Buf::Heap(v) => v.len(),
+            Buf::Discard(n) => *n,
         }
     }
 
@@ -79,6 +83,10 @@ impl Buf {
                 v.extend_from_slice(data);
                 true
             }
+            Buf::Discard(n) => {
+                *n += data.len();
+                true
+            }
         }
     }
 
@@ -86,6 +94,7 @@ impl Buf {
         match self {
             Buf::Registered(b) => b.freeze(),
             Buf::Heap(v) => Bytes::from(v),
+            Buf::Discard(_) => Bytes::new(),
         }
     }
 }
@@ -97,6 +106,8 @@ struct Partial {
     header: Header,
     /// Metadata + body so far.
     data: Buf,
+    /// Its share of the memory budget, returned when the message is whole.
+    _charge: Option<Charge>,
 }
 
 impl Partial {
@@ -113,6 +124,9 @@ pub(crate) struct Reassembly {
     max_message: u64,
     pool: Option<Pool>,
     counters: Arc<LinkCounters>,
+    budget: Option<MemoryBudget>,
+    /// First headers of messages refused for want of budget, for the engine to answer.
+    refused: Vec<Header>,
 }
 
 impl Reassembly {
@@ -125,7 +139,22 @@ impl Reassembly {
             max_message: max_message as u64,
             pool,
             counters,
+            budget: None,
+            refused: Vec::new(),
         }
+    }
+
+    /// Charges every message reassembled (each larger than a chunk) to `budget` when its
+    /// first chunk arrives; one that does not fit is not kept (its chunks are checked and dropped) and its
+    /// first header is queued for [`Reassembly::take_refused`].
+    pub(crate) fn with_budget(mut self, budget: MemoryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// First headers of the messages refused for want of budget since the last call.
+    pub(crate) fn take_refused(&mut self) -> Vec<Header> {
+        std::mem::take(&mut self.refused)
     }
 
     /// A buffer for `len` bytes: from the pool while it has room, else from the heap. A pool
@@ -182,12 +211,30 @@ impl Reassembly {
                     len: len as u64,
                 });
             }
-            let mut data = self.buf(len);
+            let charge = self
+                .budget
+                .as_ref()
+                .map(|b| b.try_take(h.message_len() as usize));
+            let refused = matches!(charge, Some(None));
+            let charge = charge.flatten();
+            let mut data = if refused {
+                self.refused.push(*h);
+                Buf::Discard(0)
+            } else {
+                self.buf(len)
+            };
             let written = data.extend(payload);
             debug_assert!(written, "checked against the announced length");
             let mut header = *h;
             header.flags &= !FLAG_MORE;
-            self.partial.insert(key, Partial { header, data });
+            self.partial.insert(
+                key,
+                Partial {
+                    header,
+                    data,
+                    _charge: charge,
+                },
+            );
             return Ok(None);
         }
         let Some(p) = self.partial.get_mut(&key) else {
@@ -208,6 +255,9 @@ impl Reassembly {
             return Ok(None);
         }
         let p = self.partial.remove(&key).expect("present above");
+        if matches!(p.data, Buf::Discard(_)) {
+            return Ok(None);
+        }
         let data = p.data.freeze();
         let meta_end = p.header.meta_len as usize;
         Ok(Some(Incoming {
@@ -340,6 +390,48 @@ mod tests {
         let d = one(3);
         assert!(pool.contains(d.body.as_ptr()), "the buffer came back");
         assert_eq!(c.snapshot().reassembled_on_heap, 1);
+    }
+
+    #[test]
+    fn a_message_over_the_budget_is_refused_at_its_first_chunk_and_never_kept() {
+        let budget = MemoryBudget::new(300 << 10);
+        let mut r = Reassembly::new(1 << 20, None, counters()).with_budget(budget.clone());
+        let len = 200 << 10; // bytes after the header
+        let chunk = vec![7u8; 100 << 10];
+        // the first fits the budget and is charged its whole size
+        assert!(r.on_chunk(&first(0, len, 1), &chunk).unwrap().is_none());
+        assert_eq!(budget.used(), len as usize + HEADER_LEN);
+        assert!(r.take_refused().is_empty());
+        // the second does not fit: refused at once, its bytes counted and dropped
+        assert!(r.on_chunk(&first(0, len, 2), &chunk).unwrap().is_none());
+        let refused = r.take_refused();
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].call_id, 2);
+        assert_eq!(
+            budget.used(),
+            len as usize + HEADER_LEN,
+            "nothing taken for it"
+        );
+        assert!(
+            r.on_chunk(&cont(2, chunk.len(), false), &chunk)
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(r.in_progress(), 1, "the refused message is gone");
+        // the first completes and returns its charge
+        let m = r
+            .on_chunk(&cont(1, chunk.len(), false), &chunk)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.body.len(), len as usize);
+        assert_eq!(budget.used(), 0);
+        // every reassembly is charged, however small
+        assert!(
+            r.on_chunk(&first(0, 1000, 3), &chunk[..500])
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(budget.used(), 1000 + HEADER_LEN);
     }
 
     fn counters() -> Arc<LinkCounters> {

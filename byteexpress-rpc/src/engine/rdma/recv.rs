@@ -73,6 +73,10 @@ impl Engine {
             };
             let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
             self.repost(buf, kind)?;
+            for first in self.reassembly.take_refused() {
+                let why = self.dispatch.budget().refusal(first.message_len());
+                self.dispatch.refused(&self.link, &first, why);
+            }
             match done {
                 Ok(Some(msg)) => {
                     LinkCounters::bump(&self.counters.messages_reassembled);
