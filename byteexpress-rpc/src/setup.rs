@@ -208,6 +208,9 @@ fn build_rdma(
         ..QpCap::default()
     };
     let qp = pd.create_qp(&cq, &cq, cap).map_err(v)?;
+    // The link's only QP: a provider may then release what it kept for QPs made later (the
+    // soft provider closes the PD's memfds once the peer has them: fds per link, issue 17).
+    pd.finish_qps();
     let queues = QueueConfig::new(qp.cap().max_send_wr, cfg.grant + 1, cq_size)
         .map_err(|e| Status::new(Code::InvalidArgument, format!("RDMA queues: {e}")))?;
     let recv_pool = BufPool::new(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;

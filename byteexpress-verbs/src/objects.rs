@@ -203,6 +203,18 @@ impl Pd {
         self.new_qp(send_cq, recv_cq, None, cap)
     }
 
+    /// Declares that no QP will be created in this PD any more: later [`Pd::create_qp`] and
+    /// [`Pd::create_qp_with_srq`] calls fail with `InvalidState`. MRs, shared memory and the
+    /// PD's existing QPs are unaffected. A hint with no verbs counterpart: rdma-core devices
+    /// only record it; the soft provider then closes each memfd of the PD once every QP of
+    /// the PD has passed it to its peer (the mappings keep the memory), so a PD whose QPs are
+    /// connected holds no fd for its memory (ByteExpress-rs issue 17: fds per link; DESIGN.md
+    /// 3.1). Without it, the soft provider keeps one memfd open per PD, since a QP created
+    /// later would have to pass the PD's regions to its own peer.
+    pub fn finish_qps(&self) {
+        self.inner.finish_qps();
+    }
+
     /// [`Pd::create_qp`], optionally attached to `srq` (see [`Pd::create_qp_with_srq`]).
     pub(crate) fn new_qp(
         &self,
@@ -211,6 +223,11 @@ impl Pd {
         srq: Option<&crate::Srq>,
         cap: QpCap,
     ) -> Result<Qp> {
+        if self.inner.qps_finished() {
+            return Err(crate::Error::InvalidState(
+                "no QP can be created in this PD after Pd::finish_qps".into(),
+            ));
+        }
         let inner =
             self.inner
                 .create_qp(&send_cq.inner, &recv_cq.inner, srq.map(|s| &s.inner), cap)?;

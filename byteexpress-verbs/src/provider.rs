@@ -72,6 +72,10 @@ pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
         cap: QpCap,
     ) -> Result<Arc<dyn QpImpl>>;
     fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>>;
+    /// No QP will be created in this PD any more ([`crate::Pd::finish_qps`]).
+    fn finish_qps(&self);
+    /// Whether [`PdImpl::finish_qps`] was called.
+    fn qps_finished(&self) -> bool;
 }
 
 /// A shared receive queue (`ibv_srq`).

@@ -19,6 +19,8 @@ pub(crate) struct IbvPd {
     me: Weak<IbvPd>,
     pd: *mut sys::ibv_pd,
     pub(crate) ctx: Arc<IbvContext>,
+    /// [`PdImpl::finish_qps`] was called.
+    qps_finished: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: an `ibv_pd` is only passed to thread-safe verbs calls (reg_mr, create_qp) and
@@ -38,6 +40,7 @@ impl IbvPd {
             me: me.clone(),
             pd,
             ctx,
+            qps_finished: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -58,6 +61,16 @@ impl Drop for IbvPd {
 }
 
 impl PdImpl for IbvPd {
+    /// Only recorded: rdma-core has no such call, and nothing of the PD is released.
+    fn finish_qps(&self) {
+        self.qps_finished
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn qps_finished(&self) -> bool {
+        self.qps_finished.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>> {
         Ok(Arc::new(AnonMem::new(len)?))
     }

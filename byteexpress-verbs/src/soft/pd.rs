@@ -64,6 +64,11 @@ impl Conn {
     }
 
     /// Announces a deregistration.
+    /// Whether this peer was sent region `id`'s memfd.
+    fn has(&self, id: u64) -> bool {
+        self.sent.lock().contains(&id)
+    }
+
     pub(crate) fn withdraw(&self, key: u32) -> std::io::Result<()> {
         self.send(&Msg::MrDel { key }, &[])
     }
@@ -81,16 +86,26 @@ impl Conn {
                 offset: map.offset(),
                 len: map.len() as u64,
             };
-            let fd = map.fd().ok_or_else(|| {
-                std::io::Error::other("a PD region's memfd is open for as long as the region")
-            })?;
-            if let Some(a) = map.arena() {
-                let mut exposed = self.exposed.lock();
-                if !exposed.iter().any(|e| Arc::ptr_eq(e, a)) {
-                    exposed.push(a.clone());
+            let closed = || {
+                std::io::Error::other(
+                    "the region's memfd was closed once every QP of its PD had it (a QP created \
+                     after that cannot be given it)",
+                )
+            };
+            match map.arena() {
+                Some(a) => {
+                    let mut exposed = self.exposed.lock();
+                    if !exposed.iter().any(|e| Arc::ptr_eq(e, a)) {
+                        exposed.push(a.clone());
+                    }
+                    drop(exposed);
+                    a.pass(|fd| self.send(&m, &[fd])).ok_or_else(closed)??;
+                }
+                None => {
+                    let fd = map.fd().ok_or_else(closed)?;
+                    self.send(&m, &[fd])?;
                 }
             }
-            self.send(&m, &[fd])?;
             sent.insert(mr.region);
         }
         let m = Msg::MrAdd {
@@ -105,14 +120,54 @@ impl Conn {
     }
 }
 
+/// A region carved from an arena: its id (`SoftShm::id`) and its mapping.
+type Carved = (u64, Weak<Mapping>);
+
 /// MRs and peer connections of a PD.
 #[derive(Debug, Default)]
 pub(crate) struct PdState {
     pub(crate) mrs: Vec<Weak<SoftMr>>,
     pub(crate) conns: Vec<Weak<Conn>>,
     /// Where `alloc_shared` carves regions: one memfd for the PD's regions (one fd however
-    /// many), replaced by a fresh one once a peer that was sent it is gone.
+    /// many), replaced by a fresh one once a peer that was sent it is gone, or once it is
+    /// closed.
     arena: Option<Arc<Arena>>,
+    /// The PD's arenas, each with the regions carved from it.
+    arenas: Vec<(Weak<Arena>, Vec<Carved>)>,
+    /// No QP will be created in the PD any more (`Pd::finish_qps`).
+    qps_finished: bool,
+    /// Live QPs of the PD.
+    qps: usize,
+    /// Of those, the ones connected (their [`Conn`] made and all MRs announced on it).
+    connected: usize,
+}
+
+impl PdState {
+    /// Closes the memfd of every arena that no peer can still need: once no QP will be
+    /// created in the PD (`Pd::finish_qps`) and every live QP of it is connected, an arena
+    /// that went to a peer and whose every live region went to every live peer of the PD is
+    /// closed (and retired: later regions go to a new arena, passed and closed in turn). Its
+    /// regions stay mapped here and at the peers. So a connected PD costs no fd once its
+    /// regions are registered (issue 17: fds per link).
+    pub(crate) fn close_passed_arenas(&mut self) {
+        self.arenas.retain(|(a, _)| a.strong_count() > 0);
+        if !self.qps_finished || self.connected < self.qps {
+            return;
+        }
+        let conns: Vec<Arc<Conn>> = self.conns.iter().filter_map(Weak::upgrade).collect();
+        for (a, regions) in &mut self.arenas {
+            regions.retain(|(_, m)| m.strong_count() > 0);
+            let Some(a) = a.upgrade() else { continue };
+            if a.is_passed()
+                && a.is_open()
+                && regions
+                    .iter()
+                    .all(|(id, _)| conns.iter().all(|c| c.has(*id)))
+            {
+                a.close();
+            }
+        }
+    }
 }
 
 /// A protection domain.
@@ -149,6 +204,23 @@ impl SoftPd {
             }
         }
         Ok(())
+    }
+
+    /// A QP of this PD connected (its MRs announced to its peer).
+    pub(crate) fn qp_connected(&self) {
+        let mut st = self.state.lock();
+        st.connected += 1;
+        st.close_passed_arenas();
+    }
+
+    /// A QP of this PD is gone (`connected`: it had connected).
+    pub(crate) fn qp_dropped(&self, connected: bool) {
+        let mut st = self.state.lock();
+        st.qps = st.qps.saturating_sub(1);
+        if connected {
+            st.connected = st.connected.saturating_sub(1);
+        }
+        st.close_passed_arenas();
     }
 
     pub(crate) fn new(dev: Arc<SoftDevice>) -> Arc<SoftPd> {
@@ -386,22 +458,29 @@ impl PdImpl for SoftPd {
                 limits::MAX_MR_SIZE
             )));
         }
-        let arena = {
-            let mut st = self.state.lock();
-            match &st.arena {
-                Some(a) if !a.is_retired() => a.clone(),
-                _ => {
-                    let a = Arena::create(c"bx-soft-pd")?;
-                    st.arena = Some(a.clone());
-                    a
-                }
+        // Carved under the PD's lock, so no arena is closed between its choice and the carving,
+        // and the region is on its arena's list before any close decision.
+        let mut st = self.state.lock();
+        let arena = match &st.arena {
+            Some(a) if !a.is_retired() => a.clone(),
+            _ => {
+                let a = Arena::create(c"bx-soft-pd")?;
+                st.arena = Some(a.clone());
+                st.arenas.push((Arc::downgrade(&a), Vec::new()));
+                a
             }
         };
-        let map = arena.alloc(len)?;
-        Ok(Arc::new(SoftShm {
-            id: self.dev.alloc_id(),
-            map: Arc::new(map),
-        }))
+        let map = Arc::new(arena.alloc(len)?);
+        let id = self.dev.alloc_id();
+        if let Some((_, regions)) = st
+            .arenas
+            .iter_mut()
+            .find(|(a, _)| std::ptr::eq(a.as_ptr(), Arc::as_ptr(&arena)))
+        {
+            regions.push((id, Arc::downgrade(&map)));
+        }
+        drop(st);
+        Ok(Arc::new(SoftShm { id, map }))
     }
 
     fn reg_shared(
@@ -453,6 +532,7 @@ impl PdImpl for SoftPd {
                 tracing::debug!("soft: announcing MR {:#x} failed: {e}", mr.key);
             }
         }
+        st.close_passed_arenas();
         Ok(mr)
     }
 
@@ -510,7 +590,32 @@ impl PdImpl for SoftPd {
                     .ok_or_else(|| Error::InvalidArgument("SRQ of another device".into()))?,
             ),
         };
-        Ok(SoftQp::create(pd, send_cq, recv_cq, srq, cap)?)
+        // Counted before it exists, under the same lock as the check, so no QP is made once
+        // `finish_qps` may have closed the PD's arenas.
+        {
+            let mut st = self.state.lock();
+            if st.qps_finished {
+                return Err(Error::InvalidState(
+                    "no QP can be created in this PD after Pd::finish_qps".into(),
+                ));
+            }
+            st.qps += 1;
+        }
+        let qp = SoftQp::create(pd, send_cq, recv_cq, srq, cap).inspect_err(|_| {
+            let mut st = self.state.lock();
+            st.qps = st.qps.saturating_sub(1);
+        })?;
+        Ok(qp)
+    }
+
+    fn finish_qps(&self) {
+        let mut st = self.state.lock();
+        st.qps_finished = true;
+        st.close_passed_arenas();
+    }
+
+    fn qps_finished(&self) -> bool {
+        self.state.lock().qps_finished
     }
 
     fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>> {

@@ -537,6 +537,8 @@ impl Drop for SoftQp {
         }
         drop(qps);
         self.recv_cq.qp_dropped();
+        let connected = self.out.get_mut().take().is_some();
+        self.pd.qp_dropped(connected);
         self.dev.wake();
     }
 }
@@ -636,11 +638,17 @@ impl QpImpl for SoftQp {
         let ring_fd = self.ring.mapping().fd().ok_or_else(|| {
             Error::InvalidState("the QP's ring was already passed to a peer".into())
         })?;
-        sock.send(
-            &hello.encode(),
-            &[ring_fd, self.recv_cq.doorbell_fd(), self.dev.wake_fd()],
-        )
-        .map_err(|e| peer_err("connect to", &e))?;
+        // The refill eventfd only serves a ring fed by an SRQ (its low water set): a QP
+        // without one sends none, so its peer keeps no fd for it.
+        let ring_and_bell = [ring_fd, self.recv_cq.doorbell_fd()];
+        let with_refill = [ring_fd, self.recv_cq.doorbell_fd(), self.dev.wake_fd()];
+        let fds: &[std::os::fd::RawFd] = if self.srq.is_some() {
+            &with_refill
+        } else {
+            &ring_and_bell
+        };
+        sock.send(&hello.encode(), fds)
+            .map_err(|e| peer_err("connect to", &e))?;
         let mut buf = [0u8; MAX_MSG];
         let reply = if reused {
             // The message holds its own reference to the ring's memfd until the peer takes it.
@@ -714,6 +722,7 @@ impl QpImpl for SoftQp {
             }
         }
         *self.out.lock() = Some(conn);
+        self.pd.qp_connected();
         if !reused {
             self.dev.watch(Watch::Outbound {
                 qp: self.me.clone(),

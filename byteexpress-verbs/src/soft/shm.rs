@@ -7,8 +7,9 @@
 //! it may still have to be passed to a peer: a peer's memfd is closed as soon as it is mapped
 //! (the mapping keeps the memory), and a QP's ring memfd once the QP has sent it
 //! ([`Mapping::close_fd`]). The regions of a PD share one memfd, its [`Arena`], which stays open
-//! because it may be announced to peers that connect later: a PD costs one fd however many
-//! regions it has.
+//! only until every QP of the PD has been passed it ([`Arena::close`], decided by the PD): from
+//! then on the mappings alone hold its memory, regions made later go to a new arena, and a PD
+//! whose QPs are all connected holds no memfd at all.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -43,7 +44,10 @@ pub(crate) struct Mapping {
 /// memory), sealed against shrinking only, so a peer's mapping can never be truncated.
 #[derive(Debug)]
 pub(crate) struct Arena {
-    fd: OwnedFd,
+    /// The memfd, until closed ([`Arena::close`]): then the arena is retired too.
+    fd: parking_lot::Mutex<Option<OwnedFd>>,
+    /// Its fd went to a peer.
+    passed: AtomicBool,
     /// Bytes handed out so far (the file's size).
     end: parking_lot::Mutex<u64>,
     /// No more regions are carved from it (a peer that was sent its fd is gone).
@@ -60,16 +64,22 @@ impl Arena {
             return Err(Error::last_os("fcntl(F_ADD_SEALS)"));
         }
         Ok(Arc::new(Arena {
-            fd,
+            fd: parking_lot::Mutex::new(Some(fd)),
+            passed: AtomicBool::new(false),
             end: parking_lot::Mutex::new(0),
             retired: AtomicBool::new(false),
         }))
     }
 
     /// A zero-filled region of `len` bytes rounded up to the page size, at the end of the
-    /// arena (which grows by that much), mapped.
+    /// arena (which grows by that much), mapped. Fails with `InvalidState` once the arena's
+    /// fd is closed (its owner then makes a new arena).
     pub(crate) fn alloc(self: &Arc<Self>, len: usize) -> Result<Mapping> {
         let len = page_round(len)?;
+        let fd = self.fd.lock();
+        let fd = fd
+            .as_ref()
+            .ok_or_else(|| Error::InvalidState("the arena's memfd is closed".into()))?;
         let mut end = self.end.lock();
         let offset = *end;
         let size = offset
@@ -77,12 +87,12 @@ impl Arena {
             .and_then(|s| libc::off_t::try_from(s).ok())
             .ok_or_else(|| Error::InvalidArgument("shared memory too large".into()))?;
         // SAFETY: `fd` is an open memfd; growing it is allowed by its seals.
-        if unsafe { libc::ftruncate(self.fd.as_raw_fd(), size) } != 0 {
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(Error::last_os("ftruncate"));
         }
         *end = size as u64;
         drop(end);
-        let mut map = Mapping::map_at(self.fd.as_raw_fd(), offset, len)?;
+        let mut map = Mapping::map_at(fd.as_raw_fd(), offset, len)?;
         map.arena = Some(self.clone());
         Ok(map)
     }
@@ -94,6 +104,32 @@ impl Arena {
 
     pub(crate) fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Acquire)
+    }
+
+    /// Runs `send` with the memfd while it is open (it cannot be closed meanwhile) and marks
+    /// the arena as passed; `None` once closed.
+    pub(crate) fn pass<R>(&self, send: impl FnOnce(RawFd) -> R) -> Option<R> {
+        let fd = self.fd.lock();
+        let raw = fd.as_ref()?.as_raw_fd();
+        self.passed.store(true, Ordering::Release);
+        Some(send(raw))
+    }
+
+    /// Whether its fd went to a peer.
+    pub(crate) fn is_passed(&self) -> bool {
+        self.passed.load(Ordering::Acquire)
+    }
+
+    /// Whether its memfd is still open.
+    pub(crate) fn is_open(&self) -> bool {
+        self.fd.lock().is_some()
+    }
+
+    /// Retires the arena and closes its memfd. Its regions stay mapped (a mapping outlives its
+    /// fd), here and at the peers that mapped them, but can no longer be passed to a peer.
+    pub(crate) fn close(&self) {
+        self.retire();
+        self.fd.lock().take();
     }
 }
 
@@ -226,7 +262,7 @@ impl Mapping {
     /// open until `close_fd`, which only the mapping's owner calls once it has passed it on.
     pub(crate) fn fd(&self) -> Option<RawFd> {
         if let Some(a) = &self.arena {
-            return Some(a.fd.as_raw_fd());
+            return a.fd.lock().as_ref().map(AsRawFd::as_raw_fd);
         }
         self.fd.lock().as_ref().map(AsRawFd::as_raw_fd)
     }
@@ -268,21 +304,17 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.arena.is_some() {
+            // Give the region's pages back, whether or not the arena's fd is still open:
+            // MADV_REMOVE on a shared memfd mapping punches a hole in the file (madvise(2)),
+            // so its range of the arena reads as zeros from now on (peers' own mappings
+            // included) and is never handed out again.
+            // SAFETY: `ptr`/`len` are this live mapping; MADV_REMOVE only frees its backing
+            // pages, and nothing in this process reads them after this drop.
+            unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_REMOVE) };
+        }
         // SAFETY: `ptr`/`len` are the mapping created in `map`, unmapped only here.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        if let Some(a) = &self.arena {
-            // Give the region's pages back; its range of the arena reads as zeros from now on
-            // (peers' own mappings included) and is never handed out again.
-            // SAFETY: `fd` is an open memfd; punching a hole inside its size is always valid.
-            unsafe {
-                libc::fallocate(
-                    a.fd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    self.offset as libc::off_t,
-                    self.len as libc::off_t,
-                )
-            };
-        }
     }
 }
 
@@ -388,5 +420,34 @@ mod tests {
         assert!(!arena.is_retired());
         arena.retire();
         assert!(arena.is_retired());
+    }
+
+    #[test]
+    fn a_closed_arena_keeps_its_regions_mapped_frees_their_pages_on_drop_and_carves_no_more() {
+        let arena = Arena::create(c"t").unwrap();
+        let a = arena.alloc(page_size()).unwrap();
+        let view = peer_view(&a);
+        assert!(arena.pass(|_| ()).is_some() && arena.is_passed());
+        arena.close();
+        assert!(!arena.is_open() && arena.is_retired());
+        assert!(a.fd().is_none(), "no fd once closed");
+        assert!(arena.pass(|_| ()).is_none(), "nothing to pass once closed");
+        assert!(
+            matches!(arena.alloc(10), Err(Error::InvalidState(_))),
+            "no region carved from a closed arena"
+        );
+        // SAFETY: both pointers are inside their live mappings.
+        unsafe {
+            a.ptr().add(7).write(0xCD);
+            assert_eq!(
+                view.ptr().add(7).read(),
+                0xCD,
+                "still shared after the close"
+            );
+        }
+        drop(a);
+        // SAFETY: `view` is still mapped.
+        let after = unsafe { view.ptr().add(7).read() };
+        assert_eq!(after, 0, "pages punched out on drop without the arena's fd");
     }
 }

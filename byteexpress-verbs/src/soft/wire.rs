@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | 1 | `Probe { nonce u64 }` | — |
 //! | 2 | `ProbeReply { ok u8, dev_id u64 }` | — |
-//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, name_len u16, name }` | ring memfd, doorbell eventfd, refill eventfd (optional: rung when the ring, fed by an SRQ, runs low) |
+//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, name_len u16, name }` | ring memfd, doorbell eventfd, refill eventfd (sent only by a QP fed by an SRQ: rung when its ring runs low) |
 //! | 4 | `ConnectReply { ok u8, reason_len u16, reason }` | — |
 //! | 5 | `Region { id u64, offset u64, len u64 }`: `len` bytes at `offset` (page-aligned) of the memfd | memfd (the PD's arena, shared by its regions; the receiver closes it once mapped) |
 //! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }` | — |

@@ -14,6 +14,7 @@ mod common;
 mod cross_process;
 mod data_path;
 mod errors;
+mod finish_qps;
 mod lifecycle;
 mod limits;
 mod srq;
