@@ -811,7 +811,7 @@ async fn a_soft_rdma_link_costs_the_server_at_most_4_fds() {
                 .expect("bx-test-link timed out")
                 .expect("read bx-test-link")
                 .expect("bx-test-link exited before its link served a call");
-            assert_eq!(line, "LINKED Rdma");
+            assert_eq!(line, format!("LINKED {:?}", rdma_here()));
         }
     };
     linked(&mut procs).await;
