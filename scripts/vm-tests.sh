@@ -33,7 +33,9 @@ fi
 #   then status (issue 21), the same way;
 # - memory the pool did not allocate, through byteexpress-mem's MR cache on rxe0 (MAP_FIXED:
 #   a region unmapped and mapped again at the same address is registered anew);
-# - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0.
+# - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0;
+# - device choice with soft0 visible: BX_TRANSPORT=rdma links on rxe0, never moved to soft0; an
+#   invalid BX_GID_INDEX is an error naming the index, rxe0 and its valid entries.
 targets=(
   "byteexpress-verbs:conformance:vm-tests"
   "byteexpress-verbs:ibverbs_vm:vm-tests"
@@ -42,6 +44,7 @@ targets=(
   "integration-tests:facade_streams::BX_SOFT=0:error_after_n_messages_delivers_the_n_messages_then_the_status_with_details --exact"
   "bx:pingpong_vm:vm-tests"
   "byteexpress-mem:user_memory_vm:"
+  "integration-tests:device_choice_vm:vm-tests"
 )
 bins=()
 runs=()

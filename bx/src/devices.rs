@@ -14,6 +14,7 @@ use byteexpress_verbs::{Context, GidInfo};
 
 /// Prints the listing; fails only when no device at all could be opened.
 pub fn main() -> ExitCode {
+    let devices = byteexpress_verbs::devices();
     if let Err(e) = byteexpress_verbs::ibverbs_devices() {
         let why = e.to_string();
         // The verbs error already starts with "no RDMA device" for rdma-core's "none here".
@@ -22,11 +23,17 @@ pub fn main() -> ExitCode {
         } else {
             format!("no RDMA device: {why}")
         };
-        // Said as a fact about rdma-core, not as a failure: the soft device follows.
-        println!("rdma-core: {why}; the soft device below runs in userspace without a NIC");
+        if devices.is_empty() {
+            // Nothing follows: say so instead of pointing at a listing that is not there.
+            println!("rdma-core: {why}; the soft device is hidden (BX_SOFT=0): no device found");
+        } else {
+            // Said as a fact about rdma-core, not as a failure: the soft device follows.
+            println!("rdma-core: {why}; the soft device below runs in userspace without a NIC");
+        }
     }
     let mut opened = 0;
-    for d in byteexpress_verbs::devices() {
+    let listed = devices.len();
+    for d in devices {
         let kind = if d.is_hardware() {
             "rdma-core"
         } else {
@@ -41,7 +48,11 @@ pub fn main() -> ExitCode {
         }
     }
     if opened == 0 {
-        eprintln!("bx devices: no device could be opened");
+        if listed == 0 {
+            eprintln!("bx devices: no RDMA device found");
+        } else {
+            eprintln!("bx devices: none of the {listed} devices could be opened");
+        }
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

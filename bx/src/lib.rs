@@ -7,12 +7,19 @@
 //!   `ibv_rc_pingpong` (see [`pingpong`]);
 //! - `bx ps serve [--addr 127.0.0.1:0] [--dim 64]`: the parameter server (ByteExpress and
 //!   HTTP/2 on one port), printing `LISTENING <addr>` first;
-//! - `bx ps bench`: the parameter-server workload over each transport, side by side.
+//! - `bx ps bench`: the parameter-server workload over each transport, side by side, against
+//!   a server it starts (and stops with itself) or one at `--server ADDR`.
+//!
+//! Every command logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`: one
+//! line per link set up, with its peer, transport, device, and why a faster path was not
+//! taken). `bx ps serve --metrics ADDR` and `bx ps bench --metrics ADDR` serve the `metrics`
+//! events of `byteexpress_rpc::metrics` in Prometheus text format at `http://ADDR/metrics`.
 
 pub mod devices;
 pub mod pingpong;
 pub mod ps;
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use crate::ps::bench::{self, BenchArgs};
@@ -48,8 +55,11 @@ enum PsCmd {
         /// Runtime worker threads; 1 runs everything on one thread.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Serve metrics in Prometheus text format at http://ADDR/metrics.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
     },
-    /// Start a server process and measure Pull/Push over rdma, tcp and HTTP/2.
+    /// Start a server process (or use --server) and measure Pull/Push over rdma, tcp and HTTP/2.
     Bench(BenchArgs),
 }
 
@@ -66,46 +76,103 @@ fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
+/// Installs the log subscriber: `RUST_LOG` (default `info`), to stderr, so stdout keeps only
+/// what a command prints for scripts (`LISTENING`, tables).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Installs the Prometheus exporter (`metrics-exporter-prometheus`) as the process's `metrics`
+/// recorder, serving `http://addr/metrics` from a thread of its own, so scrapes are answered
+/// however busy the command's runtime is.
+fn install_metrics(addr: SocketAddr) -> Result<(), String> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+    tracing::info!("metrics at http://{addr}/metrics");
+    Ok(())
+}
+
 /// Parses the process arguments and runs the command; the exit code tells success.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logs();
     match cli.cmd {
         Cmd::Devices => devices::main(),
         Cmd::Pingpong(args) => pingpong::main(&args),
         Cmd::Ps {
-            cmd: PsCmd::Serve { args, threads },
-        } => match runtime(threads).and_then(|rt| rt.block_on(serve::run(args))) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
+            cmd:
+                PsCmd::Serve {
+                    args,
+                    threads,
+                    metrics,
+                },
+        } => {
+            if let Err(e) = serve::die_with_parent(&args) {
                 eprintln!("bx ps serve: {e}");
-                ExitCode::FAILURE
+                return ExitCode::FAILURE;
             }
-        },
+            if let Some(addr) = metrics
+                && let Err(e) = install_metrics(addr)
+            {
+                eprintln!("bx ps serve: {e}");
+                return ExitCode::FAILURE;
+            }
+            match runtime(threads).and_then(|rt| rt.block_on(serve::run(args))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bx ps serve: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Ps {
             cmd: PsCmd::Bench(args),
         } => {
-            let rows = runtime(1)
-                .map_err(|e| e.to_string())
-                .and_then(|rt| rt.block_on(bench::run(&args)));
-            match rows {
-                Ok(rows) => {
-                    print!("{}", bench::table(&rows));
-                    if let Some(path) = &args.json
-                        && let Err(e) = std::fs::write(path, bench::json(&rows))
-                    {
-                        eprintln!("bx ps bench: writing {}: {e}", path.display());
-                        return ExitCode::FAILURE;
-                    }
-                    if rows.is_empty() {
-                        ExitCode::FAILURE
-                    } else {
-                        ExitCode::SUCCESS
-                    }
+            if let Some(addr) = args.metrics
+                && let Err(e) = install_metrics(addr)
+            {
+                eprintln!("bx ps bench: {e}");
+                return ExitCode::FAILURE;
+            }
+            let outcome = runtime(1)
+                .map_err(|e| bench::BenchError::Failed(e.to_string()))
+                .and_then(|rt| rt.block_on(bench::run_until_signal(&args)));
+            let rows = match outcome {
+                Ok(rows) => rows,
+                Err(bench::BenchError::Signal(name, code)) => {
+                    eprintln!("bx ps bench: stopped by {name}; its server was stopped too");
+                    return ExitCode::from(code);
                 }
-                Err(e) => {
+                Err(bench::BenchError::Failed(e)) => {
                     eprintln!("bx ps bench: {e}");
-                    ExitCode::FAILURE
+                    return ExitCode::FAILURE;
                 }
+            };
+            print!("{}", bench::table(&rows));
+            if let Some(path) = &args.json
+                && let Err(e) = std::fs::write(path, bench::json(&args, &rows))
+            {
+                eprintln!("bx ps bench: writing {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+            if let Some(path) = &args.plot
+                && let Err(e) = bench::plot(&rows, path)
+            {
+                eprintln!("bx ps bench: plotting {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+            if rows.is_empty() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
             }
         }
     }

@@ -24,6 +24,8 @@ use std::net::{Ipv6Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
 use byteexpress_verbs::{
     Access, ConnectAttr, Context, Cq, Endpoint, Mr, Qp, QpCap, RecvWr, SendWr, Sge, Wc, WcStatus,
     WrOp,
@@ -73,7 +75,8 @@ pub struct PingpongArgs {
     /// Sleep on CQ events instead of busy-polling.
     #[arg(short = 'e', long = "events")]
     pub events: bool,
-    /// Give up when no completion arrives for this many seconds.
+    /// Give up when no completion arrives for this many seconds, or when the peer's part of
+    /// the address exchange takes longer.
     #[arg(long, default_value_t = 30)]
     pub idle_timeout: u64,
 }
@@ -186,26 +189,37 @@ pub struct Latency {
     pub p999: f64,
 }
 
+/// Round-trip times in ns, 1 ns to 1 h at 3 significant digits (hdrhistogram): a fixed ~200 KiB
+/// whatever the number of iterations, so `-n 4294967295` needs no more memory than `-n 1`.
+pub fn rtt_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("static bounds")
+}
+
 impl Latency {
     /// Summarises round-trip times; `None` without samples.
     pub fn from_round_trips(rtts: &[Duration]) -> Option<Latency> {
-        if rtts.is_empty() {
+        let mut h = rtt_histogram();
+        for d in rtts {
+            h.saturating_record((d.as_nanos() as u64).max(1));
+        }
+        Latency::from_histogram(&h)
+    }
+
+    /// Summarises a histogram of round-trip times in ns (within its 3 significant digits);
+    /// `None` when it is empty.
+    pub fn from_histogram(h: &Histogram<u64>) -> Option<Latency> {
+        if h.is_empty() {
             return None;
         }
-        let mut us: Vec<f64> = rtts.iter().map(|d| d.as_secs_f64() * 1e6 / 2.0).collect();
-        us.sort_by(f64::total_cmp);
-        let n = us.len();
-        let at = |q: f64| us[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
-        let avg = us.iter().sum::<f64>() / n as f64;
-        let var = us.iter().map(|v| (v - avg) * (v - avg)).sum::<f64>() / n as f64;
+        let us = |ns: f64| ns / 1e3 / 2.0;
         Some(Latency {
-            min: us[0],
-            typical: us[n / 2],
-            max: us[n - 1],
-            avg,
-            stdev: var.sqrt(),
-            p99: at(0.99),
-            p999: at(0.999),
+            min: us(h.min() as f64),
+            typical: us(h.value_at_quantile(0.5) as f64),
+            max: us(h.max() as f64),
+            avg: us(h.mean()),
+            stdev: us(h.stdev()),
+            p99: us(h.value_at_quantile(0.99) as f64),
+            p999: us(h.value_at_quantile(0.999) as f64),
         })
     }
 }
@@ -406,8 +420,7 @@ fn rerun_with_gid_index(ctx: &Context, want: u32) -> Result<Outcome, String> {
     }
     if let Ok(v) = std::env::var(GID_INDEX_ENV) {
         return Err(format!(
-            "-g {want} contradicts {GID_INDEX_ENV}={v} (GID index {:?} in use)",
-            ctx.gid_index()
+            "GID index {want} (from -g) conflicts with {GID_INDEX_ENV}={v}; give one of them"
         ));
     }
     let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
@@ -442,10 +455,37 @@ struct Connector<'a> {
     soft: bool,
 }
 
-/// Limit for each read of the exchange once a peer is connected.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A failed read of the out-of-band exchange, waiting for `what`, in the user's words: the
+/// socket's read timeout (`--idle-timeout`, reported by the OS as `EAGAIN`) and an early end
+/// of stream are named as what they mean. `s` is the exchange's socket.
+pub fn exchange_error(s: &TcpStream, e: &std::io::Error, what: &str) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+            "timed out after {} s waiting for {what}",
+            s.read_timeout()
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+                .as_secs()
+        ),
+        std::io::ErrorKind::UnexpectedEof => {
+            format!("the peer closed the connection during the exchange of {what}")
+        }
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted => {
+            format!("the peer closed the connection during the exchange of {what} (reset)")
+        }
+        _ => format!("reading {what}: {e}"),
+    }
+}
 
 impl Connector<'_> {
+    /// Each read of the exchange waits at most `--idle-timeout` seconds.
+    fn set_exchange_timeout(&self, s: &TcpStream) -> Result<(), String> {
+        let secs = self.args.idle_timeout.max(1);
+        s.set_read_timeout(Some(Duration::from_secs(secs)))
+            .map_err(|e| e.to_string())
+    }
+
     fn server(&self, my: &Dest) -> Result<Dest, String> {
         let port = self.args.port;
         let listener = TcpListener::bind(("::", port))
@@ -456,14 +496,13 @@ impl Connector<'_> {
             .accept()
             .map_err(|e| format!("accept on port {port}: {e}"))?;
         drop(listener);
-        s.set_read_timeout(Some(EXCHANGE_TIMEOUT))
-            .map_err(|e| e.to_string())?;
+        self.set_exchange_timeout(&s)?;
         let (peer, ext) = self.read_peer(&mut s)?;
         self.connect(&peer, ext)?;
         self.send_line(&mut s, my)?;
         let mut done = [0u8; DONE.len()];
         s.read_exact(&mut done)
-            .map_err(|e| format!("reading the client's \"done\": {e}"))?;
+            .map_err(|e| exchange_error(&s, &e, "the client's \"done\""))?;
         if &done != DONE {
             return Err(format!(
                 "client sent {:?} instead of \"done\"",
@@ -484,8 +523,7 @@ impl Connector<'_> {
         let port = self.args.port;
         let mut s = TcpStream::connect((host, port))
             .map_err(|e| format!("couldn't connect to {host}:{port}: {e}"))?;
-        s.set_read_timeout(Some(EXCHANGE_TIMEOUT))
-            .map_err(|e| e.to_string())?;
+        self.set_exchange_timeout(&s)?;
         self.send_line(&mut s, my)?;
         let (peer, ext) = self.read_peer(&mut s)?;
         // The peer is connected once its line arrives; our receives go up before "done", so
@@ -539,8 +577,12 @@ impl Connector<'_> {
 
 fn read_line(s: &mut TcpStream) -> Result<Dest, String> {
     let mut line = [0u8; LINE_LEN];
-    s.read_exact(&mut line)
-        .map_err(|e| format!("couldn't read the remote address: {e}"))?;
+    s.read_exact(&mut line).map_err(|e| {
+        format!(
+            "couldn't read the remote address: {}",
+            exchange_error(s, &e, "the peer's QP information")
+        )
+    })?;
     decode_line(&line)
 }
 
@@ -560,7 +602,7 @@ fn read_ext(s: &mut TcpStream) -> Result<Endpoint, String> {
     }
     let mut body = vec![0u8; len];
     s.read_exact(&mut body)
-        .map_err(|e| format!("reading the soft endpoint: {e}"))?;
+        .map_err(|e| exchange_error(s, &e, "the peer's soft endpoint"))?;
     Endpoint::from_bytes(&body).map_err(|e| format!("soft endpoint: {e}"))
 }
 
@@ -622,13 +664,21 @@ impl PingPong<'_> {
                 })
                 .map_err(|e| format!("couldn't post send: {e}"))
         };
-        let mut sent_at: Vec<Instant> = Vec::with_capacity(self.iters as usize);
+        // A round trip is the time between two sends of this side; the client's last one ends
+        // with the answer to its last send.
+        let mut rtts = rtt_histogram();
+        let mut last_send: Option<Instant> = None;
+        let mut sent = |now: Instant| {
+            if let Some(prev) = last_send.replace(now) {
+                rtts.saturating_record(((now - prev).as_nanos() as u64).max(1));
+            }
+        };
         let mut routs = self.rx_depth;
         let (mut scnt, mut rcnt) = (0u32, 0u32);
         let mut pending = RECV_WRID;
         let start = Instant::now();
         if self.client {
-            sent_at.push(Instant::now());
+            sent(Instant::now());
             send()?;
             pending |= SEND_WRID;
         }
@@ -643,9 +693,9 @@ impl PingPong<'_> {
             if n == 0 {
                 let stalled = || {
                     format!(
-                        "no completion for {:?} after {scnt} sends and {rcnt} receives \
-                         (peer gone?)",
-                        self.idle_timeout
+                        "the peer stopped after {rcnt} of {} exchanges: no completion for {:?} \
+                         ({scnt} sends, {rcnt} receives done)",
+                        self.iters, self.idle_timeout
                     )
                 };
                 if let Some(rt) = &rt {
@@ -671,6 +721,20 @@ impl PingPong<'_> {
             last_progress = Instant::now();
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
+                    let what = if wc.wr_id == SEND_WRID {
+                        "send"
+                    } else {
+                        "receive"
+                    };
+                    if scnt > 0 && wc.status != WcStatus::Success {
+                        return Err(format!(
+                            "the peer stopped after {rcnt} of {} exchanges: {what} failed \
+                             with {:?} ({})",
+                            self.iters,
+                            wc.status,
+                            wc.status.code()
+                        ));
+                    }
                     return Err(format!(
                         "failed status {:?} ({}) for wr_id {}",
                         wc.status,
@@ -692,26 +756,21 @@ impl PingPong<'_> {
                 }
                 pending &= !wc.wr_id;
                 if scnt < self.iters && pending == 0 {
-                    sent_at.push(Instant::now());
+                    sent(Instant::now());
                     send()?;
                     pending = RECV_WRID | SEND_WRID;
                 }
             }
         }
         let end = Instant::now();
-        // A round trip is the time between two sends of this side; the client's last one ends
-        // with the answer to its last send.
-        let mut rtts: Vec<Duration> = sent_at.windows(2).map(|w| w[1] - w[0]).collect();
-        if self.client
-            && let Some(last) = sent_at.last()
-        {
-            rtts.push(end - *last);
+        if self.client {
+            sent(end);
         }
         Ok(Report {
             size: self.size,
             iters: self.iters,
             elapsed: end - start,
-            latency: Latency::from_round_trips(&rtts),
+            latency: Latency::from_histogram(&rtts),
         })
     }
 }
@@ -798,11 +857,13 @@ mod tests {
     fn latency_is_half_the_round_trip_with_median_and_tail() {
         let rtts: Vec<Duration> = (1..=100).map(|i| Duration::from_micros(2 * i)).collect();
         let l = Latency::from_round_trips(&rtts).unwrap();
-        assert_eq!(l.min, 1.0);
-        assert_eq!(l.max, 100.0);
-        assert_eq!(l.typical, 51.0);
-        assert_eq!(l.p99, 99.0);
-        assert!((l.avg - 50.5).abs() < 1e-9);
+        // within the histogram's 3 significant digits
+        let near = |got: f64, want: f64| (got - want).abs() <= want * 1e-3;
+        assert!(near(l.min, 1.0), "{l:?}");
+        assert!(near(l.max, 100.0), "{l:?}");
+        assert!(near(l.typical, 50.0), "{l:?}");
+        assert!(near(l.p99, 99.0), "{l:?}");
+        assert!(near(l.avg, 50.5), "{l:?}");
         assert!(Latency::from_round_trips(&[]).is_none());
     }
 

@@ -78,6 +78,110 @@ fn a_client_given_a_short_answer_says_so_and_exits_nonzero() {
     drop(s);
     let f = finish(client, LIMIT);
     assert_clean_failure(&f, "couldn't read the remote address");
+    // a peer that gave up mid-exchange is named as such, not as "failed to fill whole buffer"
+    assert_clean_failure(&f, "the peer closed the connection during the exchange");
+    assert!(!f.stderr.contains("fill whole buffer"), "{}", f.both());
+}
+
+#[test]
+fn a_peer_that_never_answers_the_exchange_times_out_with_a_message_saying_so() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = l.local_addr().unwrap().port().to_string();
+    let client = spawn(
+        BX,
+        &[
+            "pingpong",
+            "-d",
+            "soft0",
+            "-p",
+            &p,
+            "--idle-timeout",
+            "1",
+            "127.0.0.1",
+        ],
+    );
+    let (mut s, _) = l.accept().unwrap();
+    let mut line = [0u8; 52];
+    s.read_exact(&mut line).unwrap();
+    // never answer; keep the connection open until the client gives up
+    let f = finish(client, LIMIT);
+    drop(s);
+    assert_clean_failure(
+        &f,
+        "timed out after 1 s waiting for the peer's QP information",
+    );
+    assert!(!f.stderr.contains("os error 11"), "{}", f.both());
+}
+
+/// `-n 4294967295` (the parser's maximum) used to reserve 16 bytes per iteration up front and
+/// abort; the statistics now live in a fixed-size histogram. The server stops after 1000
+/// exchanges: the client says so and exits non-zero, in bounded memory.
+#[test]
+fn a_huge_iteration_count_against_a_peer_that_stops_ends_with_a_message_in_bounded_memory() {
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = spawn(
+        BX,
+        &[
+            "pingpong", "-d", "soft0", "-p", &p, "-n", "1000", "-s", "64",
+        ],
+    );
+    wait_listening(port, &mut server, LIMIT);
+    let client = spawn(
+        BX,
+        &[
+            "pingpong",
+            "-d",
+            "soft0",
+            "-p",
+            &p,
+            "-n",
+            "4294967295",
+            "-s",
+            "64",
+            "--idle-timeout",
+            "3",
+            "localhost",
+        ],
+    );
+    let pid = client.id();
+    // sample the client's peak RSS while it runs (VmHWM only grows)
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Some(kib) = peak_rss_kib(pid) {
+            peak = peak.max(kib);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        peak
+    });
+    let f = finish(client, LIMIT);
+    let peak_kib = sampler.join().unwrap();
+    let server = finish(server, LIMIT);
+    assert!(server.status.success(), "server: {}", server.both());
+    assert_clean_failure(&f, "the peer stopped after");
+    assert!(f.stderr.contains("of 4294967295 exchanges"), "{}", f.both());
+    assert!(
+        f.status.code().is_some(),
+        "killed by a signal: {}",
+        f.both()
+    );
+    assert!(peak_kib > 0, "no RSS sample");
+    assert!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB");
+}
+
+#[test]
+fn devices_with_the_soft_device_hidden_and_no_rdma_core_device_says_none_was_found() {
+    if byteexpress_verbs::ibverbs_devices().is_ok() {
+        // a host with rdma-core devices lists them; the message below is for hosts without
+        let f = finish(spawn_env(BX, &["devices"], &[("BX_SOFT", "0")]), LIMIT);
+        assert!(f.status.success(), "{}", f.both());
+        return;
+    }
+    let f = finish(spawn_env(BX, &["devices"], &[("BX_SOFT", "0")]), LIMIT);
+    assert!(!f.status.success(), "{}", f.both());
+    assert!(f.stdout.contains("no device found"), "{}", f.both());
+    assert!(!f.stdout.contains("soft device below"), "{}", f.both());
+    assert!(f.stderr.contains("no RDMA device found"), "{}", f.both());
 }
 
 #[test]

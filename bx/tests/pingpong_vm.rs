@@ -201,3 +201,22 @@ fn devices_lists_rxe0_with_the_ipv4_mapped_gid_at_index_1_in_use() {
         f.both()
     );
 }
+
+/// `-g` and `BX_GID_INDEX` naming different GIDs: the error says which came from where.
+#[test]
+fn a_gid_index_from_g_that_conflicts_with_bx_gid_index_names_both() {
+    let g = gid_index();
+    let other = if g == "0" { "1" } else { "0" };
+    let f = finish(
+        spawn_env(
+            BX,
+            &["pingpong", "-d", "rxe0", "-g", other, "-n", "1"],
+            &[("BX_GID_INDEX", &g)],
+        ),
+        LIMIT,
+    );
+    assert!(!f.status.success(), "{}", f.both());
+    let want = format!("GID index {other} (from -g) conflicts with BX_GID_INDEX={g}");
+    assert!(f.stderr.contains(&want), "{want:?}: {}", f.both());
+    assert!(!f.stderr.contains("Some("), "{}", f.both());
+}

@@ -200,8 +200,9 @@ async fn open_conn(
         return Ok((link, conn_id));
     }
     let key = format!(
-        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
         cfg.transport,
+        cfg.allow_soft,
         cfg.grant,
         cfg.recv_buf_size,
         cfg.max_send_wr,
@@ -232,7 +233,7 @@ async fn new_link(addr: &str, cfg: &Config) -> Result<Arc<ClientLink>, Status> {
     calls
         .slots
         .add_permits((max_calls as usize).min(Semaphore::MAX_PERMITS));
-    tracing::info!(addr, transport = %tx.transport(), max_calls, "link up");
+    tracing::debug!(addr, transport = %tx.transport(), max_calls, "link up");
     Ok(Arc::new(ClientLink {
         tx,
         calls,
@@ -323,7 +324,8 @@ impl Client {
         self.inner.current.lock().0.clone()
     }
 
-    /// The transport this connection's link negotiated.
+    /// The transport this connection's link negotiated, with the local device of an RDMA link
+    /// (shown as `rdma(rxe0)`, `rdma(soft0)` or `tcp`; DESIGN.md 3.5 has the choice rule).
     pub fn transport(&self) -> Transport {
         self.link().tx.transport()
     }
@@ -348,6 +350,15 @@ impl Client {
     /// the future cancels the call on the server too. The deadline bounds everything done for
     /// the call, setting up a new link included (DEADLINE_EXCEEDED when set-up outlasts it).
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
+        let t0 = std::time::Instant::now();
+        let method = req.method.clone();
+        let res = self.call_once(req).await;
+        let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
+        crate::metrics::record_call(crate::metrics::Side::Client, &method, code, t0.elapsed());
+        res
+    }
+
+    async fn call_once(&self, req: Request) -> Result<Response, Status> {
         let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
         let (link, conn_id) = match deadline {
             Some(d) => tokio::time::timeout_at(d, self.current())

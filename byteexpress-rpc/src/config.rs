@@ -7,8 +7,11 @@ use crate::wire::hello::TransportPref;
 /// Settings of a client or server. [`Config::default`] reads `BX_TRANSPORT`.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Which transport to use (`BX_TRANSPORT=auto|rdma|tcp`, default auto). Forcing RDMA when no
-    /// device reaches the peer is an error, never a silent fallback.
+    /// Which transport to use (`BX_TRANSPORT=auto|rdma|rdma-any|tcp`, default auto). Forcing
+    /// RDMA when no device reaches the peer is an error, never a silent fallback. Under `rdma`
+    /// the link takes a hardware device (rdma-core: a NIC or kernel Soft-RoCE) when this host
+    /// has one; the userspace soft device only where none exists, or with
+    /// [`Config::allow_soft`] (`rdma-any`).
     pub transport: TransportPref,
     /// Size of each RDMA receive buffer in bytes (default 64 KiB): the largest single SEND the
     /// peer may post, so the upper bound of [`Config::max_chunk`].
@@ -100,6 +103,10 @@ pub struct Config {
     /// plus one message of any size when nothing is outstanding. A peer beyond it fails its
     /// stream RESOURCE_EXHAUSTED. Both sides of a link should use the same value; at least 1.
     pub stream_window: u64,
+    /// Lets `transport = Rdma` take the userspace soft device (`soft0`) even when a hardware
+    /// device exists (default false; `BX_TRANSPORT=rdma-any` sets it). `auto` always may,
+    /// after the hardware devices.
+    pub allow_soft: bool,
 }
 
 impl Default for Config {
@@ -127,6 +134,7 @@ impl Default for Config {
             keepalive_timeout: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(300),
             stream_window: 1 << 20,
+            allow_soft: allow_soft_from_env(),
         }
     }
 }
@@ -155,17 +163,23 @@ pub fn transport_from_env() -> Option<TransportPref> {
     match parse_transport(&v) {
         Some(t) => Some(t),
         None => {
-            tracing::warn!("BX_TRANSPORT={v:?} is not auto|rdma|tcp; using auto");
+            tracing::warn!("BX_TRANSPORT={v:?} is not auto|rdma|rdma-any|tcp; using auto");
             None
         }
     }
 }
 
-/// `auto`, `rdma` or `tcp` (case-insensitive).
+/// True when `BX_TRANSPORT=rdma-any` (see [`Config::allow_soft`]).
+pub fn allow_soft_from_env() -> bool {
+    std::env::var("BX_TRANSPORT").is_ok_and(|v| v.eq_ignore_ascii_case("rdma-any"))
+}
+
+/// `auto`, `rdma`, `rdma-any` (RDMA on any device, see [`Config::allow_soft`]) or `tcp`
+/// (case-insensitive).
 pub fn parse_transport(v: &str) -> Option<TransportPref> {
     match v.to_ascii_lowercase().as_str() {
         "auto" => Some(TransportPref::Auto),
-        "rdma" => Some(TransportPref::Rdma),
+        "rdma" | "rdma-any" => Some(TransportPref::Rdma),
         "tcp" => Some(TransportPref::Tcp),
         _ => None,
     }

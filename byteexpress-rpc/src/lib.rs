@@ -5,9 +5,11 @@
 //!   channel or the transport itself) and, when a local device reaches the peer, one RC QP.
 //!   Many logical connections ([`Client`]s) share it, each with its own `conn_id` in every
 //!   message header (the wire header of `DESIGN.md`).
-//! - Transport choice: `BX_TRANSPORT=auto|rdma|tcp` ([`Config::transport`]); auto takes the first
-//!   local device that reaches the peer (hardware before the soft device), else TCP. Every client
-//!   reports what it negotiated ([`Client::transport`]).
+//! - Transport choice: `BX_TRANSPORT=auto|rdma|rdma-any|tcp` ([`Config::transport`],
+//!   [`Config::allow_soft`]); auto takes the first local device that reaches the peer (hardware
+//!   before the soft device), else TCP; rdma takes hardware where the host has it. Every client
+//!   reports what it negotiated, device included ([`Client::transport`]: `rdma(rxe0)`).
+//! - Link and call events go to the `metrics` facade under the names of [`metrics`].
 //! - On RDMA, receiver credits (`byteexpress-flow`) keep every SEND matched by a posted receive;
 //!   messages larger than a chunk ([`Config::max_chunk`]) go as several SENDs, ordered among
 //!   logical connections by a fair scheduler and capped by a software window
@@ -33,6 +35,7 @@ mod engine;
 mod link_stats;
 mod message;
 mod metadata;
+pub mod metrics;
 mod server;
 mod setup;
 mod status;
@@ -68,20 +71,43 @@ pub use wire::hello::TransportPref;
 /// documents it byte by byte.
 pub use wire::CONN_MAGIC;
 
-/// The transport a link runs on.
+/// The transport a link runs on, with the local device of an RDMA link. Shown as
+/// `rdma(<device>)` (`rdma(rxe0)`, `rdma(mlx5_0)`, `rdma(soft0)` for the userspace soft
+/// device) or `tcp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
-    /// An RC QP on a verbs device (hardware or soft).
-    Rdma,
+    /// An RC QP on the named local verbs device (hardware, kernel Soft-RoCE, or `soft0`).
+    Rdma {
+        /// The local device's name, as `bx devices` lists it.
+        device: &'static str,
+    },
     /// Frames on the kernel TCP connection.
     Tcp,
 }
 
+impl Transport {
+    /// `"rdma"` or `"tcp"`, without the device.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transport::Rdma { .. } => "rdma",
+            Transport::Tcp => "tcp",
+        }
+    }
+
+    /// The local device of an RDMA link; `None` on TCP.
+    pub fn device(&self) -> Option<&'static str> {
+        match self {
+            Transport::Rdma { device } => Some(device),
+            Transport::Tcp => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Transport::Rdma => "rdma",
-            Transport::Tcp => "tcp",
-        })
+        match self {
+            Transport::Rdma { device } => write!(f, "rdma({device})"),
+            Transport::Tcp => f.write_str("tcp"),
+        }
     }
 }

@@ -65,6 +65,8 @@ pub(crate) struct LinkCounters {
     pub window_cap: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: std::sync::OnceLock<Qp>,
+    /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
+    pub metrics: crate::metrics::LinkMetrics,
 }
 
 impl LinkCounters {

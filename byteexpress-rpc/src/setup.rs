@@ -4,6 +4,14 @@
 //! answers with theirs; the client probes pairs (local device × server device, in preference
 //! order: hardware before the soft device) and picks the first that reaches. The TCP connection
 //! stays open: as the control channel of an RDMA link, or as the TCP link itself.
+//!
+//! Which local devices a client offers ([`candidates`]): none under `tcp`; under `rdma` the
+//! hardware devices when the host has one (the soft device only where none exists, or with
+//! `Config::allow_soft`); under `auto` all, hardware first. A hardware device refused for a
+//! configuration error (an invalid `BX_GID_INDEX`) fails the set-up under `auto` and `rdma`
+//! alike, naming the index, the device and its valid entries: the link never moves to another
+//! device because of it. Each side logs one `info` line per link set up: peer, transport,
+//! device, and why a faster path was not taken.
 
 use std::sync::{Arc, OnceLock};
 
@@ -26,22 +34,104 @@ use crate::{Code, Config, Status};
 type Reader = FrameReader<OwnedReadHalf>;
 type Writer = FrameWriter<OwnedWriteHalf>;
 
+/// The devices of this host as set-up sees them, opened once per process.
+pub(crate) struct LocalDevices {
+    /// Devices that opened, in preference order (hardware first), with `is_hardware`.
+    pub usable: Vec<(Context, bool)>,
+    /// Devices that did not open: name, `is_hardware`, and the error.
+    pub refused: Vec<(String, bool, byteexpress_verbs::Error)>,
+}
+
+impl LocalDevices {
+    /// The first hardware device refused for a configuration error (invalid `BX_GID_INDEX`).
+    fn config_error(&self) -> Option<&(String, bool, byteexpress_verbs::Error)> {
+        self.refused
+            .iter()
+            .find(|(_, hw, e)| *hw && matches!(e, byteexpress_verbs::Error::InvalidArgument(_)))
+    }
+
+    fn has_hardware(&self) -> bool {
+        self.usable.iter().any(|(_, hw)| *hw)
+    }
+}
+
 /// Every device of this host, opened once per process, in preference order. Devices that fail
-/// to open are left out (and logged).
-pub(crate) fn local_devices() -> &'static [Context] {
-    static DEVICES: OnceLock<Vec<Context>> = OnceLock::new();
+/// to open are kept in [`LocalDevices::refused`] (and logged).
+pub(crate) fn local_devices() -> &'static LocalDevices {
+    static DEVICES: OnceLock<LocalDevices> = OnceLock::new();
     DEVICES.get_or_init(|| {
-        byteexpress_verbs::devices()
-            .into_iter()
-            .filter_map(|d| match d.open() {
-                Ok(ctx) => Some(ctx),
+        let mut usable = Vec::new();
+        let mut refused = Vec::new();
+        for d in byteexpress_verbs::devices() {
+            match d.open() {
+                Ok(ctx) => usable.push((ctx, d.is_hardware())),
                 Err(e) => {
-                    tracing::info!(device = d.name(), "device not usable: {e}");
-                    None
+                    tracing::warn!(device = d.name(), "device not usable: {e}");
+                    refused.push((d.name().to_string(), d.is_hardware(), e));
                 }
-            })
-            .collect()
+            }
+        }
+        LocalDevices { usable, refused }
     })
+}
+
+/// What `transport` means, in the words of whoever set it: `BX_TRANSPORT=…` when the
+/// environment holds that value, else the caller's `Config::transport`.
+fn who_set(cfg: &Config) -> String {
+    let want = if cfg.allow_soft && cfg.transport == TransportPref::Rdma {
+        "rdma-any"
+    } else {
+        match cfg.transport {
+            TransportPref::Auto => "auto",
+            TransportPref::Rdma => "rdma",
+            TransportPref::Tcp => "tcp",
+        }
+    };
+    match std::env::var("BX_TRANSPORT") {
+        Ok(v) if crate::config::parse_transport(&v) == Some(cfg.transport) => {
+            format!("BX_TRANSPORT={v}")
+        }
+        _ => format!("Config::transport = {want}"),
+    }
+}
+
+/// The local devices a client offers under `cfg`, in preference order, and why faster ones
+/// were left out (empty when none was). Errors: a hardware device refused for a
+/// configuration error (module docs).
+fn candidates(cfg: &Config) -> Result<(Vec<&'static Context>, String), Status> {
+    if cfg.transport == TransportPref::Tcp {
+        return Ok((Vec::new(), format!("forced by {}", who_set(cfg))));
+    }
+    let local = local_devices();
+    if let Some((name, _, e)) = local.config_error() {
+        return Err(Status::new(
+            Code::InvalidArgument,
+            format!("RDMA device {name} refused: {e}; no link is made on another device"),
+        ));
+    }
+    let mut why = String::new();
+    if local.usable.is_empty() {
+        why = if local.refused.is_empty() {
+            "no RDMA device on this host".into()
+        } else {
+            let names: Vec<&str> = local.refused.iter().map(|(n, _, _)| n.as_str()).collect();
+            format!(
+                "no usable RDMA device ({} could not be opened)",
+                names.join(", ")
+            )
+        };
+    } else if !local.has_hardware() {
+        why = "no hardware RDMA device on this host".into();
+    }
+    let hardware_only =
+        cfg.transport == TransportPref::Rdma && !cfg.allow_soft && local.has_hardware();
+    let devs = local
+        .usable
+        .iter()
+        .filter(|(_, hw)| *hw || !hardware_only)
+        .map(|(c, _)| c)
+        .collect();
+    Ok((devs, why))
 }
 
 fn unavailable(msg: impl std::fmt::Display) -> Status {
@@ -98,7 +188,11 @@ fn connect_qp(parts: &mut RdmaParts, ep: &Endpoint, grant: u32) -> Result<rdma::
 }
 
 /// The verbs objects of one RDMA link.
-fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaParts, Status> {
+fn build_rdma(
+    ctx: &'static Context,
+    cfg: &Config,
+    peer_recv_buf: usize,
+) -> Result<RdmaParts, Status> {
     let v =
         |e: byteexpress_verbs::Error| unavailable(format!("RDMA set-up on {}: {e}", ctx.name()));
     let m = |e: byteexpress_mem::MemError| {
@@ -152,6 +246,7 @@ fn build_rdma(ctx: &Context, cfg: &Config, peer_recv_buf: usize) -> Result<RdmaP
         window: link_window(cfg, chunk)?,
         device_window: rdma::device_window(ctx.name(), cfg.device_window_bytes),
         sched: cfg.sched,
+        device: ctx.name(),
     })
 }
 
@@ -261,6 +356,8 @@ pub(crate) async fn connect(
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
 ) -> Result<(LinkTx, u32), Status> {
+    // Device choice comes first: a configuration error makes no connection at all.
+    let (local, mut why) = candidates(cfg)?;
     let mut max_calls = 1;
     let fut = async {
         let mut stream = TcpStream::connect(addr)
@@ -270,11 +367,6 @@ pub(crate) async fn connect(
             .await
             .map_err(|e| unavailable(format!("connect {addr}: {e}")))?;
         let (mut r, mut w) = split(stream, cfg);
-        let local: &[Context] = if cfg.transport == TransportPref::Tcp {
-            &[]
-        } else {
-            local_devices()
-        };
         let nonce = rand::random::<u64>();
         let devices = local.iter().map(|c| c.device_info().to_bytes()).collect();
         send(
@@ -296,8 +388,20 @@ pub(crate) async fn connect(
             return Err(unavailable("set-up: expected HELLO_ACK"));
         };
         max_calls = max_concurrent_calls;
-        let chosen = pick_device(local, &remote, nonce);
+        let chosen = pick_device(&local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
+            if why.is_empty() {
+                why = if remote.is_empty() {
+                    format!("{addr} offers no RDMA device")
+                } else {
+                    let names: Vec<&str> = local.iter().map(|c| c.name()).collect();
+                    format!(
+                        "peer unreachable over RDMA: none of {} reaches {addr}'s {} device(s)",
+                        names.join(", "),
+                        remote.len()
+                    )
+                };
+            }
             if cfg.transport == TransportPref::Rdma {
                 let _ = send(
                     &mut w,
@@ -307,12 +411,12 @@ pub(crate) async fn connect(
                 )
                 .await;
                 return Err(unavailable(format!(
-                    "BX_TRANSPORT=rdma, but no local RDMA device ({} tried) reaches {addr} ({} offered)",
-                    local.len(),
-                    remote.len()
+                    "RDMA required by {}, but no RDMA link to {addr}: {why}",
+                    who_set(cfg)
                 )));
             }
             send(&mut w, &Hello::SelectTcp).await?;
+            log_link(false, addr, "tcp", "-", &why);
             return Ok(tcp::spawn(
                 r,
                 w,
@@ -354,6 +458,16 @@ pub(crate) async fn connect(
         }
         // Receives are posted before our first SEND, and the server sends only answers.
         let posted = connect_qp(&mut parts, &ep, grant.min(cfg.grant))?;
+        if why.is_empty() && cfg.transport == TransportPref::Rdma && !cfg.allow_soft {
+            let skipped = local_devices().usable.len() - local.len();
+            if skipped > 0 {
+                why = format!(
+                    "soft device not offered under {} with hardware present",
+                    who_set(cfg)
+                );
+            }
+        }
+        log_link(false, addr, "rdma", ctx.name(), &why);
         Ok(start_rdma(
             parts,
             (r, w),
@@ -373,13 +487,25 @@ pub(crate) async fn connect(
     Ok((link, max_calls))
 }
 
+/// The one `info` line of a link set up: `link set up` on the client, `link accepted` on the
+/// server, with the peer, transport, device (`-` on TCP) and why a faster path was not taken
+/// (quoted; `"-"` when none was passed over).
+fn log_link(accepted: bool, peer: &str, transport: &str, device: &str, why: &str) {
+    let why = if why.is_empty() { "-" } else { why };
+    if accepted {
+        tracing::info!(%peer, %transport, %device, ?why, "link accepted");
+    } else {
+        tracing::info!(%peer, %transport, %device, ?why, "link set up");
+    }
+}
+
 /// First (local device, index of server device) pair whose probe succeeds.
-fn pick_device<'a>(
-    local: &'a [Context],
+fn pick_device(
+    local: &[&'static Context],
     remote: &[Vec<u8>],
     nonce: u64,
-) -> Option<(&'a Context, usize)> {
-    for ctx in local {
+) -> Option<(&'static Context, usize)> {
+    for &ctx in local {
         for (i, info) in remote.iter().enumerate() {
             let Ok(info) = DeviceInfo::from_bytes(info) else {
                 continue;
@@ -401,6 +527,9 @@ pub(crate) async fn accept(
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
 ) -> Result<LinkTx, Status> {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let (mut r, mut w) = split(stream, cfg);
     let fut = async {
         let Hello::Hello { version, nonce, .. } = recv(&mut r).await? else {
@@ -416,10 +545,10 @@ pub(crate) async fn accept(
             .await?;
             return Err(unavailable("client speaks another set-up version"));
         }
-        let local: &[Context] = if cfg.transport == TransportPref::Tcp {
-            &[]
+        let local: Vec<&'static Context> = if cfg.transport == TransportPref::Tcp {
+            Vec::new()
         } else {
-            local_devices()
+            local_devices().usable.iter().map(|(c, _)| c).collect()
         };
         local.iter().for_each(|c| c.expect_probe(nonce));
         let devices = local.iter().map(|c| c.device_info().to_bytes()).collect();
@@ -443,14 +572,22 @@ pub(crate) async fn accept(
                 .await?;
                 Err(unavailable("client chose TCP; server requires RDMA"))
             }
-            Hello::SelectTcp => Ok(None),
+            Hello::SelectTcp => {
+                let why = if cfg.transport == TransportPref::Tcp {
+                    format!("forced by {}", who_set(cfg))
+                } else {
+                    "the client chose TCP".into()
+                };
+                log_link(true, &peer, "tcp", "-", &why);
+                Ok(None)
+            }
             Hello::SelectRdma {
                 device,
                 grant,
                 recv_buf,
                 endpoint,
             } => {
-                let ctx = local
+                let ctx = *local
                     .get(device as usize)
                     .ok_or_else(|| unavailable("client chose an unknown device"))?;
                 if recv_buf as usize > cfg.recv_buf_size {
@@ -480,6 +617,7 @@ pub(crate) async fn accept(
                     endpoint: parts.qp.endpoint().to_bytes(),
                 };
                 send(&mut w, &accept).await?;
+                log_link(true, &peer, "rdma", ctx.name(), "");
                 Ok(Some((parts, posted)))
             }
             Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),

@@ -56,7 +56,9 @@ impl Device {
     }
 
     /// True for a hardware (or kernel Soft-RoCE) device, false for the userspace soft provider.
-    /// Upper layers use it only to order devices (hardware first), never to change behaviour.
+    /// Upper layers use it only to order devices (hardware first) and to apply a user's
+    /// choice between them (`BX_TRANSPORT=rdma` takes hardware when it exists), never to
+    /// change how a device is driven.
     pub fn is_hardware(&self) -> bool {
         matches!(self.kind, DeviceKind::Ibverbs)
     }

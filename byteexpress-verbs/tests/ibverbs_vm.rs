@@ -132,3 +132,28 @@ fn an_endpoint_of_the_soft_provider_is_refused() {
         "a soft CQ: {err:?}"
     );
 }
+
+/// A peer that announces the zero GID (as a broken `ibv_rc_pingpong` line can): rxe refuses
+/// the address vector at RTR with `EINVAL`. The error names the call once, with the transition
+/// and the attributes given (the zero `dgid` among them), not `ibv_modify_qp(ibv_modify_qp(RTR))`.
+#[test]
+fn a_refused_qp_transition_names_ibv_modify_qp_once_with_its_attributes() {
+    let ctx = rxe0();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8).unwrap();
+    let a = pd.create_qp(&cq, &cq, QpCap::default()).unwrap();
+    let b = pd.create_qp(&cq, &cq, QpCap::default()).unwrap();
+    let ep = b.endpoint();
+    let zero_gid = ctx.endpoint_for(ep.qpn, ep.psn, 0, [0; 16], 1024).unwrap();
+    let err = a
+        .connect(&zero_gid, &ConnectAttr::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err.matches("ibv_modify_qp").count(), 1, "{err}");
+    assert!(
+        err.contains("ibv_modify_qp(RTR) refused the attributes"),
+        "{err}"
+    );
+    assert!(err.contains("dgid ::)"), "{err}");
+    assert!(err.contains(&format!("dest_qp_num {:#x}", ep.qpn)), "{err}");
+}

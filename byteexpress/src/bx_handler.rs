@@ -21,7 +21,7 @@ pub struct ServedOver(pub Transport);
 /// standard gRPC over HTTP/2.
 pub fn served_over<T>(req: &tonic::Request<T>) -> &'static str {
     match req.extensions().get::<ServedOver>() {
-        Some(ServedOver(Transport::Rdma)) => "rdma",
+        Some(ServedOver(Transport::Rdma { .. })) => "rdma",
         Some(ServedOver(Transport::Tcp)) => "tcp",
         None => "h2",
     }
@@ -31,6 +31,26 @@ pub fn served_over<T>(req: &tonic::Request<T>) -> &'static str {
 /// the remaining deadline is passed on as `grpc-timeout`. Errors: the service's status
 /// (trailers-only or in the trailers); INTERNAL when the response lacks `grpc-status`.
 pub async fn serve_call(routes: Routes, req: ServerRequest) -> Result<Response, Status> {
+    let t0 = std::time::Instant::now();
+    let method = req.method.clone();
+    let res = serve_call_once(routes, req).await;
+    let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
+    // A path no service answered is `unknown`: a peer cannot grow the label set.
+    let method = if code == Code::Unimplemented {
+        "unknown"
+    } else {
+        method.as_str()
+    };
+    byteexpress_rpc::metrics::record_call(
+        byteexpress_rpc::metrics::Side::Server,
+        method,
+        code,
+        t0.elapsed(),
+    );
+    res
+}
+
+async fn serve_call_once(routes: Routes, req: ServerRequest) -> Result<Response, Status> {
     let uri: http::Uri = req.method.parse().map_err(|_| {
         Status::new(
             Code::Unimplemented,

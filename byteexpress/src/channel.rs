@@ -51,7 +51,7 @@ pub(crate) enum Target {
 
 impl Channel {
     /// Connects to `uri` (`bx://host:port`) with [`Config::default`], which reads
-    /// `BX_TRANSPORT=auto|rdma|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
+    /// `BX_TRANSPORT=auto|rdma|rdma-any|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
     /// port, and whatever [`Client::connect`] reports (UNAVAILABLE, ...).
     pub async fn connect(uri: &str) -> Result<Channel, Status> {
         Channel::connect_with(uri, &Config::default()).await
@@ -72,7 +72,8 @@ impl Channel {
         }
     }
 
-    /// The transport this channel's link negotiated. For a channel over a replica set: that
+    /// The transport this channel's link negotiated, with the local device of an RDMA link
+    /// (shown as `rdma(rxe0)`, `rdma(soft0)` or `tcp`). For a channel over a replica set: that
     /// of the first ready endpoint, [`Transport::Tcp`] while none is ready (each endpoint's
     /// own is in [`ReplicaSet::endpoints`](crate::ReplicaSet::endpoints)).
     pub fn transport(&self) -> Transport {

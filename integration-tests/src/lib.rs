@@ -180,8 +180,15 @@ impl ServerProc {
     /// Starts the server binary with `args` (e.g. `["--grant", "8"]`) and waits for its
     /// `LISTENING <addr>` line.
     pub async fn start(bin: &str, args: &[&str]) -> ServerProc {
+        Self::start_env(bin, args, &[]).await
+    }
+
+    /// [`ServerProc::start`] with `env` added to the server's environment (e.g.
+    /// `[("BX_GID_INDEX", "99")]`).
+    pub async fn start_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProc {
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -207,4 +214,20 @@ impl ServerProc {
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// The transport an RDMA link of this host negotiates: RDMA on the first device that
+/// `byteexpress_verbs::devices()` lists (hardware first, so `rxe0` in the Soft-RoCE VM, `soft0`
+/// on a host without an RDMA NIC). Tests compare [`byteexpress_rpc::Client::transport`] with
+/// it, so they assert the device, not only the transport.
+pub fn rdma_here() -> byteexpress_rpc::Transport {
+    static NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    let device = NAME.get_or_init(|| {
+        let first = byteexpress_verbs::devices()
+            .into_iter()
+            .next()
+            .expect("an RDMA device (soft0 unless BX_SOFT=0)");
+        Box::leak(first.name().to_string().into_boxed_str())
+    });
+    byteexpress_rpc::Transport::Rdma { device }
 }

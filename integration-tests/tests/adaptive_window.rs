@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use byteexpress_rpc::{Client, Config, Request, Transport, TransportPref};
+use byteexpress_rpc::{Client, Config, Request, TransportPref};
 use bytes::Bytes;
-use integration_tests::ServerProc;
+use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
 /// The window's upper bound (bytes): four default chunks.
@@ -40,7 +40,7 @@ async fn cap_after_pushes(target: Duration) -> u64 {
         ..Config::default()
     };
     let client = Client::connect(&server.addr, &cfg).await.expect("connect");
-    assert_eq!(client.transport(), Transport::Rdma);
+    assert_eq!(client.transport(), rdma_here());
     assert_eq!(
         client.link_stats().window_cap,
         WINDOW,

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use byteexpress_rpc::{Client, Code, Config, Request, Transport, TransportPref};
+use byteexpress_rpc::{Client, Code, Config, Request, TransportPref};
 use bytes::Bytes;
-use integration_tests::ServerProc;
+use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
 /// Polling budget of both ends (µs): longer than every deadline here.
@@ -37,7 +37,7 @@ async fn polling_link() -> (ServerProc, Client) {
         ..Config::default()
     };
     let client = Client::connect(&server.addr, &cfg).await.expect("connect");
-    assert_eq!(client.transport(), Transport::Rdma);
+    assert_eq!(client.transport(), rdma_here());
     (server, client)
 }
 

@@ -1,13 +1,24 @@
 //! The facade is a library a tonic service depends on: `cargo tree -p byteexpress -e normal`
 //! must hold none of the crates of the `bx` tool and its benchmark (clap, hdrhistogram,
-//! rand_distr, indicatif). They belong to `bx` and `byteexpress-ps`.
+//! rand_distr, indicatif, plotters, nix, the log subscriber and the Prometheus exporter). They
+//! belong to `bx` and `byteexpress-ps`. The facade records its events through the `metrics`
+//! facade crate only; the application chooses the recorder.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
 /// Crates a service that depends on the facade must not get.
-const CLI_CRATES: &[&str] = &["clap", "hdrhistogram", "rand_distr", "indicatif"];
+const CLI_CRATES: &[&str] = &[
+    "clap",
+    "hdrhistogram",
+    "rand_distr",
+    "indicatif",
+    "plotters",
+    "nix",
+    "tracing-subscriber",
+    "metrics-exporter-prometheus",
+];
 
 /// The package names in `cargo tree -p <package> -e normal` of this workspace.
 fn normal_dependencies(package: &str) -> BTreeSet<String> {
@@ -36,7 +47,7 @@ fn normal_dependencies(package: &str) -> BTreeSet<String> {
 fn the_facade_pulls_in_no_cli_or_benchmark_crates() {
     let deps = normal_dependencies("byteexpress");
     // the tree was read: the facade's own stack is in it
-    for needed in ["byteexpress", "byteexpress-rpc", "tonic", "http"] {
+    for needed in ["byteexpress", "byteexpress-rpc", "tonic", "http", "metrics"] {
         assert!(deps.contains(needed), "{needed} missing from {deps:?}");
     }
     let found: Vec<_> = CLI_CRATES.iter().filter(|c| deps.contains(**c)).collect();
@@ -51,7 +62,7 @@ fn the_check_sees_the_cli_crates_where_they_are() {
     // the same reading of the tree finds clap and hdrhistogram in the `bx` tool, so the check
     // above cannot pass by failing to see them
     let deps = normal_dependencies("bx");
-    for c in ["clap", "hdrhistogram", "rand_distr", "byteexpress"] {
-        assert!(deps.contains(c), "{c} missing from bx's tree {deps:?}");
+    for c in ["byteexpress"].iter().chain(CLI_CRATES) {
+        assert!(deps.contains(*c), "{c} missing from bx's tree {deps:?}");
     }
 }

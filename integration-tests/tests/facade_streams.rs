@@ -157,7 +157,7 @@ async fn channel(addr: std::net::SocketAddr, t: TransportPref, cfg: Config) -> C
     .await
     .expect("connect");
     let want = if t == TransportPref::Rdma {
-        Transport::Rdma
+        integration_tests::rdma_here()
     } else {
         Transport::Tcp
     };

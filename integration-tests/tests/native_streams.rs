@@ -120,7 +120,7 @@ async fn client(addr: &str, t: TransportPref, cfg: &Config) -> Client {
     .await
     .unwrap();
     let want = if t == TransportPref::Rdma {
-        Transport::Rdma
+        integration_tests::rdma_here()
     } else {
         Transport::Tcp
     };

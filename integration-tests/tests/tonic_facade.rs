@@ -15,7 +15,7 @@ use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
 use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
 use byteexpress_ps::{decode_f32s, init_value};
 use bytes::Bytes;
-use integration_tests::ServerProc;
+use integration_tests::{ServerProc, rdma_here};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request};
 
@@ -73,7 +73,11 @@ async fn channel(addr: &str, path: Path3) -> Either<Channel, tonic::transport::C
         Path3::BxRdma => {
             let ch = bx(TransportPref::Rdma).await;
             if let Either::Bx(c) = &ch {
-                assert_eq!(c.transport(), Transport::Rdma, "negotiated transport");
+                assert_eq!(
+                    c.transport(),
+                    rdma_here(),
+                    "negotiated transport and device"
+                );
             }
             ch
         }

@@ -6,7 +6,7 @@ use byteexpress_rpc::{
     Client, Code, Config, Metadata, QpState, Request, SchedMode, Transport, TransportPref,
 };
 use bytes::Bytes;
-use integration_tests::ServerProc;
+use integration_tests::{ServerProc, rdma_here};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
@@ -64,12 +64,12 @@ async fn echo_64_in_flight(t: TransportPref, want: Transport, grant: &str) {
 /// `BX_SOFT=0`) over rdma-core's rxe0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_over_rdma_with_64_in_flight_and_grant_8() {
-    echo_64_in_flight(TransportPref::Rdma, Transport::Rdma, "8").await;
+    echo_64_in_flight(TransportPref::Rdma, rdma_here(), "8").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_over_soft_rdma_with_grant_1_unblocks_through_credit_updates() {
-    echo_64_in_flight(TransportPref::Rdma, Transport::Rdma, "1").await;
+    echo_64_in_flight(TransportPref::Rdma, rdma_here(), "1").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +83,7 @@ async fn auto_prefers_rdma_when_a_device_reaches_the_peer() {
     let client = Client::connect(&server.addr, &cfg(TransportPref::Auto))
         .await
         .unwrap();
-    assert_eq!(client.transport(), Transport::Rdma);
+    assert_eq!(client.transport(), rdma_here());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +254,7 @@ async fn fifo_at_both_ends_echoes_1_mib_interleaved_with_small_calls() {
 /// Twelve concurrent echoes, every third of 1 MiB (16+ chunks each way), checked byte for
 /// byte, then the link's counters.
 async fn echo_1_mib_among_small_calls(client: &Client) {
-    assert_eq!(client.transport(), Transport::Rdma);
+    assert_eq!(client.transport(), rdma_here());
     let calls = (0..12u32).map(|i| {
         let client = client.clone();
         async move {
@@ -489,7 +489,7 @@ async fn stalled_receiver_backpressures_through_credits_without_rnr_and_keeps_or
     let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
         .await
         .unwrap();
-    assert_eq!(client.transport(), Transport::Rdma);
+    assert_eq!(client.transport(), rdma_here());
     // The server stops re-posting receive buffers for 500 ms: it still handles what arrives,
     // but returns no credits. With rnr_retry 0, a single SEND beyond the credits would be an
     // RNR, which fails the QP.
@@ -654,7 +654,7 @@ async fn an_application_holding_received_bodies_cannot_stall_the_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_reconnects_when_its_server_comes_back() {
     for (t, want) in [
-        (TransportPref::Rdma, Transport::Rdma),
+        (TransportPref::Rdma, rdma_here()),
         (TransportPref::Tcp, Transport::Tcp),
     ] {
         let mut server = ServerProc::start(SERVER, &[]).await;

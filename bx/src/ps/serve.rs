@@ -28,6 +28,29 @@ pub struct ServeArgs {
     /// default: the library's).
     #[arg(long)]
     pub detect_timeout_ms: Option<u64>,
+    /// Exit when the process with this pid (the parent that started this server) dies, even
+    /// by SIGKILL (`PR_SET_PDEATHSIG`); `bx ps bench` passes its own pid.
+    #[arg(long, value_name = "PID", hide = true)]
+    pub parent_pid: Option<u32>,
+}
+
+/// With `--parent-pid`, asks the kernel for SIGKILL when the parent dies (`prctl(2)`
+/// `PR_SET_PDEATHSIG`), then checks the parent is still the one named: if it died before the
+/// request, this process was already handed to another parent and exits at once. Errors: the
+/// prctl failed, or the parent is gone.
+pub fn die_with_parent(args: &ServeArgs) -> Result<(), String> {
+    let Some(parent) = args.parent_pid else {
+        return Ok(());
+    };
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| format!("prctl(PR_SET_PDEATHSIG): {e}"))?;
+    let now = std::os::unix::process::parent_id();
+    if now != parent {
+        return Err(format!(
+            "the parent {parent} that started this server is gone (parent now {now})"
+        ));
+    }
+    Ok(())
 }
 
 /// Runs the server until the process is stopped. The `LISTENING` line is flushed before the

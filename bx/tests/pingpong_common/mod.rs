@@ -30,8 +30,14 @@ impl Finished {
 
 /// Starts `prog args` with piped output.
 pub fn spawn(prog: &str, args: &[&str]) -> Child {
+    spawn_env(prog, args, &[])
+}
+
+/// Starts `prog args` with piped output and `env` added to its environment.
+pub fn spawn_env(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(prog)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -109,4 +115,14 @@ pub fn iters_done(out: &str) -> Option<u32> {
         .find(|l| l.contains(" iters in ") && l.ends_with("usec/iter"))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
+}
+
+/// Peak resident set (`VmHWM`, KiB) of a running process; `None` once it is gone.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }

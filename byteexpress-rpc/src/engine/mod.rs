@@ -65,7 +65,10 @@ impl LinkTx {
                 transport,
                 max_message,
                 close_now: CancellationToken::new(),
-                counters: Arc::default(),
+                counters: Arc::new(LinkCounters {
+                    metrics: crate::metrics::LinkMetrics::link_up(transport),
+                    ..LinkCounters::default()
+                }),
                 last_rx: keepalive::now_us().into(),
             }),
         }

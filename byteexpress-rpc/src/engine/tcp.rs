@@ -82,6 +82,7 @@ impl Closer {
         if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
             tracing::debug!(%why, "link closed");
             self.link.close();
+            self.link.counters().metrics.link_down();
             self.dispatch.closed(why);
         }
     }
@@ -102,6 +103,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         loop {
             let is_error = msg.header.kind == Kind::Error;
             let h = msg.final_header().encode();
+            let wire = (h.len() + msg.meta.len() + msg.body.len()) as u64;
+            link.counters().metrics.bytes_sent.increment(wire);
             if let Err(e) = w.write_frame(&[&h, &msg.meta, &msg.body]).await {
                 closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
                 return;
@@ -149,8 +152,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
             _ = link.close_requested() => return,
         };
         charge = None;
-        if let Ok(Some(_)) = &frame {
+        if let Ok(Some(f)) = &frame {
             link.touch();
+            let len = match f {
+                Frame::Whole(b) => b.len(),
+                Frame::Refused { len, .. } => *len,
+            };
+            link.counters().metrics.bytes_received.increment(len as u64);
         }
         match frame {
             Ok(Some(Frame::Refused { head, len })) => match Header::decode_head(&head) {

@@ -96,7 +96,7 @@ impl IbvContext {
         }
         let entries = read_gid_table(&ctx, port.gid_tbl_len);
         let forced = std::env::var(gid::GID_INDEX_ENV).ok();
-        let gid = gid::select(&entries, port.link_layer, forced.as_deref())?;
+        let gid = gid::select_on(name, &entries, port.link_layer, forced.as_deref())?;
         let max_inline_data = probe_max_inline(&ctx);
         // SAFETY: `ctx` is open; its async_fd is an fd of the context, and F_GETFL/F_SETFL only
         // change its status flags (ibv_get_async_event(3): a non-blocking fd may be used).

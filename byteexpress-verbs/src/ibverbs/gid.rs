@@ -50,6 +50,49 @@ fn roce_rank(e: &GidEntry) -> u8 {
     }
 }
 
+/// [`select`] on the port of `device`; an invalid [`GID_INDEX_ENV`] (not a number, out of
+/// range, an empty slot) is `InvalidArgument` naming the index, the device and the port's
+/// valid entries, so the user can pick one (`bx devices` lists them too).
+pub(crate) fn select_on(
+    device: &str,
+    entries: &[GidEntry],
+    link_layer: u8,
+    forced: Option<&str>,
+) -> Result<GidEntry> {
+    select(entries, link_layer, forced).map_err(|e| match e {
+        Error::InvalidArgument(why) => Error::InvalidArgument(format!(
+            "{why} on {device}; valid entries: {}",
+            valid_list(entries)
+        )),
+        other => other,
+    })
+}
+
+/// `0 (fe80::5054:ff:fe12:3456, RoCE v2), 1 (::ffff:10.0.2.15, RoCE v2)`, or `none`.
+fn valid_list(entries: &[GidEntry]) -> String {
+    if entries.is_empty() {
+        return "none".into();
+    }
+    let kind = |t: Option<u32>| match t {
+        Some(0) => ", IB",
+        Some(1) => ", RoCE v1",
+        Some(2) => ", RoCE v2",
+        _ => "",
+    };
+    entries
+        .iter()
+        .map(|e| {
+            format!(
+                "{} ({}{})",
+                e.index,
+                std::net::Ipv6Addr::from(e.gid),
+                kind(e.gid_type)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Picks the GID to use from the port's valid GIDs. `forced` is the value of
 /// [`GID_INDEX_ENV`], if set: it must name one of `entries`, else `InvalidArgument`.
 /// No valid GID at all is `NoDevice` on Ethernet (RoCE needs one) and index 0 on InfiniBand.
@@ -136,6 +179,31 @@ mod tests {
             let err = select(&t, LINK_LAYER_ETHERNET, Some(bad)).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(_)), "{bad}: {err:?}");
         }
+    }
+
+    #[test]
+    fn an_invalid_index_names_itself_the_device_and_the_valid_entries() {
+        let t = [e(0, LL, Some(2)), e(1, V4, Some(2))];
+        let err = select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("99")).unwrap_err();
+        let msg = err.to_string();
+        for part in [
+            "BX_GID_INDEX=99",
+            "rxe0",
+            "0 (fe80::",
+            "1 (::ffff:10.0.2.15, RoCE v2)",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from {msg:?}");
+        }
+        let msg = select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("\"x\" is not a GID index on rxe0"), "{msg}");
+        assert_eq!(
+            select_on("rxe0", &t, LINK_LAYER_ETHERNET, Some("1"))
+                .unwrap()
+                .index,
+            1
+        );
     }
 
     #[test]

@@ -140,15 +140,15 @@ impl IbvQp {
         }))
     }
 
-    /// `ibv_modify_qp(3)` with `mask`; `step` names the transition in errors.
+    /// `ibv_modify_qp(3)` with `mask`; `step` names the call and transition in errors
+    /// (`ibv_modify_qp(RTR)`), and an `EINVAL` lists the attributes given, since the verbs
+    /// do not say which one was refused.
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: M, step: &'static str) -> Result<()> {
         // SAFETY: the QP is valid; `attr` is a fully initialised attribute struct.
         let rc = unsafe { sys::ibv_modify_qp(self.qp, attr, mask.0 as libc::c_int) };
         match rc {
             0 => Ok(()),
-            libc::EINVAL => Err(Error::InvalidArgument(format!(
-                "ibv_modify_qp({step}) refused the attributes"
-            ))),
+            libc::EINVAL => Err(refused(step, &attr_summary(attr, mask))),
             e => Err(os_err(step, Some(e))),
         }
     }
@@ -228,6 +228,50 @@ impl IbvQp {
                 | M::IBV_QP_MAX_QP_RD_ATOMIC,
             "ibv_modify_qp(RTS)",
         )
+    }
+}
+
+/// The `EINVAL` of one `ibv_modify_qp` transition, naming the call once, with the attributes
+/// that were given (`summary`).
+fn refused(step: &str, summary: &str) -> Error {
+    Error::InvalidArgument(format!("{step} refused the attributes {summary}"))
+}
+
+/// The attributes a transition sets, as `name value` pairs: what the user can check against
+/// `bx devices` (GID index, MTU) and the peer's address.
+fn attr_summary(a: &sys::ibv_qp_attr, mask: M) -> String {
+    let mut parts = Vec::new();
+    if mask.0 & M::IBV_QP_PATH_MTU.0 != 0 {
+        parts.push(format!("path_mtu {}", convert::mtu_bytes(a.path_mtu)));
+    }
+    if mask.0 & M::IBV_QP_DEST_QPN.0 != 0 {
+        parts.push(format!("dest_qp_num {:#x}", a.dest_qp_num));
+    }
+    if mask.0 & M::IBV_QP_AV.0 != 0 {
+        parts.push(format!("dlid {}", a.ah_attr.dlid));
+        if a.ah_attr.is_global != 0 {
+            // SAFETY: `raw` is the byte view of the GID union; every bit pattern is valid.
+            let dgid = unsafe { a.ah_attr.grh.dgid.raw };
+            parts.push(format!(
+                "sgid_index {}, dgid {}",
+                a.ah_attr.grh.sgid_index,
+                std::net::Ipv6Addr::from(dgid)
+            ));
+        }
+    }
+    if mask.0 & M::IBV_QP_ACCESS_FLAGS.0 != 0 {
+        parts.push(format!("access {:#x}", a.qp_access_flags));
+    }
+    if mask.0 & M::IBV_QP_TIMEOUT.0 != 0 {
+        parts.push(format!(
+            "timeout {}, retry_cnt {}, rnr_retry {}",
+            a.timeout, a.retry_cnt, a.rnr_retry
+        ));
+    }
+    if parts.is_empty() {
+        "(state only)".into()
+    } else {
+        format!("({})", parts.join(", "))
     }
 }
 
@@ -402,5 +446,31 @@ impl QpImpl for IbvQp {
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         super::post::post_recv(self, wr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_transition_names_the_call_once_with_its_attributes() {
+        // SAFETY: ibv_qp_attr is plain C data; all-zero is a valid value.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.path_mtu = convert::mtu_code(1024);
+        a.dest_qp_num = 0x11;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.sgid_index = 7;
+        let mask = M::IBV_QP_STATE | M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN;
+        let msg = refused("ibv_modify_qp(RTR)", &attr_summary(&a, mask)).to_string();
+        assert_eq!(msg.matches("ibv_modify_qp").count(), 1, "{msg}");
+        for part in [
+            "ibv_modify_qp(RTR) refused",
+            "path_mtu 1024",
+            "dest_qp_num 0x11",
+            "sgid_index 7",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from {msg:?}");
+        }
     }
 }

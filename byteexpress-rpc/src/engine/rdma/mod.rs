@@ -96,6 +96,8 @@ pub(crate) struct RdmaParts {
     pub device_window: SharedDeviceWindow,
     /// Chunk order (`Config::sched`).
     pub sched: SchedMode,
+    /// Name of the local device the QP lives on (reported by [`Transport`]).
+    pub device: &'static str,
 }
 
 /// Most bytes a link's reassembly pool registers (reassembled messages alive at once, in
@@ -145,12 +147,19 @@ pub(crate) fn spawn(
     ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
 ) -> LinkTx {
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = LinkTx::new(tx, Transport::Rdma, parts.max_message);
+    let link = LinkTx::new(
+        tx,
+        Transport::Rdma {
+            device: parts.device,
+        },
+        parts.max_message,
+    );
     let counters = link.counters().clone();
     let _ = counters.qp.set(parts.qp.clone());
     counters
         .window_cap
         .store(parts.window.cap(), std::sync::atomic::Ordering::Relaxed);
+    counters.metrics.set_window_cap(parts.window.cap());
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
     let credits = Credits::new(
         CreditConfig::new(parts.grant)
@@ -433,6 +442,9 @@ impl Engine {
             self.parts.window.cap(),
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.counters
+            .metrics
+            .set_window_cap(self.parts.window.cap());
         Ok(())
     }
 
@@ -531,6 +543,7 @@ impl Engine {
                 }
                 if no_credit {
                     LinkCounters::bump(&self.counters.credit_blocked);
+                    self.counters.metrics.credit_stalls.increment(1);
                 }
                 break;
             }
@@ -567,8 +580,14 @@ impl Engine {
             };
             let Some(n) = next else {
                 match wait {
-                    Some(Wait::Credit) => LinkCounters::bump(&self.counters.credit_blocked),
-                    Some(Wait::Window) => LinkCounters::bump(&self.counters.window_blocked),
+                    Some(Wait::Credit) => {
+                        LinkCounters::bump(&self.counters.credit_blocked);
+                        self.counters.metrics.credit_stalls.increment(1);
+                    }
+                    Some(Wait::Window) => {
+                        LinkCounters::bump(&self.counters.window_blocked);
+                        self.counters.metrics.window_stalls.increment(1);
+                    }
                     // The gate was not asked: an offered message too large for the bypass
                     // was queued; the scheduler grants its first chunk next time round.
                     None if offered => continue,
@@ -624,6 +643,8 @@ impl Engine {
         }
         self.post(buf, n.wire.into())?;
         LinkCounters::bump(&self.counters.chunks_sent);
+        self.counters.metrics.chunks_sent.increment(1);
+        self.counters.metrics.bytes_sent.increment(n.wire.into());
         Ok(())
     }
 

@@ -27,6 +27,10 @@ impl Engine {
             ));
         };
         let h = Header::decode(buf.as_slice()).map_err(protocol)?;
+        self.counters
+            .metrics
+            .bytes_received
+            .increment(u64::from(wc.byte_len));
         let kind = if h.kind == Kind::CreditUpdate {
             MsgKind::CreditUpdate
         } else {
@@ -76,6 +80,7 @@ impl Engine {
             match done {
                 Ok(Some(msg)) => {
                     LinkCounters::bump(&self.counters.messages_reassembled);
+                    self.counters.metrics.messages_reassembled.increment(1);
                     self.deliver(msg)?;
                 }
                 Ok(None) => {}

@@ -1,0 +1,187 @@
+//! Link and call events recorded through the `metrics` crate facade, under the names below
+//! (documented for users in README and DESIGN.md 3.5). Nothing is recorded anywhere until the
+//! process installs a recorder (`bx ps serve --metrics ADDR` installs a Prometheus exporter);
+//! without one each event costs a branch on a no-op handle.
+//!
+//! Per-link handles are registered once, when the link is set up, so the engines' hot paths
+//! touch an atomic, never a key lookup. Labels have bounded values: `transport` (`rdma`,
+//! `tcp`), `device` (a local device name, `-` on TCP), `side` (`client`, `server`), `code`
+//! (a gRPC status code name) and `method` (the gRPC method path; on the server only paths a
+//! service answered, `unknown` for the rest, so a peer cannot grow the label set).
+//!
+//! Later issues add their events to this module under the same `bx_` prefix.
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge};
+
+use crate::{Code, Transport};
+
+/// Counter: links set up, labels `transport`, `device`.
+pub const LINKS_OPENED: &str = "bx_links_opened_total";
+/// Counter: links that ended (peer gone, QP error, closed), labels `transport`, `device`.
+pub const LINKS_CLOSED: &str = "bx_links_closed_total";
+/// Gauge: links open now, labels `transport`, `device`.
+pub const LINKS_OPEN: &str = "bx_links_open";
+/// Counter: calls finished, labels `side`, `method`, `code`.
+pub const CALLS: &str = "bx_calls_total";
+/// Histogram: call latency in seconds (client: send to answer; server: handler start to
+/// answer), labels `side`, `method`.
+pub const CALL_SECONDS: &str = "bx_call_duration_seconds";
+/// Counter: times a chunk waited for a send credit (receiver backpressure), labels
+/// `transport`, `device` (RDMA only).
+pub const CREDIT_STALLS: &str = "bx_credit_stalls_total";
+/// Counter: times a chunk waited because the QP or device window was full (RDMA only).
+pub const WINDOW_STALLS: &str = "bx_window_stalls_total";
+/// Gauge: the QP window's cap in bytes (RDMA only; `u64::MAX` shown as +Inf is avoided: an
+/// unlimited window reports 0).
+pub const WINDOW_CAP: &str = "bx_window_cap_bytes";
+/// Counter: bytes sent on links (wire bytes: header, metadata and body of each message or
+/// chunk), labels `transport`, `device`.
+pub const BYTES_SENT: &str = "bx_bytes_sent_total";
+/// Counter: bytes received on links, same labels.
+pub const BYTES_RECEIVED: &str = "bx_bytes_received_total";
+/// Counter: data SENDs posted (one per chunk), RDMA only.
+pub const CHUNKS_SENT: &str = "bx_chunks_sent_total";
+/// Counter: messages received in more than one chunk and reassembled, RDMA only.
+pub const MESSAGES_REASSEMBLED: &str = "bx_messages_reassembled_total";
+
+/// Every metric name this crate records, for documentation checks and scrapers.
+pub const NAMES: &[&str] = &[
+    LINKS_OPENED,
+    LINKS_CLOSED,
+    LINKS_OPEN,
+    CALLS,
+    CALL_SECONDS,
+    CREDIT_STALLS,
+    WINDOW_STALLS,
+    WINDOW_CAP,
+    BYTES_SENT,
+    BYTES_RECEIVED,
+    CHUNKS_SENT,
+    MESSAGES_REASSEMBLED,
+];
+
+/// Which end of a call records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The caller ([`crate::Client::call`]).
+    Client,
+    /// The server that ran the handler.
+    Server,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Server => "server",
+        }
+    }
+}
+
+/// Records one finished call: [`CALLS`] and [`CALL_SECONDS`]. `method` is the gRPC path;
+/// the caller passes `"unknown"` for a path no service answered. Costs two small allocations
+/// (the method label) and the recorder's key lookups; nothing more without a recorder.
+pub fn record_call(side: Side, method: &str, code: Code, elapsed: Duration) {
+    metrics::histogram!(CALL_SECONDS, "side" => side.label(), "method" => method.to_owned())
+        .record(elapsed.as_secs_f64());
+    metrics::counter!(
+        CALLS,
+        "side" => side.label(),
+        "method" => method.to_owned(),
+        "code" => code_name(code)
+    )
+    .increment(1);
+}
+
+/// The code's name as the gRPC spec spells it in `doc/statuscodes.md`, in CamelCase
+/// (`Ok`, `DeadlineExceeded`): a static label value.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "Ok",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// The handles of one link, registered at set-up with its `transport` and `device` labels.
+#[derive(Debug)]
+pub(crate) struct LinkMetrics {
+    pub credit_stalls: Counter,
+    pub window_stalls: Counter,
+    pub window_cap: Gauge,
+    pub bytes_sent: Counter,
+    pub bytes_received: Counter,
+    pub chunks_sent: Counter,
+    pub messages_reassembled: Counter,
+    closed: Counter,
+    open: Gauge,
+}
+
+impl Default for LinkMetrics {
+    /// Handles that record nothing (a link built outside set-up, e.g. in unit tests).
+    fn default() -> Self {
+        LinkMetrics {
+            credit_stalls: Counter::noop(),
+            window_stalls: Counter::noop(),
+            window_cap: Gauge::noop(),
+            bytes_sent: Counter::noop(),
+            bytes_received: Counter::noop(),
+            chunks_sent: Counter::noop(),
+            messages_reassembled: Counter::noop(),
+            closed: Counter::noop(),
+            open: Gauge::noop(),
+        }
+    }
+}
+
+impl LinkMetrics {
+    /// Registers the handles of a link on `transport` and counts it as opened.
+    pub(crate) fn link_up(transport: Transport) -> Self {
+        let labels = [
+            ("transport", transport.kind().to_string()),
+            ("device", transport.device().unwrap_or("-").to_string()),
+        ];
+        metrics::counter!(LINKS_OPENED, &labels).increment(1);
+        let m = LinkMetrics {
+            credit_stalls: metrics::counter!(CREDIT_STALLS, &labels),
+            window_stalls: metrics::counter!(WINDOW_STALLS, &labels),
+            window_cap: metrics::gauge!(WINDOW_CAP, &labels),
+            bytes_sent: metrics::counter!(BYTES_SENT, &labels),
+            bytes_received: metrics::counter!(BYTES_RECEIVED, &labels),
+            chunks_sent: metrics::counter!(CHUNKS_SENT, &labels),
+            messages_reassembled: metrics::counter!(MESSAGES_REASSEMBLED, &labels),
+            closed: metrics::counter!(LINKS_CLOSED, &labels),
+            open: metrics::gauge!(LINKS_OPEN, &labels),
+        };
+        m.open.increment(1.0);
+        m
+    }
+
+    /// Counts the link as closed (called once, when its engine ends it).
+    pub(crate) fn link_down(&self) {
+        self.closed.increment(1);
+        self.open.decrement(1.0);
+    }
+
+    /// Sets [`WINDOW_CAP`]; an unlimited window (`u64::MAX`) is reported as 0.
+    pub(crate) fn set_window_cap(&self, cap: u64) {
+        self.window_cap
+            .set(if cap == u64::MAX { 0.0 } else { cap as f64 });
+    }
+}
