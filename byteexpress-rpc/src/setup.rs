@@ -20,7 +20,7 @@ use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, tcp};
 use crate::wire::CONN_MAGIC;
 use crate::wire::header::{HEADER_LEN, Kind};
-use crate::wire::hello::{HELLO_VERSION, Hello, TransportPref};
+use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 use crate::{Code, Config, Status};
 
 type Reader = FrameReader<OwnedReadHalf>;
@@ -283,6 +283,7 @@ pub(crate) async fn connect(
                 version: HELLO_VERSION,
                 pref: cfg.transport,
                 nonce,
+                stream_window: cfg.stream_window.max(1),
                 devices,
             },
         )
@@ -290,12 +291,14 @@ pub(crate) async fn connect(
         let Hello::HelloAck {
             devices: remote,
             max_concurrent_calls,
+            stream_window,
             ..
         } = recv(&mut r).await?
         else {
             return Err(unavailable("set-up: expected HELLO_ACK"));
         };
         max_calls = max_concurrent_calls;
+        dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         let chosen = pick_device(local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
             if cfg.transport == TransportPref::Rdma {
@@ -403,9 +406,16 @@ pub(crate) async fn accept(
 ) -> Result<LinkTx, Status> {
     let (mut r, mut w) = split(stream, cfg);
     let fut = async {
-        let Hello::Hello { version, nonce, .. } = recv(&mut r).await? else {
+        let Hello::Hello {
+            version,
+            nonce,
+            stream_window,
+            ..
+        } = recv(&mut r).await?
+        else {
             return Err(unavailable("set-up: expected HELLO"));
         };
+        dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         if version != HELLO_VERSION {
             send(
                 &mut w,
@@ -428,6 +438,7 @@ pub(crate) async fn accept(
             &Hello::HelloAck {
                 version: HELLO_VERSION,
                 max_concurrent_calls: cfg.max_concurrent_calls.max(1),
+                stream_window: cfg.stream_window.max(1),
                 devices,
             },
         )

@@ -137,7 +137,8 @@ impl Client {
     /// Opens a stream: client, server or bidirectional streaming as gRPC has them, over this
     /// connection's link. Returns the request direction's sender and the response direction's
     /// receiver; each message is sent as one frame as soon as the receiver's window
-    /// ([`Config::stream_window`](crate::Config::stream_window)) allows. The stream holds one
+    /// (the server's [`Config::stream_window`](crate::Config::stream_window), announced in its
+    /// HELLO_ACK) allows. The stream holds one
     /// place under the server's `max_concurrent_calls` until it ends (waited for here, within
     /// the timeout). Errors: as [`Client::call`] before sending (UNAVAILABLE,
     /// DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED for a first message above
@@ -148,7 +149,7 @@ impl Client {
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
         let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
         let slot = self.stream_slot(deadline).await?;
-        let s = Shared::new(slot.link.clone(), slot.key, slot.window);
+        let s = Shared::new(slot.link.clone(), slot.key, slot.window, slot.send_window);
         {
             let mut st = s.st.lock();
             st.permit = Some(slot.permit);

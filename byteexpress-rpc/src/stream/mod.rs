@@ -3,9 +3,10 @@
 //! `doc/PROTOCOL-HTTP2.md`: headers, length-delimited messages, trailers, half-close, RST).
 //!
 //! Each direction of a stream has a byte window the receiver grants, as HTTP/2's per-stream
-//! flow control (RFC 9113 §5.2, §6.9 WINDOW_UPDATE): a sender has at most
-//! [`Config::stream_window`](crate::Config::stream_window) bytes (40 + body per message) sent
-//! and not granted back, except one message of any size when nothing is outstanding; the
+//! flow control (RFC 9113 §5.2, §6.9 WINDOW_UPDATE): a sender has at most the receiver's
+//! [`Config::stream_window`](crate::Config::stream_window), announced in set-up (HELLO /
+//! HELLO_ACK `stream_window`, as SETTINGS_INITIAL_WINDOW_SIZE, §6.5.2), of bytes (40 + body
+//! per message) sent and not granted back, except one message of any size when nothing is outstanding; the
 //! receiver grants bytes back as the application takes messages. A reader that does not read
 //! holds its writer back; a peer that sends beyond the window fails its stream
 //! RESOURCE_EXHAUSTED. Messages are numbered per direction and delivered in order; the end of a
@@ -76,14 +77,17 @@ pub(crate) struct State {
 }
 
 impl Shared {
-    pub(crate) fn new(link: LinkTx, key: (u32, u64), window: u64) -> Arc<Shared> {
+    /// A stream's state with `window` bytes of our own receive window (our
+    /// `Config::stream_window`) and `send_window` bytes of the peer's (announced in set-up).
+    pub(crate) fn new(link: LinkTx, key: (u32, u64), window: u64, send_window: u64) -> Arc<Shared> {
+        let send_window = send_window.clamp(1, crate::wire::hello::MAX_STREAM_WINDOW);
         Arc::new(Shared {
             link,
             key,
             st: Mutex::new(State {
                 window,
-                send_window: window,
-                avail: window as i64,
+                send_window,
+                avail: send_window as i64,
                 ..State::default()
             }),
             notify: Notify::new(),
@@ -274,7 +278,7 @@ mod tests {
     fn shared(window: u64) -> (Arc<Shared>, tokio::sync::mpsc::UnboundedReceiver<Outgoing>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = LinkTx::new(tx, Transport::Tcp, 1 << 20);
-        (Shared::new(link, (1, 2), window), rx)
+        (Shared::new(link, (1, 2), window, window), rx)
     }
 
     #[test]

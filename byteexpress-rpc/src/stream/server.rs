@@ -216,7 +216,7 @@ impl ServerStreams {
         link: &LinkTx,
         msg: Incoming,
         svc: &Arc<dyn StreamService>,
-        window: u64,
+        (window, send_window): (u64, u64),
         on_end: impl FnOnce() + Send + 'static,
     ) -> Option<AbortHandle> {
         let key = (msg.header.conn_id, msg.header.call_id);
@@ -239,7 +239,7 @@ impl ServerStreams {
         };
         let deadline = (msg.header.timeout_us > 0)
             .then(|| tokio::time::Instant::now() + Duration::from_micros(msg.header.timeout_us));
-        let s = Shared::new(link.clone(), key, window);
+        let s = Shared::new(link.clone(), key, window, send_window);
         if msg.header.flags & FLAG_MESSAGE != 0 {
             let _ = s.on_message(0, msg.body);
         }

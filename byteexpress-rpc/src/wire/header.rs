@@ -27,7 +27,8 @@
 //! status message + trailers, offset 24 = messages sent, optionally a last message with
 //! [`FLAG_MESSAGE`]), delivered after those messages; CANCEL (client → server) ends it early.
 //! WINDOW_UPDATE (either way, offset 24 = bytes) is HTTP/2's WINDOW_UPDATE (RFC 9113 §6.9) per
-//! stream: a sender may have at most the receiver's window (`Config::stream_window`, counted as
+//! stream: a sender may have at most the receiver's window (its `Config::stream_window`,
+//! announced in HELLO / HELLO_ACK, [`crate::wire::hello`]; counted as
 //! 40 + body bytes per message) sent and not yet granted back, except one message when nothing
 //! is outstanding; the receiver grants bytes back as the application takes messages. A message
 //! beyond the window fails the stream RESOURCE_EXHAUSTED, never the link.
