@@ -51,6 +51,10 @@ async fn handler(
     };
     let mut md = Metadata::new();
     md.insert("x-initial", Bytes::from_static(b"yes")).unwrap();
+    if num("big") > 0 {
+        md.insert("x-big", Bytes::from(vec![b'h'; num("big") as usize]))
+            .unwrap();
+    }
     tx.send_headers(&md)?;
     match req.method.as_str() {
         "/echo" => {
@@ -325,6 +329,39 @@ async fn different_stream_windows_each_side_sends_within_the_peers_announced_win
                 assert!(got.iter().all(|&b| b == i as u8), "{t:?} message {i}");
             }
             within("sender", sender).await.unwrap().unwrap();
+            assert!(within("end", rx.message()).await.unwrap().is_none());
+        }
+    }
+}
+
+/// Initial metadata of 100 KiB (several RDMA chunks, so the scheduler may post the stream's
+/// one-chunk first message ahead of it) still reaches the client whole and before the first
+/// message: the messages carry FLAG_AFTER_HEADERS and the client holds them until the headers
+/// arrive. Before that, the message overtook the headers and `headers()` answered empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_metadata_larger_than_a_chunk_arrives_before_the_first_message() {
+    let big = 100u64 << 10;
+    let (addr, _) = serve(Config::default()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        for round in 0..20 {
+            let mut req = open("/produce", &[("n", 3), ("size", 10), ("big", big)]);
+            req.half_close = true;
+            let (_tx, mut rx) = cl.open_stream(req).await.unwrap();
+            // wait until something of the stream is here, so a message that overtook the
+            // headers would be what `headers()` sees first
+            let first = within("first message", rx.message()).await.unwrap();
+            let h = within("headers", rx.headers()).await.unwrap();
+            let x = h
+                .get("x-big")
+                .unwrap_or_else(|| panic!("{t:?} round {round}: initial metadata lost: {h:?}"));
+            assert_eq!(x.len() as u64, big);
+            assert!(rx.headers_sent(), "{t:?} round {round}");
+            assert_eq!(first.unwrap(), Bytes::from(vec![0u8; 10]));
+            for i in 1..3u8 {
+                let m = within("message", rx.message()).await.unwrap().unwrap();
+                assert_eq!(m, Bytes::from(vec![i; 10]), "{t:?} round {round}");
+            }
             assert!(within("end", rx.message()).await.unwrap().is_none());
         }
     }

@@ -25,7 +25,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 use crate::engine::LinkTx;
 use crate::message::Outgoing;
-use crate::wire::header::{HEADER_LEN, Kind};
+use crate::wire::header::{FLAG_AFTER_HEADERS, HEADER_LEN, Kind};
 use crate::{Code, Metadata, Status};
 
 pub use client::{OpenStream, RequestSender, ResponseReceiver};
@@ -61,6 +61,9 @@ pub(crate) struct State {
     pub(crate) end: Option<Result<Metadata, Status>>,
     /// Initial metadata (client side), once STREAM_HEADERS arrived.
     pub(crate) headers: Option<Metadata>,
+    /// Client side: a frame with `FLAG_AFTER_HEADERS` arrived, so STREAM_HEADERS was sent;
+    /// nothing of the stream is delivered until it is here.
+    pub(crate) headers_due: bool,
     /// The stream failed here (cancelled, deadline, link closed, window broken).
     pub(crate) failed: Option<Status>,
     // outbound
@@ -74,6 +77,14 @@ pub(crate) struct State {
     /// Server side: a last message to carry in the RESPONSE, headers already sent.
     pub(crate) last: Option<Bytes>,
     pub(crate) headers_sent: bool,
+}
+
+impl State {
+    /// Client side: the server sent headers that have not arrived yet (a later frame
+    /// overtook them), so nothing of the stream may be delivered.
+    pub(crate) fn awaiting_headers(&self) -> bool {
+        self.headers_due && self.headers.is_none()
+    }
 }
 
 impl Shared {
@@ -186,6 +197,9 @@ impl Shared {
     /// is there yet. Grants window back when the queue empties or half a window was taken.
     pub(crate) fn take(&self) -> Option<Result<Option<Bytes>, Status>> {
         let mut st = self.st.lock();
+        if st.awaiting_headers() {
+            return st.failed.clone().map(Err);
+        }
         if let Some(b) = st.queue.pop_front() {
             let c = cost(b.len());
             st.buffered -= c;
@@ -237,9 +251,13 @@ impl Shared {
                 }
                 if st.avail >= c || st.avail == st.send_window as i64 {
                     let seq = st.sent;
+                    let mut f = self.frame(Kind::StreamMessage, seq, body);
+                    if st.headers_sent {
+                        f.header.flags |= FLAG_AFTER_HEADERS;
+                    }
                     // a message the link refuses (over max_message, link closed) takes no
                     // number and no window
-                    self.link.send(self.frame(Kind::StreamMessage, seq, body))?;
+                    self.link.send(f)?;
                     st.avail -= c;
                     st.sent += 1;
                     return Ok(());
@@ -315,6 +333,34 @@ mod tests {
             assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], want);
         }
         assert_eq!(s.take().unwrap(), Ok(None));
+    }
+
+    #[tokio::test]
+    async fn messages_and_end_after_headers_wait_for_the_headers_that_they_overtook() {
+        let (s, _rx) = shared(1 << 20);
+        s.st.lock().headers_due = true; // a frame with FLAG_AFTER_HEADERS arrived first
+        s.on_message(0, Bytes::from_static(b"a")).unwrap();
+        s.on_end(1, Ok(Metadata::new()), false);
+        assert!(s.take().is_none(), "held until the headers arrive");
+        let mut md = Metadata::new();
+        md.insert("x-h", Bytes::from_static(b"1")).unwrap();
+        s.st.lock().headers = Some(md);
+        assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], b"a");
+        assert_eq!(s.take().unwrap(), Ok(None));
+
+        // the sender marks its messages once it sent headers
+        let (tx, mut out) = shared(1 << 20);
+        tx.send(Bytes::new()).await.unwrap();
+        tx.st.lock().headers_sent = true;
+        tx.send(Bytes::new()).await.unwrap();
+        assert_eq!(
+            out.recv().await.unwrap().header.flags & FLAG_AFTER_HEADERS,
+            0
+        );
+        assert_ne!(
+            out.recv().await.unwrap().header.flags & FLAG_AFTER_HEADERS,
+            0
+        );
     }
 
     #[test]

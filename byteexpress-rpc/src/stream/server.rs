@@ -13,7 +13,7 @@ use super::Shared;
 use crate::engine::LinkTx;
 use crate::message::{Incoming, Outgoing};
 use crate::server::BoxFuture;
-use crate::wire::header::{FLAG_END_STREAM, FLAG_MESSAGE, Kind};
+use crate::wire::header::{FLAG_AFTER_HEADERS, FLAG_END_STREAM, FLAG_MESSAGE, Kind};
 use crate::{Code, Metadata, Status, Transport};
 
 /// A stream as the server's handler sees it (the messages come through its
@@ -308,9 +308,14 @@ impl ServerStreams {
             let _ = streams.map.lock().remove(&key);
             streams.early.lock().ended(key);
             drop(on_end);
-            let (sent, last, failed) = {
+            let (sent, last, failed, after_headers) = {
                 let mut st = s.st.lock();
-                (st.sent, st.last.take(), st.failed.is_some())
+                let after = if st.headers_sent {
+                    FLAG_AFTER_HEADERS
+                } else {
+                    0
+                };
+                (st.sent, st.last.take(), st.failed.is_some(), after)
             };
             if failed {
                 return;
@@ -342,8 +347,9 @@ impl ServerStreams {
                 ),
             };
             out.header.timeout_us = sent;
+            out.header.flags |= after_headers;
             if let Err(e) = s.link.send(out) {
-                let _ = s.link.send(Outgoing::status(
+                let mut o = Outgoing::status(
                     Kind::Response,
                     key.0,
                     key.1,
@@ -351,7 +357,10 @@ impl ServerStreams {
                     &e.message,
                     &Metadata::new(),
                     Bytes::new(),
-                ));
+                );
+                o.header.timeout_us = sent;
+                o.header.flags |= after_headers;
+                let _ = s.link.send(o);
             }
         });
         if let Some(e) = map.get_mut(&key) {
