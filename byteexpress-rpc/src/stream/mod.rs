@@ -218,7 +218,9 @@ impl Shared {
         if let Some(f) = &st.failed {
             return Some(Err(f.clone()));
         }
-        if st.end_at == Some(st.next_seq) {
+        // `>=`: an end counting fewer messages than already arrived (a reset, a broken peer)
+        // comes after those instead of never
+        if st.end_at.is_some_and(|e| st.next_seq >= e) {
             return Some(match st.end.clone().expect("end with end_at") {
                 Ok(_) => Ok(None),
                 Err(s) => Err(s),
@@ -360,6 +362,20 @@ mod tests {
         assert_ne!(
             out.recv().await.unwrap().header.flags & FLAG_AFTER_HEADERS,
             0
+        );
+    }
+
+    #[test]
+    fn an_end_counting_fewer_messages_than_arrived_is_delivered_after_them() {
+        let (s, _rx) = shared(1 << 20);
+        s.on_message(0, Bytes::from_static(b"a")).unwrap();
+        s.on_message(1, Bytes::from_static(b"b")).unwrap();
+        s.on_end(0, Err(Status::new(Code::ResourceExhausted, "reset")), true);
+        assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], b"a");
+        assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], b"b");
+        assert_eq!(
+            s.take().expect("the end, not a hang").unwrap_err().code,
+            Code::ResourceExhausted
         );
     }
 

@@ -169,7 +169,7 @@ impl ServerStreams {
         }
         s.fail(why.clone());
         if answer {
-            let _ = s.link.send(Outgoing::status(
+            let mut o = Outgoing::status(
                 Kind::Response,
                 key.0,
                 key.1,
@@ -177,7 +177,15 @@ impl ServerStreams {
                 &why.message,
                 &Metadata::new(),
                 Bytes::new(),
-            ));
+            );
+            // after the messages already sent, and after the headers
+            let st = s.st.lock();
+            o.header.timeout_us = st.sent;
+            if st.headers_sent {
+                o.header.flags |= FLAG_AFTER_HEADERS;
+            }
+            drop(st);
+            let _ = s.link.send(o);
         }
     }
 
