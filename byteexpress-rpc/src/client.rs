@@ -55,6 +55,8 @@ struct Calls {
     slots: Arc<Semaphore>,
     /// Streams open on this link ([`crate::stream`]).
     streams: Arc<crate::stream::client::ClientStreams>,
+    /// The server's per-stream receive window (HELLO_ACK's `stream_window`): our send window.
+    peer_stream_window: AtomicU64,
 }
 
 impl Calls {
@@ -66,6 +68,7 @@ impl Calls {
             budget: client_budget(cfg),
             slots: Arc::new(Semaphore::new(0)),
             streams: Arc::default(),
+            peer_stream_window: AtomicU64::new(cfg.stream_window.max(1)),
         }
     }
 }
@@ -112,6 +115,10 @@ impl Dispatch for Calls {
 
     fn calls_in_flight(&self) -> usize {
         self.pending.lock().len() + self.streams.len()
+    }
+
+    fn peer_stream_window(&self, bytes: u64) {
+        self.peer_stream_window.store(bytes, Ordering::Relaxed);
     }
 
     fn refused(&self, _link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
@@ -456,7 +463,10 @@ pub(crate) struct StreamSlot {
     pub(crate) streams: Arc<crate::stream::client::ClientStreams>,
     pub(crate) key: CallKey,
     pub(crate) permit: tokio::sync::OwnedSemaphorePermit,
+    /// Our receive window per stream (`Config::stream_window`), bytes.
     pub(crate) window: u64,
+    /// The server's receive window per stream (HELLO_ACK's `stream_window`), bytes.
+    pub(crate) send_window: u64,
 }
 
 impl Client {
@@ -498,6 +508,7 @@ impl Client {
             key: (conn_id, call_id),
             permit,
             window: self.inner.cfg.stream_window,
+            send_window: link.calls.peer_stream_window.load(Ordering::Relaxed),
         })
     }
 }

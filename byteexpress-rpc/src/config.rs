@@ -101,7 +101,9 @@ pub struct Config {
     /// SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113 §6.5.2, §6.9): a stream's sender may have this
     /// many bytes (40 + body per message) sent and not yet taken by the receiving application,
     /// plus one message of any size when nothing is outstanding. A peer beyond it fails its
-    /// stream RESOURCE_EXHAUSTED. Both sides of a link should use the same value; at least 1.
+    /// stream RESOURCE_EXHAUSTED. This is the receive window: it is announced to the peer in
+    /// set-up (HELLO, HELLO_ACK `stream_window`), which sends within it, while this side sends
+    /// within the window the peer announced; the two may differ. 1..=2^62.
     pub stream_window: u64,
     /// Lets `transport = Rdma` take the userspace soft device (`soft0`) even when a hardware
     /// device exists (default false; `BX_TRANSPORT=rdma-any` sets it). `auto` always may,

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use byteexpress_tcp_fallback::{FrameConfig, FrameWriter};
@@ -168,6 +169,7 @@ impl Server {
             stream_service: self.streams.clone(),
             streams: Arc::default(),
             stream_window: self.cfg.stream_window.max(1),
+            peer_stream_window: AtomicU64::new(self.cfg.stream_window.max(1)),
         });
         let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
         tracing::debug!(transport = %link.transport(), "link accepted");
@@ -205,6 +207,8 @@ struct Handlers {
     stream_service: Option<Arc<dyn crate::stream::StreamService>>,
     streams: Arc<crate::stream::server::ServerStreams>,
     stream_window: u64,
+    /// The client's per-stream receive window (HELLO's `stream_window`): our send window.
+    peer_stream_window: AtomicU64,
 }
 
 impl Dispatch for Handlers {
@@ -240,6 +244,10 @@ impl Dispatch for Handlers {
 
     fn calls_in_flight(&self) -> usize {
         self.running.lock().len()
+    }
+
+    fn peer_stream_window(&self, bytes: u64) {
+        self.peer_stream_window.store(bytes, Ordering::Relaxed);
     }
 
     fn refused(&self, link: &LinkTx, h: &crate::wire::header::Header, why: Status) {
@@ -293,10 +301,16 @@ impl Handlers {
         let on_end = move || {
             running.lock().remove(&key);
         };
-        if let Some(h) = self
-            .streams
-            .start(link, msg, svc, self.stream_window, on_end)
-        {
+        if let Some(h) = self.streams.start(
+            link,
+            msg,
+            svc,
+            (
+                self.stream_window,
+                self.peer_stream_window.load(Ordering::Relaxed),
+            ),
+            on_end,
+        ) {
             map.insert(key, h);
         }
     }

@@ -28,7 +28,7 @@ use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, tcp};
 use crate::wire::CONN_MAGIC;
 use crate::wire::header::{HEADER_LEN, Kind};
-use crate::wire::hello::{HELLO_VERSION, Hello, TransportPref};
+use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 use crate::{Code, Config, Status};
 
 type Reader = FrameReader<OwnedReadHalf>;
@@ -375,6 +375,7 @@ pub(crate) async fn connect(
                 version: HELLO_VERSION,
                 pref: cfg.transport,
                 nonce,
+                stream_window: cfg.stream_window.max(1),
                 devices,
             },
         )
@@ -382,12 +383,14 @@ pub(crate) async fn connect(
         let Hello::HelloAck {
             devices: remote,
             max_concurrent_calls,
+            stream_window,
             ..
         } = recv(&mut r).await?
         else {
             return Err(unavailable("set-up: expected HELLO_ACK"));
         };
         max_calls = max_concurrent_calls;
+        dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         let chosen = pick_device(&local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
             if why.is_empty() {
@@ -532,9 +535,16 @@ pub(crate) async fn accept(
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let (mut r, mut w) = split(stream, cfg);
     let fut = async {
-        let Hello::Hello { version, nonce, .. } = recv(&mut r).await? else {
+        let Hello::Hello {
+            version,
+            nonce,
+            stream_window,
+            ..
+        } = recv(&mut r).await?
+        else {
             return Err(unavailable("set-up: expected HELLO"));
         };
+        dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         if version != HELLO_VERSION {
             send(
                 &mut w,
@@ -557,6 +567,7 @@ pub(crate) async fn accept(
             &Hello::HelloAck {
                 version: HELLO_VERSION,
                 max_concurrent_calls: cfg.max_concurrent_calls.max(1),
+                stream_window: cfg.stream_window.max(1),
                 devices,
             },
         )

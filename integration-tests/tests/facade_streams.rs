@@ -55,9 +55,17 @@ impl Streams for Svc {
     type ProduceStream = Out;
 
     async fn ping_pong(&self, req: Request<Streaming<Msg>>) -> Result<Response<Out>, Status> {
+        let big: Option<usize> = req
+            .metadata()
+            .get("x-big")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
         let mut resp = Response::new(Box::pin(req.into_inner()) as Out);
         resp.metadata_mut()
             .insert("x-initial", "before-any-message".parse().unwrap());
+        if let Some(n) = big {
+            resp.metadata_mut()
+                .insert("x-big", "h".repeat(n).parse().unwrap());
+        }
         Ok(resp)
     }
 
@@ -213,6 +221,49 @@ async fn bidi_ping_pong_of_100_alternating_messages_with_initial_metadata_first(
         }
         drop(tx);
         assert!(within("end", answers.message()).await.unwrap().is_none());
+    }
+}
+
+/// Initial metadata of 100 KiB (several RDMA chunks) with the first message already waiting:
+/// the headers still reach the client whole, before the message (they used to be overtaken
+/// on RDMA and lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_metadata_larger_than_a_chunk_is_not_overtaken_by_the_first_message() {
+    let big = 100usize << 10;
+    let addr = serve(Svc::default(), Config::default(), false).await;
+    for t in BOTH {
+        let mut client = StreamsClient::new(channel(addr, t, Config::default()).await);
+        for round in 0..10u64 {
+            let (tx, rx) = futures::channel::mpsc::unbounded::<Msg>();
+            // the first message is there before the call, so the server echoes it right after
+            // its headers
+            tx.unbounded_send(Msg {
+                seq: round,
+                payload: Bytes::from_static(b"first"),
+            })
+            .unwrap();
+            let mut req = Request::new(rx);
+            req.metadata_mut()
+                .insert("x-big", big.to_string().parse().unwrap());
+            let resp = within("headers", client.ping_pong(req))
+                .await
+                .expect("ping_pong");
+            let h = resp.metadata().get("x-big").unwrap_or_else(|| {
+                panic!(
+                    "{t:?} round {round}: initial metadata lost: {:?}",
+                    resp.metadata()
+                )
+            });
+            assert_eq!(h.len(), big);
+            let mut answers = resp.into_inner();
+            let got = within("first", answers.message())
+                .await
+                .expect("first")
+                .expect("a message");
+            assert_eq!((got.seq, &got.payload[..]), (round, &b"first"[..]), "{t:?}");
+            drop(tx);
+            assert!(within("end", answers.message()).await.unwrap().is_none());
+        }
     }
 }
 

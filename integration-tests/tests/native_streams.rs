@@ -51,6 +51,10 @@ async fn handler(
     };
     let mut md = Metadata::new();
     md.insert("x-initial", Bytes::from_static(b"yes")).unwrap();
+    if num("big") > 0 {
+        md.insert("x-big", Bytes::from(vec![b'h'; num("big") as usize]))
+            .unwrap();
+    }
     tx.send_headers(&md)?;
     match req.method.as_str() {
         "/echo" => {
@@ -238,12 +242,18 @@ async fn native_cancellation_drops_the_handler_and_deadline_ends_the_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_unread_stream_holds_the_writer_at_the_window_while_a_unary_call_completes() {
+    // the receiver's (client's) window; the server's own is 16 times larger and must not be
+    // what holds its writer
     let window = 256u64 << 10;
     let cfg = Config {
         stream_window: window,
         ..Config::default()
     };
-    let (addr, c) = serve(cfg.clone()).await;
+    let (addr, c) = serve(Config {
+        stream_window: 4 << 20,
+        ..Config::default()
+    })
+    .await;
     let size = 10_000u64;
     for t in BOTH {
         c.sent.store(0, Ordering::SeqCst);
@@ -278,6 +288,82 @@ async fn native_unread_stream_holds_the_writer_at_the_window_while_a_unary_call_
             "{t:?}: {sent} messages of {size} bytes sent into a window of {window}"
         );
         drop(rx);
+    }
+}
+
+/// Each side sends within the window the *peer* announced in set-up (HELLO / HELLO_ACK
+/// `stream_window`), not its own: 16 messages of 256 KiB echoed with the client's window 4 MiB
+/// and the server's 64 KiB, then the reverse, all arrive intact (a side sending at its own
+/// larger window would fail the stream RESOURCE_EXHAUSTED at the other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_stream_windows_each_side_sends_within_the_peers_announced_window() {
+    const N: usize = 16;
+    const SIZE: usize = 256 << 10;
+    for (client_window, server_window) in [(4u64 << 20, 64u64 << 10), (64 << 10, 4 << 20)] {
+        let (addr, _) = serve(Config {
+            stream_window: server_window,
+            ..Config::default()
+        })
+        .await;
+        let ccfg = Config {
+            stream_window: client_window,
+            ..Config::default()
+        };
+        for t in BOTH {
+            let cl = client(&addr, t, &ccfg).await;
+            let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+            let sender = tokio::spawn(async move {
+                for i in 0..N {
+                    tx.send(Bytes::from(vec![i as u8; SIZE])).await?;
+                }
+                tx.finish()
+            });
+            for i in 0..N {
+                let got = within("echo", rx.message())
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("{t:?} client {client_window} server {server_window}: {e:?}")
+                    })
+                    .expect("a message");
+                assert_eq!(got.len(), SIZE);
+                assert!(got.iter().all(|&b| b == i as u8), "{t:?} message {i}");
+            }
+            within("sender", sender).await.unwrap().unwrap();
+            assert!(within("end", rx.message()).await.unwrap().is_none());
+        }
+    }
+}
+
+/// Initial metadata of 100 KiB (several RDMA chunks, so the scheduler may post the stream's
+/// one-chunk first message ahead of it) still reaches the client whole and before the first
+/// message: the messages carry FLAG_AFTER_HEADERS and the client holds them until the headers
+/// arrive. Before that, the message overtook the headers and `headers()` answered empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_metadata_larger_than_a_chunk_arrives_before_the_first_message() {
+    let big = 100u64 << 10;
+    let (addr, _) = serve(Config::default()).await;
+    for t in BOTH {
+        let cl = client(&addr, t, &Config::default()).await;
+        for round in 0..20 {
+            let mut req = open("/produce", &[("n", 3), ("size", 10), ("big", big)]);
+            req.half_close = true;
+            let (_tx, mut rx) = cl.open_stream(req).await.unwrap();
+            // wait until something of the stream is here, so a message that overtook the
+            // headers would be what `headers()` sees first
+            let first = within("first message", rx.message()).await.unwrap();
+            let h = within("headers", rx.headers()).await.unwrap();
+            let x = h
+                .get("x-big")
+                .unwrap_or_else(|| panic!("{t:?} round {round}: initial metadata lost: {h:?}"));
+            assert_eq!(x.len() as u64, big);
+            assert!(rx.headers_sent(), "{t:?} round {round}");
+            assert_eq!(first.unwrap(), Bytes::from(vec![0u8; 10]));
+            for i in 1..3u8 {
+                let m = within("message", rx.message()).await.unwrap().unwrap();
+                assert_eq!(m, Bytes::from(vec![i; 10]), "{t:?} round {round}");
+            }
+            assert!(within("end", rx.message()).await.unwrap().is_none());
+        }
     }
 }
 

@@ -310,9 +310,10 @@ async fn raw_tcp_link(addr: &str) -> TcpStream {
         .await
         .unwrap();
     let hello = Hello::Hello {
-        version: 1,
+        version: byteexpress_rpc::wire::hello::HELLO_VERSION,
         pref: TransportPref::Tcp,
         nonce: 1,
+        stream_window: 1 << 20,
         devices: vec![],
     }
     .encode();

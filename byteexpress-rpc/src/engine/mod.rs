@@ -33,6 +33,11 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
     /// A message (header `h`) was refused unread for want of budget: the server answers the
     /// request with `why`, the client fails the call with it.
     fn refused(&self, link: &LinkTx, h: &Header, why: Status);
+    /// The peer's per-stream receive window in bytes, as it announced it in set-up (HELLO or
+    /// HELLO_ACK `stream_window`, held to `wire::hello::MAX_STREAM_WINDOW`): the most this side
+    /// may have sent on one stream and not granted back (RFC 9113 §6.5.2
+    /// SETTINGS_INITIAL_WINDOW_SIZE). Set-up calls it once, before the engine starts.
+    fn peer_stream_window(&self, bytes: u64);
 }
 
 /// The sending side of a link, cheap to clone.

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use super::Shared;
 use crate::message::{Incoming, Outgoing};
-use crate::wire::header::{FLAG_END_STREAM, FLAG_MESSAGE, Kind};
+use crate::wire::header::{FLAG_AFTER_HEADERS, FLAG_END_STREAM, FLAG_MESSAGE, Kind};
 use crate::{Client, Code, Metadata, Status};
 
 /// The streams open on one client link, by `(conn_id, call_id)`.
@@ -27,6 +27,11 @@ impl ClientStreams {
             return Some(msg);
         };
         let n = msg.header.timeout_us;
+        if msg.header.flags & FLAG_AFTER_HEADERS != 0
+            && matches!(msg.header.kind, Kind::StreamMessage | Kind::Response)
+        {
+            s.st.lock().headers_due = true;
+        }
         match msg.header.kind {
             Kind::StreamHeaders => {
                 let md = crate::wire::meta::decode(&msg.meta)
@@ -69,7 +74,8 @@ impl ClientStreams {
         // RESPONSE may overtake the last chunks of an earlier message).
         let complete = {
             let st = s.st.lock();
-            st.failed.is_some() || st.end_at.is_some_and(|e| st.next_seq >= e)
+            st.failed.is_some()
+                || (st.end_at.is_some_and(|e| st.next_seq >= e) && !st.awaiting_headers())
         };
         if complete {
             self.map.lock().remove(&key);
@@ -137,7 +143,8 @@ impl Client {
     /// Opens a stream: client, server or bidirectional streaming as gRPC has them, over this
     /// connection's link. Returns the request direction's sender and the response direction's
     /// receiver; each message is sent as one frame as soon as the receiver's window
-    /// ([`Config::stream_window`](crate::Config::stream_window)) allows. The stream holds one
+    /// (the server's [`Config::stream_window`](crate::Config::stream_window), announced in its
+    /// HELLO_ACK) allows. The stream holds one
     /// place under the server's `max_concurrent_calls` until it ends (waited for here, within
     /// the timeout). Errors: as [`Client::call`] before sending (UNAVAILABLE,
     /// DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED for a first message above
@@ -148,7 +155,7 @@ impl Client {
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
         let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
         let slot = self.stream_slot(deadline).await?;
-        let s = Shared::new(slot.link.clone(), slot.key, slot.window);
+        let s = Shared::new(slot.link.clone(), slot.key, slot.window, slot.send_window);
         {
             let mut st = s.st.lock();
             st.permit = Some(slot.permit);
@@ -302,7 +309,7 @@ impl ResponseReceiver {
                     if let Some(f) = &st.failed {
                         return Err(f.clone());
                     }
-                    if !st.queue.is_empty() || st.end.is_some() {
+                    if !st.awaiting_headers() && (!st.queue.is_empty() || st.end.is_some()) {
                         return Ok(Metadata::new());
                     }
                 }

@@ -3,9 +3,10 @@
 //! `doc/PROTOCOL-HTTP2.md`: headers, length-delimited messages, trailers, half-close, RST).
 //!
 //! Each direction of a stream has a byte window the receiver grants, as HTTP/2's per-stream
-//! flow control (RFC 9113 §5.2, §6.9 WINDOW_UPDATE): a sender has at most
-//! [`Config::stream_window`](crate::Config::stream_window) bytes (40 + body per message) sent
-//! and not granted back, except one message of any size when nothing is outstanding; the
+//! flow control (RFC 9113 §5.2, §6.9 WINDOW_UPDATE): a sender has at most the receiver's
+//! [`Config::stream_window`](crate::Config::stream_window), announced in set-up (HELLO /
+//! HELLO_ACK `stream_window`, as SETTINGS_INITIAL_WINDOW_SIZE, §6.5.2), of bytes (40 + body
+//! per message) sent and not granted back, except one message of any size when nothing is outstanding; the
 //! receiver grants bytes back as the application takes messages. A reader that does not read
 //! holds its writer back; a peer that sends beyond the window fails its stream
 //! RESOURCE_EXHAUSTED. Messages are numbered per direction and delivered in order; the end of a
@@ -24,7 +25,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 use crate::engine::LinkTx;
 use crate::message::Outgoing;
-use crate::wire::header::{HEADER_LEN, Kind};
+use crate::wire::header::{FLAG_AFTER_HEADERS, HEADER_LEN, Kind};
 use crate::{Code, Metadata, Status};
 
 pub use client::{OpenStream, RequestSender, ResponseReceiver};
@@ -60,6 +61,9 @@ pub(crate) struct State {
     pub(crate) end: Option<Result<Metadata, Status>>,
     /// Initial metadata (client side), once STREAM_HEADERS arrived.
     pub(crate) headers: Option<Metadata>,
+    /// Client side: a frame with `FLAG_AFTER_HEADERS` arrived, so STREAM_HEADERS was sent;
+    /// nothing of the stream is delivered until it is here.
+    pub(crate) headers_due: bool,
     /// The stream failed here (cancelled, deadline, link closed, window broken).
     pub(crate) failed: Option<Status>,
     // outbound
@@ -75,15 +79,26 @@ pub(crate) struct State {
     pub(crate) headers_sent: bool,
 }
 
+impl State {
+    /// Client side: the server sent headers that have not arrived yet (a later frame
+    /// overtook them), so nothing of the stream may be delivered.
+    pub(crate) fn awaiting_headers(&self) -> bool {
+        self.headers_due && self.headers.is_none()
+    }
+}
+
 impl Shared {
-    pub(crate) fn new(link: LinkTx, key: (u32, u64), window: u64) -> Arc<Shared> {
+    /// A stream's state with `window` bytes of our own receive window (our
+    /// `Config::stream_window`) and `send_window` bytes of the peer's (announced in set-up).
+    pub(crate) fn new(link: LinkTx, key: (u32, u64), window: u64, send_window: u64) -> Arc<Shared> {
+        let send_window = send_window.clamp(1, crate::wire::hello::MAX_STREAM_WINDOW);
         Arc::new(Shared {
             link,
             key,
             st: Mutex::new(State {
                 window,
-                send_window: window,
-                avail: window as i64,
+                send_window,
+                avail: send_window as i64,
                 ..State::default()
             }),
             notify: Notify::new(),
@@ -182,6 +197,9 @@ impl Shared {
     /// is there yet. Grants window back when the queue empties or half a window was taken.
     pub(crate) fn take(&self) -> Option<Result<Option<Bytes>, Status>> {
         let mut st = self.st.lock();
+        if st.awaiting_headers() {
+            return st.failed.clone().map(Err);
+        }
         if let Some(b) = st.queue.pop_front() {
             let c = cost(b.len());
             st.buffered -= c;
@@ -200,7 +218,9 @@ impl Shared {
         if let Some(f) = &st.failed {
             return Some(Err(f.clone()));
         }
-        if st.end_at == Some(st.next_seq) {
+        // `>=`: an end counting fewer messages than already arrived (a reset, a broken peer)
+        // comes after those instead of never
+        if st.end_at.is_some_and(|e| st.next_seq >= e) {
             return Some(match st.end.clone().expect("end with end_at") {
                 Ok(_) => Ok(None),
                 Err(s) => Err(s),
@@ -233,9 +253,13 @@ impl Shared {
                 }
                 if st.avail >= c || st.avail == st.send_window as i64 {
                     let seq = st.sent;
+                    let mut f = self.frame(Kind::StreamMessage, seq, body);
+                    if st.headers_sent {
+                        f.header.flags |= FLAG_AFTER_HEADERS;
+                    }
                     // a message the link refuses (over max_message, link closed) takes no
                     // number and no window
-                    self.link.send(self.frame(Kind::StreamMessage, seq, body))?;
+                    self.link.send(f)?;
                     st.avail -= c;
                     st.sent += 1;
                     return Ok(());
@@ -274,7 +298,7 @@ mod tests {
     fn shared(window: u64) -> (Arc<Shared>, tokio::sync::mpsc::UnboundedReceiver<Outgoing>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = LinkTx::new(tx, Transport::Tcp, 1 << 20);
-        (Shared::new(link, (1, 2), window), rx)
+        (Shared::new(link, (1, 2), window, window), rx)
     }
 
     #[test]
@@ -311,6 +335,48 @@ mod tests {
             assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], want);
         }
         assert_eq!(s.take().unwrap(), Ok(None));
+    }
+
+    #[tokio::test]
+    async fn messages_and_end_after_headers_wait_for_the_headers_that_they_overtook() {
+        let (s, _rx) = shared(1 << 20);
+        s.st.lock().headers_due = true; // a frame with FLAG_AFTER_HEADERS arrived first
+        s.on_message(0, Bytes::from_static(b"a")).unwrap();
+        s.on_end(1, Ok(Metadata::new()), false);
+        assert!(s.take().is_none(), "held until the headers arrive");
+        let mut md = Metadata::new();
+        md.insert("x-h", Bytes::from_static(b"1")).unwrap();
+        s.st.lock().headers = Some(md);
+        assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], b"a");
+        assert_eq!(s.take().unwrap(), Ok(None));
+
+        // the sender marks its messages once it sent headers
+        let (tx, mut out) = shared(1 << 20);
+        tx.send(Bytes::new()).await.unwrap();
+        tx.st.lock().headers_sent = true;
+        tx.send(Bytes::new()).await.unwrap();
+        assert_eq!(
+            out.recv().await.unwrap().header.flags & FLAG_AFTER_HEADERS,
+            0
+        );
+        assert_ne!(
+            out.recv().await.unwrap().header.flags & FLAG_AFTER_HEADERS,
+            0
+        );
+    }
+
+    #[test]
+    fn an_end_counting_fewer_messages_than_arrived_is_delivered_after_them() {
+        let (s, _rx) = shared(1 << 20);
+        s.on_message(0, Bytes::from_static(b"a")).unwrap();
+        s.on_message(1, Bytes::from_static(b"b")).unwrap();
+        s.on_end(0, Err(Status::new(Code::ResourceExhausted, "reset")), true);
+        assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], b"a");
+        assert_eq!(&s.take().unwrap().unwrap().unwrap()[..], b"b");
+        assert_eq!(
+            s.take().expect("the end, not a hang").unwrap_err().code,
+            Code::ResourceExhausted
+        );
     }
 
     #[test]

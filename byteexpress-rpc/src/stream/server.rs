@@ -13,7 +13,7 @@ use super::Shared;
 use crate::engine::LinkTx;
 use crate::message::{Incoming, Outgoing};
 use crate::server::BoxFuture;
-use crate::wire::header::{FLAG_END_STREAM, FLAG_MESSAGE, Kind};
+use crate::wire::header::{FLAG_AFTER_HEADERS, FLAG_END_STREAM, FLAG_MESSAGE, Kind};
 use crate::{Code, Metadata, Status, Transport};
 
 /// A stream as the server's handler sees it (the messages come through its
@@ -169,7 +169,7 @@ impl ServerStreams {
         }
         s.fail(why.clone());
         if answer {
-            let _ = s.link.send(Outgoing::status(
+            let mut o = Outgoing::status(
                 Kind::Response,
                 key.0,
                 key.1,
@@ -177,7 +177,15 @@ impl ServerStreams {
                 &why.message,
                 &Metadata::new(),
                 Bytes::new(),
-            ));
+            );
+            // after the messages already sent, and after the headers
+            let st = s.st.lock();
+            o.header.timeout_us = st.sent;
+            if st.headers_sent {
+                o.header.flags |= FLAG_AFTER_HEADERS;
+            }
+            drop(st);
+            let _ = s.link.send(o);
         }
     }
 
@@ -216,7 +224,7 @@ impl ServerStreams {
         link: &LinkTx,
         msg: Incoming,
         svc: &Arc<dyn StreamService>,
-        window: u64,
+        (window, send_window): (u64, u64),
         on_end: impl FnOnce() + Send + 'static,
     ) -> Option<AbortHandle> {
         let key = (msg.header.conn_id, msg.header.call_id);
@@ -239,7 +247,7 @@ impl ServerStreams {
         };
         let deadline = (msg.header.timeout_us > 0)
             .then(|| tokio::time::Instant::now() + Duration::from_micros(msg.header.timeout_us));
-        let s = Shared::new(link.clone(), key, window);
+        let s = Shared::new(link.clone(), key, window, send_window);
         if msg.header.flags & FLAG_MESSAGE != 0 {
             let _ = s.on_message(0, msg.body);
         }
@@ -308,9 +316,14 @@ impl ServerStreams {
             let _ = streams.map.lock().remove(&key);
             streams.early.lock().ended(key);
             drop(on_end);
-            let (sent, last, failed) = {
+            let (sent, last, failed, after_headers) = {
                 let mut st = s.st.lock();
-                (st.sent, st.last.take(), st.failed.is_some())
+                let after = if st.headers_sent {
+                    FLAG_AFTER_HEADERS
+                } else {
+                    0
+                };
+                (st.sent, st.last.take(), st.failed.is_some(), after)
             };
             if failed {
                 return;
@@ -342,8 +355,9 @@ impl ServerStreams {
                 ),
             };
             out.header.timeout_us = sent;
+            out.header.flags |= after_headers;
             if let Err(e) = s.link.send(out) {
-                let _ = s.link.send(Outgoing::status(
+                let mut o = Outgoing::status(
                     Kind::Response,
                     key.0,
                     key.1,
@@ -351,7 +365,10 @@ impl ServerStreams {
                     &e.message,
                     &Metadata::new(),
                     Bytes::new(),
-                ));
+                );
+                o.header.timeout_us = sent;
+                o.header.flags |= after_headers;
+                let _ = s.link.send(o);
             }
         });
         if let Some(e) = map.get_mut(&key) {

@@ -5,7 +5,7 @@
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
 //! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE |
-//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bits 4–7 sent as 0, not checked on receipt |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bits 5–7 sent as 0, not checked on receipt |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
@@ -20,14 +20,17 @@
 //! path + request metadata, `timeout_us` the deadline of the whole stream, optionally the first
 //! message with [`FLAG_MESSAGE`], [`FLAG_END_STREAM`] when the client will send no more);
 //! STREAM_HEADERS (server → client: metadata = "" + the initial metadata, before the first
-//! message); STREAM_MESSAGE (either way: one message per frame, numbered in offset 24 from 0
+//! message; every later STREAM_MESSAGE and the RESPONSE carry [`FLAG_AFTER_HEADERS`], and the
+//! client delivers none of them before the headers, which on RDMA a one-chunk frame may
+//! overtake); STREAM_MESSAGE (either way: one message per frame, numbered in offset 24 from 0
 //! per direction, so a one-chunk message that the RDMA scheduler posts ahead of an earlier
 //! multi-chunk one is put back in order by the receiver); HALF_CLOSE (client → server, offset
 //! 24 = messages sent); the stream ends with a RESPONSE from the server (status, metadata =
 //! status message + trailers, offset 24 = messages sent, optionally a last message with
 //! [`FLAG_MESSAGE`]), delivered after those messages; CANCEL (client → server) ends it early.
 //! WINDOW_UPDATE (either way, offset 24 = bytes) is HTTP/2's WINDOW_UPDATE (RFC 9113 §6.9) per
-//! stream: a sender may have at most the receiver's window (`Config::stream_window`, counted as
+//! stream: a sender may have at most the receiver's window (its `Config::stream_window`,
+//! announced in HELLO / HELLO_ACK, [`crate::wire::hello`]; counted as
 //! 40 + body bytes per message) sent and not yet granted back, except one message when nothing
 //! is outstanding; the receiver grants bytes back as the application takes messages. A message
 //! beyond the window fails the stream RESOURCE_EXHAUSTED, never the link.
@@ -71,6 +74,11 @@ pub const FLAG_MORE: u8 = 2;
 pub const FLAG_END_STREAM: u8 = 4;
 /// Flag bit (STREAM_OPEN, RESPONSE of a stream): the body is one message of the stream.
 pub const FLAG_MESSAGE: u8 = 8;
+/// Flag bit (STREAM_MESSAGE and RESPONSE of a stream, server → client): the server sent
+/// STREAM_HEADERS before this frame, so the client delivers nothing of the stream (messages,
+/// end) until the headers are here. gRPC puts initial metadata before the first message; on
+/// RDMA a multi-chunk STREAM_HEADERS may be overtaken by a one-chunk message.
+pub const FLAG_AFTER_HEADERS: u8 = 16;
 
 /// Message kind (byte 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! client                                   server
-//!   HELLO {version, transport, nonce, devices}  →
-//!                        ← HELLO_ACK {version, devices}   (server armed `nonce` on its devices)
+//!   HELLO {version, transport, nonce, stream_window, devices}  →
+//!        ← HELLO_ACK {version, max_concurrent_calls, stream_window, devices}   (server armed `nonce`)
 //!   (client probes: local device × server device, in order; first reachable pair wins)
 //!   SELECT_RDMA {server device, grant, recv_buf, endpoint}  →    or  SELECT_TCP  →
 //!                        ← RDMA_ACCEPT {grant, recv_buf, endpoint}  (or REFUSE {reason})
@@ -12,8 +12,8 @@
 //!
 //! | message | type | fields |
 //! |---|---|---|
-//! | HELLO | 1 | version u16, transport u8 (0 auto, 1 rdma, 2 tcp), nonce u64, count u8, count × bytes16 device info |
-//! | HELLO_ACK | 2 | version u16, max_concurrent_calls u32 (1..=u32::MAX), count u8, count × bytes16 device info |
+//! | HELLO | 1 | version u16, transport u8 (0 auto, 1 rdma, 2 tcp), nonce u64, stream_window u64 (1..=u64::MAX), count u8, count × bytes16 device info |
+//! | HELLO_ACK | 2 | version u16, max_concurrent_calls u32 (1..=u32::MAX), stream_window u64 (1..=u64::MAX), count u8, count × bytes16 device info |
 //! | SELECT_RDMA | 3 | server device index u8, grant u32, recv_buf u32, bytes16 endpoint |
 //! | SELECT_TCP | 4 | — |
 //! | RDMA_ACCEPT | 5 | grant u32, recv_buf u32, bytes16 endpoint |
@@ -26,7 +26,13 @@
 //! accepts up to its own configured size (echoing it in RDMA_ACCEPT, where the client requires
 //! the same value) or refuses. Decoding checks `grant` within 1..=[`MAX_GRANT`] and `recv_buf`
 //! within 104 (a header and 64 bytes)..=[`MAX_RECV_BUF`], at most 16 devices, no truncation and
-//! no trailing bytes; HELLO_ACK's `max_concurrent_calls` is not 0.
+//! no trailing bytes; HELLO_ACK's `max_concurrent_calls` is not 0; neither `stream_window` is 0.
+//!
+//! `stream_window` is the sender's own per-stream receive window in bytes
+//! (`Config::stream_window`), announced as HTTP/2 announces SETTINGS_INITIAL_WINDOW_SIZE (RFC
+//! 9113 §6.5.2, §6.9.2): on every stream of the link, each side may have at most the *peer's*
+//! announced window sent and not granted back, and grants its own. Values above
+//! [`MAX_STREAM_WINDOW`] (2^62) are legal and used as 2^62.
 //!
 //! What each side does with them: the server does not act on HELLO's transport byte (it only
 //! tells the server's logs what the client asked for); the client does not check HELLO_ACK's
@@ -36,8 +42,11 @@
 
 use super::{WireError, err};
 
-/// Set-up protocol version.
-pub const HELLO_VERSION: u16 = 1;
+/// Set-up protocol version (2: HELLO and HELLO_ACK carry `stream_window`).
+pub const HELLO_VERSION: u16 = 2;
+/// Largest per-stream window a side uses, 2^62 bytes (the bound `Config::stream_window` is
+/// checked against): a peer announcing more is held to this.
+pub const MAX_STREAM_WINDOW: u64 = 1 << 62;
 /// Most credits a peer may grant (bounds the receive buffers we would post for it).
 pub const MAX_GRANT: u32 = 4096;
 /// Largest receive buffer a peer may announce (16 MiB).
@@ -66,6 +75,11 @@ pub enum Hello {
         pref: TransportPref,
         /// Proof for the devices' reachability probes.
         nonce: u64,
+        /// The client's per-stream receive window in bytes (its `Config::stream_window`), as
+        /// HTTP/2's SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113 §6.5.2): the most the server may
+        /// have sent on one stream and not granted back. Not 0; a value above
+        /// [`MAX_STREAM_WINDOW`] is legal and used as that bound.
+        stream_window: u64,
         /// Serialised `DeviceInfo` of each client device, in preference order.
         devices: Vec<Vec<u8>>,
     },
@@ -77,6 +91,11 @@ pub enum Hello {
         /// `Config::max_concurrent_calls`), as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: the
         /// client queues calls beyond it; a call over it gets RESOURCE_EXHAUSTED.
         max_concurrent_calls: u32,
+        /// The server's per-stream receive window in bytes (its `Config::stream_window`), as
+        /// HTTP/2's SETTINGS_INITIAL_WINDOW_SIZE: the most the client may have sent on one
+        /// stream and not granted back. Not 0; a value above [`MAX_STREAM_WINDOW`] is legal
+        /// and used as that bound.
+        stream_window: u64,
         /// Serialised `DeviceInfo` of each local device of the server (none when the server is
         /// pinned to TCP); the client probes which of them it reaches.
         devices: Vec<Vec<u8>>,
@@ -125,6 +144,7 @@ impl Hello {
                 version,
                 pref,
                 nonce,
+                stream_window,
                 devices,
             } => {
                 v.push(1);
@@ -135,6 +155,7 @@ impl Hello {
                     TransportPref::Tcp => 2,
                 });
                 v.extend_from_slice(&nonce.to_le_bytes());
+                v.extend_from_slice(&stream_window.to_le_bytes());
                 v.push(devices.len().min(MAX_DEVICES) as u8);
                 devices
                     .iter()
@@ -144,11 +165,13 @@ impl Hello {
             Hello::HelloAck {
                 version,
                 max_concurrent_calls,
+                stream_window,
                 devices,
             } => {
                 v.push(2);
                 v.extend_from_slice(&version.to_le_bytes());
                 v.extend_from_slice(&max_concurrent_calls.to_le_bytes());
+                v.extend_from_slice(&stream_window.to_le_bytes());
                 v.push(devices.len().min(MAX_DEVICES) as u8);
                 devices
                     .iter()
@@ -199,11 +222,13 @@ impl Hello {
                     p => return err(format!("unknown transport preference {p}")),
                 };
                 let nonce = r.u64()?;
+                let stream_window = r.stream_window()?;
                 let devices = r.devices()?;
                 Hello::Hello {
                     version,
                     pref,
                     nonce,
+                    stream_window,
                     devices,
                 }
             }
@@ -216,6 +241,7 @@ impl Hello {
                 Hello::HelloAck {
                     version,
                     max_concurrent_calls,
+                    stream_window: r.stream_window()?,
                     devices: r.devices()?,
                 }
             }
@@ -276,6 +302,12 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
+    fn stream_window(&mut self) -> Result<u64, WireError> {
+        match self.u64()? {
+            0 => err("stream_window 0"),
+            w => Ok(w),
+        }
+    }
     fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
         let n = self.u16()? as usize;
         self.take(n)
@@ -310,11 +342,13 @@ mod tests {
                 version: 1,
                 pref: TransportPref::Rdma,
                 nonce: 42,
+                stream_window: u64::MAX,
                 devices: vec![vec![1, 2], vec![]],
             },
             Hello::HelloAck {
                 version: 1,
                 max_concurrent_calls: 100,
+                stream_window: 64 << 10,
                 devices: vec![vec![3]],
             },
             Hello::SelectRdma {
@@ -358,5 +392,49 @@ mod tests {
             .encode();
             assert!(Hello::decode(&b).is_err(), "grant {grant} buf {buf}");
         }
+    }
+
+    #[test]
+    fn hello_and_hello_ack_carry_the_stream_window_and_refuse_0() {
+        let hello = |w| Hello::Hello {
+            version: HELLO_VERSION,
+            pref: TransportPref::Auto,
+            nonce: 7,
+            stream_window: w,
+            devices: vec![],
+        };
+        let ack = |w| Hello::HelloAck {
+            version: HELLO_VERSION,
+            max_concurrent_calls: 1,
+            stream_window: w,
+            devices: vec![],
+        };
+        for w in [1, 64 << 10, 4 << 20, MAX_STREAM_WINDOW + 1, u64::MAX] {
+            for m in [hello(w), ack(w)] {
+                let b = m.encode();
+                assert_eq!(Hello::decode(&b).unwrap(), m);
+            }
+        }
+        // byte positions: HELLO type 1, version 2, transport 1, nonce 8, then the window
+        let b = hello(0x0102_0304_0506_0708).encode();
+        assert_eq!(&b[12..20], &0x0102_0304_0506_0708u64.to_le_bytes());
+        // HELLO_ACK type 1, version 2, max_concurrent_calls 4, then the window
+        let b = ack(0x0102_0304_0506_0708).encode();
+        assert_eq!(&b[7..15], &0x0102_0304_0506_0708u64.to_le_bytes());
+        for m in [hello(0), ack(0)] {
+            let e = Hello::decode(&m.encode()).unwrap_err();
+            assert!(e.to_string().contains("stream_window 0"), "{e}");
+        }
+        // a HELLO cut inside its window (a version-1 HELLO has none) is refused
+        let b = hello(4 << 20).encode();
+        for cut in 12..20 {
+            assert!(Hello::decode(&b[..cut]).is_err());
+        }
+        let mut v1 = b[..12].to_vec();
+        v1.push(0); // no devices: a version-1 HELLO
+        assert!(
+            Hello::decode(&v1).is_err(),
+            "version-1 HELLO without a window"
+        );
     }
 }
