@@ -65,7 +65,7 @@ pub const NAMES: &[&str] = &[
 /// Which end of a call records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
-    /// The caller ([`crate::Client::call`]).
+    /// The caller ([`crate::Client::call`], or a stream's [`crate::stream::ResponseReceiver`]).
     Client,
     /// The server that ran the handler.
     Server,

@@ -20,8 +20,50 @@ use crate::routes::Routes;
 
 /// Serves one stream with `routes`. Returns the trailers (custom trailer metadata under
 /// [`TRAILER_PREFIX`], and the response headers unprefixed when no headers frame was sent) or
-/// the status the service ended with.
+/// the status the service ended with. The outcome is recorded in the call metrics (side
+/// `server`; CANCELLED when the handler is dropped first: client cancel, deadline, link gone).
 pub async fn serve_stream(
+    routes: Routes,
+    req: StreamRequest,
+    rx: RequestReceiver,
+    tx: ResponseSender,
+) -> Result<Metadata, Status> {
+    let mut metric = CallMetric {
+        method: req.method.clone(),
+        t0: std::time::Instant::now(),
+        code: Code::Cancelled,
+    };
+    let res = serve_stream_once(routes, req, rx, tx).await;
+    metric.code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
+    res
+}
+
+/// One call's entry in the call metrics, recorded when dropped (so a handler dropped midway
+/// counts as CANCELLED). A path no service answered is `unknown`: a peer cannot grow the label
+/// set.
+struct CallMetric {
+    method: String,
+    t0: std::time::Instant,
+    code: Code,
+}
+
+impl Drop for CallMetric {
+    fn drop(&mut self) {
+        let method = if self.code == Code::Unimplemented {
+            "unknown"
+        } else {
+            self.method.as_str()
+        };
+        byteexpress_rpc::metrics::record_call(
+            byteexpress_rpc::metrics::Side::Server,
+            method,
+            self.code,
+            self.t0.elapsed(),
+        );
+    }
+}
+
+async fn serve_stream_once(
     routes: Routes,
     req: StreamRequest,
     rx: RequestReceiver,

@@ -153,6 +153,7 @@ impl Client {
         &self,
         req: OpenStream,
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
+        let t0 = std::time::Instant::now();
         let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
         let slot = self.stream_slot(deadline).await?;
         let s = Shared::new(slot.link.clone(), slot.key, slot.window, slot.send_window);
@@ -204,6 +205,7 @@ impl Client {
                 deadline,
                 done: false,
                 on_end: None,
+                metric: Some((req.method, t0)),
             },
         ))
     }
@@ -262,6 +264,9 @@ pub struct ResponseReceiver {
     done: bool,
     /// Told the stream's outcome once (a replica set's bookkeeping).
     on_end: Option<OnEnd>,
+    /// The stream's method and start, until its outcome is recorded in the call metrics
+    /// (`crate::metrics::record_call`, side `client`): once, at its end, failure or drop.
+    metric: Option<(String, std::time::Instant)>,
 }
 
 /// What a [`ResponseReceiver`] tells of its stream's outcome.
@@ -286,6 +291,7 @@ impl ResponseReceiver {
                         Status::new(Code::DeadlineExceeded, "deadline of the stream exceeded");
                     self.streams.reset(&self.s, why.clone());
                     self.done = true;
+                    self.record(Code::DeadlineExceeded);
                     Err(why)
                 }
             },
@@ -362,8 +368,16 @@ impl ResponseReceiver {
         self.on_end = Some(f);
     }
 
+    /// Records the stream's outcome in the call metrics, once.
+    fn record(&mut self, code: Code) {
+        if let Some((method, t0)) = self.metric.take() {
+            crate::metrics::record_call(crate::metrics::Side::Client, &method, code, t0.elapsed());
+        }
+    }
+
     fn ended(&mut self, res: Result<(), Status>) {
         self.done = true;
+        self.record(res.as_ref().map_or_else(|e| e.code, |_| Code::Ok));
         if let Some(f) = self.on_end.take() {
             f(res);
         }
@@ -387,10 +401,14 @@ impl ResponseReceiver {
 
 impl Drop for ResponseReceiver {
     fn drop(&mut self) {
-        let ended = self.s.st.lock().end.is_some();
-        if !ended {
+        let end = self.s.st.lock().end.as_ref().map(|e| match e {
+            Ok(_) => Code::Ok,
+            Err(s) => s.code,
+        });
+        if end.is_none() {
             self.cancel_now();
         }
+        self.record(end.unwrap_or(Code::Cancelled));
         if let Some(f) = self.on_end.take() {
             f(Err(Status::new(
                 Code::Cancelled,
