@@ -122,6 +122,7 @@ impl Acceptor {
                     if let Some(slot) = self.admit(peer.ip()) {
                         return (stream, peer, slot);
                     }
+                    metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).increment(1);
                     if let Some(n) = self.cap_log.allow() {
                         tracing::warn!(
                             %peer,
@@ -139,6 +140,7 @@ impl Acceptor {
                             | io::ErrorKind::ConnectionReset
                             | io::ErrorKind::Interrupted
                     );
+                    metrics::counter!(crate::metrics::ACCEPT_ERRORS).increment(1);
                     if let Some(n) = self.error_log.allow() {
                         tracing::warn!(
                             "accept failed: {e}; still serving ({n} more accept errors since the last report)"

@@ -46,6 +46,17 @@ pub const CHUNKS_SENT: &str = "bx_chunks_sent_total";
 /// Counter: messages received in more than one chunk and reassembled, RDMA only.
 pub const MESSAGES_REASSEMBLED: &str = "bx_messages_reassembled_total";
 
+/// Counter: endpoints of a replica set ejected by outlier detection (gRPC A50, or consecutive
+/// failures), label `reason` (`success_rate`, `failure_percentage`, `consecutive_failures`).
+pub const ENDPOINT_EJECTIONS: &str = "bx_endpoint_ejections_total";
+/// Counter: ejected endpoints re-admitted after their ejection time.
+pub const ENDPOINT_READMISSIONS: &str = "bx_endpoint_readmissions_total";
+/// Counter: connections a server closed on accept for its connection caps
+/// (`Config::max_connections`, `Config::max_connections_per_addr`).
+pub const CONNECTIONS_REFUSED: &str = "bx_connections_refused_total";
+/// Counter: accept errors a server survived (EMFILE, ENFILE, ENOMEM, ECONNABORTED, ...).
+pub const ACCEPT_ERRORS: &str = "bx_accept_errors_total";
+
 /// Every metric name this crate records, for documentation checks and scrapers.
 pub const NAMES: &[&str] = &[
     LINKS_OPENED,
@@ -60,6 +71,10 @@ pub const NAMES: &[&str] = &[
     BYTES_RECEIVED,
     CHUNKS_SENT,
     MESSAGES_REASSEMBLED,
+    ENDPOINT_EJECTIONS,
+    ENDPOINT_READMISSIONS,
+    CONNECTIONS_REFUSED,
+    ACCEPT_ERRORS,
 ];
 
 /// Which end of a call records it.

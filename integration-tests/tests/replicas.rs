@@ -418,6 +418,11 @@ fn ejecting(consecutive: u32, base: Duration, max_percent: u32) -> BalanceConfig
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_failing_every_call_is_ejected_readmitted_and_ejected_longer_the_second_time() {
+    // the only test of this binary that installs a metrics recorder (others may add to the
+    // counters, never take from them)
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics_text = recorder.handle();
+    metrics::set_global_recorder(recorder).expect("no recorder installed before");
     let bad = replica("bad", &["--fail-all", "13"]).await;
     let good1 = replica("g1", &[]).await;
     let good2 = replica("g2", &[]).await;
@@ -487,6 +492,19 @@ async fn a_replica_failing_every_call_is_ejected_readmitted_and_ejected_longer_t
         "the second ejection lasts twice the base"
     );
     assert_eq!(r2.kind, OutlierEventKind::Readmitted);
+    // ejections and re-admissions are counted in the metrics too
+    let text = metrics_text.render();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert!(
+        value("bx_endpoint_ejections_total{reason=\"consecutive_failures\"}") >= 2.0,
+        "{text}"
+    );
+    assert!(value("bx_endpoint_readmissions_total") >= 2.0, "{text}");
     let out1 = r1.at - e1.at;
     let out2 = r2.at - e2.at;
     // re-admission happens at the first sweep (every 250 ms) after the ejection time (loose

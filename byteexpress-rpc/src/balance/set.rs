@@ -620,6 +620,7 @@ impl Core {
             d
         };
         self.ejections.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!(crate::metrics::ENDPOINT_EJECTIONS, "reason" => reason).increment(1);
         tracing::warn!(target: "byteexpress_rpc::balance", addr = ep.addr, ?duration, reason, "endpoint ejected");
         let _ = self.events.send(OutlierEvent {
             addr: ep.addr.clone(),
@@ -672,6 +673,7 @@ impl Core {
             };
             if readmit {
                 self.readmissions.fetch_add(1, Ordering::SeqCst);
+                metrics::counter!(crate::metrics::ENDPOINT_READMISSIONS).increment(1);
                 tracing::info!(target: "byteexpress_rpc::balance", addr = ep.addr, "endpoint re-admitted");
                 let _ = self.events.send(OutlierEvent {
                     addr: ep.addr.clone(),
