@@ -154,6 +154,17 @@ fn scrape(addr: &str) -> Option<String> {
     out.starts_with("HTTP/1.1 200").then_some(out)
 }
 
+/// A server the test started itself, killed and reaped when dropped: a failing assertion
+/// leaves no `bx ps serve` running (it has no bench to die with).
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Scrapes `addr` until its text holds every one of `needles` (at most `limit`).
 fn scrape_until(addr: &str, needles: &[&str], limit: Duration) -> String {
     let t0 = Instant::now();
@@ -182,8 +193,8 @@ fn first_device() -> String {
 #[test]
 fn bench_drives_a_separately_started_server_while_both_serve_prometheus_metrics() {
     let serve_metrics = format!("127.0.0.1:{}", free_port());
-    let mut serve = spawn(BX, &["ps", "serve", "--metrics", &serve_metrics]);
-    let mut out = BufReader::new(serve.stdout.take().unwrap());
+    let mut serve = KilledOnDrop(spawn(BX, &["ps", "serve", "--metrics", &serve_metrics]));
+    let mut out = BufReader::new(serve.0.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     let addr = line
@@ -247,8 +258,7 @@ fn bench_drives_a_separately_started_server_while_both_serve_prometheus_metrics(
     assert!(server.contains("transport=\"rdma\""), "{server}");
 
     let f = finish(bench, LIMIT);
-    let _ = serve.kill();
-    let _ = serve.wait();
+    drop(serve);
     assert!(f.status.success(), "{}", f.both());
     let rdma = format!("bx/rdma({})", first_device());
     assert!(f.stdout.contains(&rdma), "{}", f.both());

@@ -288,7 +288,7 @@ impl ResponseReceiver {
                 Ok(v) => Ok(v),
                 Err(_) => {
                     let why =
-                        Status::new(Code::DeadlineExceeded, "deadline of the stream exceeded");
+                        Status::new(Code::DeadlineExceeded, "deadline exceeded");
                     self.streams.reset(&self.s, why.clone());
                     self.done = true;
                     self.record(Code::DeadlineExceeded);
