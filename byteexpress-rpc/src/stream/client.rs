@@ -287,8 +287,7 @@ impl ResponseReceiver {
             Some(d) => match tokio::time::timeout_at(d, f).await {
                 Ok(v) => Ok(v),
                 Err(_) => {
-                    let why =
-                        Status::new(Code::DeadlineExceeded, "deadline exceeded");
+                    let why = Status::new(Code::DeadlineExceeded, "deadline exceeded");
                     self.streams.reset(&self.s, why.clone());
                     self.done = true;
                     self.record(Code::DeadlineExceeded);
