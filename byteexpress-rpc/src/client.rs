@@ -385,7 +385,7 @@ impl Client {
         if let Some(why) = link.calls.closed.lock().clone() {
             return Err(why);
         }
-        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        // the deadline set at the start bounds the set-up above, the queueing below and the call
         let slot = link.calls.slots.clone().acquire_owned();
         let _slot = match deadline {
             Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| {

@@ -268,6 +268,18 @@ impl Dispatch for Handlers {
     }
 }
 
+/// A peer opened a call or stream under the (conn_id, call_id) of one still running: a protocol
+/// error of that peer (as HTTP/2's reuse of a stream id, RFC 9113 §5.1.1), which would
+/// otherwise let it run handlers past `max_concurrent_calls` and orphan the earlier one. The
+/// link is closed; it costs that peer only its own link and calls.
+fn reused_call_id(link: &LinkTx, key: (u32, u64)) {
+    tracing::warn!(
+        ?key,
+        "peer reused the call id of a running call: protocol error, link closed"
+    );
+    link.close();
+}
+
 impl Handlers {
     /// Starts a stream's handler, counted as one call against the link's limit.
     fn start_stream(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
@@ -287,6 +299,10 @@ impl Handlers {
             return refuse(Code::Unimplemented, "this server serves no streams".into());
         };
         let mut map = self.running.lock();
+        if map.contains_key(&key) {
+            drop(map);
+            return reused_call_id(link, key);
+        }
         if map.len() >= self.max_calls {
             drop(map);
             return refuse(
@@ -344,6 +360,10 @@ impl Handlers {
         // Held across the check, spawn and insert, so the task's own removal (below) comes
         // after the insert.
         let mut map = self.running.lock();
+        if map.contains_key(&key) {
+            drop(map);
+            return reused_call_id(link, key);
+        }
         if map.len() >= self.max_calls {
             drop(map);
             tracing::debug!(?key, "call over the link's concurrency limit refused");

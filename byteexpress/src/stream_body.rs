@@ -164,23 +164,55 @@ where
     let headers_md = rx.headers().await?;
     let mut headers = HeaderMap::new();
     headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
+    let mut early: Vec<Bytes> = Vec::new();
     if !rx.headers_sent() {
         // No initial metadata frame: a unary answer (its headers ride in the trailers'
-        // metadata, unprefixed) or an error alone.
-        let mut data = Vec::new();
-        let end = loop {
+        // metadata, unprefixed) or an error alone, read whole. A server that sends a second
+        // message without headers (a native handler that never sent any, or a broken peer) is
+        // streamed from there on with empty headers: at most two messages are held here.
+        let mut end = None;
+        while end.is_none() && early.len() < 2 {
             match rx.message().await {
-                Ok(Some(m)) => data.push(m),
-                Ok(None) => break Ok(rx.trailers().unwrap_or_default()),
-                Err(s) => break Err(s),
+                Ok(Some(m)) => early.push(m),
+                Ok(None) => end = Some(Ok(rx.trailers().unwrap_or_default())),
+                Err(s) => end = Some(Err(s)),
             }
-        };
-        let data: Bytes = if data.len() == 1 {
-            data.pop().unwrap_or_default()
-        } else {
-            data.concat().into()
-        };
-        return match end {
+        }
+        if let Some(end) = end {
+            let data: Bytes = early.pop().unwrap_or_default();
+            return unary_answer(headers, data, end);
+        }
+    }
+    metadata_to_headers(&headers_md, &mut headers, None);
+    let frames = futures::StreamExt::chain(
+        futures::stream::iter(early.into_iter().map(Frame::data)),
+        futures::stream::unfold(Some(rx), |rx| async move {
+            let mut rx: ResponseReceiver = rx?;
+            match rx.message().await {
+                Ok(Some(m)) => Some((Frame::data(m), Some(rx))),
+                Ok(None) => {
+                    let t = trailers_of(Ok(rx.trailers().unwrap_or_default()));
+                    Some((Frame::trailers(t), None))
+                }
+                Err(s) => Some((Frame::trailers(trailers_of(Err(s))), None)),
+            }
+        }),
+    );
+    let mut out = http::Response::new(ReplyBody::streamed(StreamRest {
+        frames: std::sync::Mutex::new(Box::pin(frames)),
+    }));
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+/// The answer of a stream that ended with at most one message and no initial metadata frame.
+fn unary_answer(
+    mut headers: HeaderMap,
+    data: Bytes,
+    end: Result<Metadata, Status>,
+) -> Result<http::Response<ReplyBody>, Status> {
+    {
+        match end {
             Err(s) if data.is_empty() => Err(s),
             end => {
                 let mut trailers = HeaderMap::new();
@@ -194,23 +226,6 @@ where
                 *out.headers_mut() = headers;
                 Ok(out)
             }
-        };
-    }
-    metadata_to_headers(&headers_md, &mut headers, None);
-    let frames = futures::stream::unfold(Some(rx), |rx| async move {
-        let mut rx: ResponseReceiver = rx?;
-        match rx.message().await {
-            Ok(Some(m)) => Some((Frame::data(m), Some(rx))),
-            Ok(None) => {
-                let t = trailers_of(Ok(rx.trailers().unwrap_or_default()));
-                Some((Frame::trailers(t), None))
-            }
-            Err(s) => Some((Frame::trailers(trailers_of(Err(s))), None)),
         }
-    });
-    let mut out = http::Response::new(ReplyBody::streamed(StreamRest {
-        frames: std::sync::Mutex::new(Box::pin(frames)),
-    }));
-    *out.headers_mut() = headers;
-    Ok(out)
+    }
 }

@@ -689,3 +689,77 @@ async fn a_lazy_channel_over_replicas_streams_too_and_cancels_on_drop() {
         );
     }
 }
+
+/// A server-streaming answer from a native handler that never sends initial metadata (or a
+/// peer that skips it): the facade streams it from the second message on instead of holding
+/// every message until the end (before, nothing reached the tonic client until the handler
+/// ended, and a peer could grow the client's memory without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_initial_metadata_is_delivered_as_sent_not_held_to_its_end() {
+    use byteexpress_rpc::stream::{RequestReceiver, ResponseSender, StreamRequest};
+    fn framed(seq: u64) -> Bytes {
+        let m = prost::Message::encode_to_vec(&Msg {
+            seq,
+            payload: Bytes::new(),
+        });
+        let mut out = vec![0u8];
+        out.extend_from_slice(&(m.len() as u32).to_be_bytes());
+        out.extend_from_slice(&m);
+        out.into()
+    }
+    for t in BOTH {
+        let gate = Arc::new(Semaphore::new(0));
+        let g = gate.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = byteexpress_rpc::Server::new(
+            |_req: byteexpress_rpc::ServerRequest| async move {
+                Err(byteexpress_rpc::Status::new(
+                    byteexpress_rpc::Code::Unimplemented,
+                    "streams only",
+                ))
+            },
+            Config::default(),
+        )
+        .with_streams(
+            move |_req: StreamRequest, _rx: RequestReceiver, mut tx: ResponseSender| {
+                let g = g.clone();
+                async move {
+                    tx.send(framed(1)).await?;
+                    tx.send(framed(2)).await?;
+                    g.acquire().await.unwrap().forget();
+                    tx.send(framed(3)).await?;
+                    let mut md = byteexpress_rpc::Metadata::new();
+                    md.insert("grpc-status", Bytes::from_static(b"0")).unwrap();
+                    Ok(md)
+                }
+            },
+        );
+        tokio::spawn(server.serve(listener));
+        let mut client = StreamsClient::new(channel(addr, t, Config::default()).await);
+        let mut s = within(
+            "the answer's headers",
+            client.produce(ProduceRequest::default()),
+        )
+        .await
+        .expect("produce")
+        .into_inner();
+        for want in [1, 2] {
+            let m = within("a message sent before the gate", s.message())
+                .await
+                .expect("message")
+                .expect("not the end");
+            assert_eq!(m.seq, want, "{t:?}");
+        }
+        gate.add_permits(1);
+        let m = within("the last message", s.message())
+            .await
+            .expect("message")
+            .expect("not the end");
+        assert_eq!(m.seq, 3, "{t:?}");
+        assert!(
+            within("the end", s.message()).await.expect("end").is_none(),
+            "{t:?}"
+        );
+    }
+}

@@ -880,3 +880,56 @@ async fn a_server_at_ulimit_1024_serves_200_soft_rdma_links() {
     }
     assert_alive(&mut server, "with 200 links");
 }
+
+/// A peer that sends 50 REQUESTs under one (conn_id, call_id) while the first still runs (a
+/// hostile peer's way past `max_concurrent_calls`: each overwrote the last in the server's
+/// table of running calls) has its link closed at the first reuse, and the server never runs
+/// more than the limit of 10 at once for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_id_reused_while_its_call_runs_closes_the_link_and_runs_no_extra_handler() {
+    use byteexpress_rpc::wire::header::{HEADER_LEN, Header, Kind};
+    let server = ServerProc::start(SERVER, &["--max-concurrent-calls", "10"]).await;
+    let mut raw = raw_tcp_link(&server.addr).await;
+    let mut meta = Vec::new();
+    byteexpress_rpc::wire::meta::encode(
+        &mut meta,
+        "/test.Test/Sleep",
+        &byteexpress_rpc::Metadata::new(),
+    );
+    let body = b"3000"; // ms
+    let mut frames = Vec::new();
+    for _ in 0..50 {
+        let mut h = Header::new(Kind::Request);
+        h.conn_id = 1;
+        h.call_id = 7;
+        h.meta_len = meta.len() as u32;
+        h.body_len = body.len() as u32;
+        frames.extend_from_slice(&((HEADER_LEN + meta.len() + body.len()) as u32).to_be_bytes());
+        frames.extend_from_slice(&h.encode());
+        frames.extend_from_slice(&meta);
+        frames.extend_from_slice(body);
+    }
+    // the server may close the link before it has read them all
+    let _ = raw.write_all(&frames).await;
+    let (_, closed) = frames_until_closed(&mut raw, false, Duration::from_secs(10)).await;
+    assert!(
+        closed.is_some(),
+        "the link of a peer reusing a call id stays open"
+    );
+    let c = Client::connect(&server.addr, &cfg(TransportPref::Tcp, 16))
+        .await
+        .expect("connect");
+    let max = c
+        .call(Request {
+            method: "/test.Test/MaxSleeping".into(),
+            timeout: Some(Duration::from_secs(10)),
+            ..Default::default()
+        })
+        .await
+        .expect("max sleeping");
+    let max: u64 = std::str::from_utf8(&max.body).unwrap().parse().unwrap();
+    assert!(
+        max <= 10,
+        "the server ran {max} handlers at once for one peer"
+    );
+}

@@ -127,7 +127,11 @@ impl ServerStreams {
                 );
             } else {
                 early.bytes += len;
-                early.frames.entry(key).or_default().push(msg.clone());
+                // copied out, so a frame waiting for its STREAM_OPEN never holds a receive
+                // buffer of the link (zero-copy bodies are slices of registered buffers)
+                let mut copy = msg.clone();
+                copy.body = Bytes::copy_from_slice(&msg.body);
+                early.frames.entry(key).or_default().push(copy);
             }
             return true;
         };
