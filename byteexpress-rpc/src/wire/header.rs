@@ -10,7 +10,7 @@
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
 //! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
-//! | 16 | 8 | call_id | call number, unique per conn_id while the call lives; PING: the ping's number, echoed by its PONG |
+//! | 16 | 8 | call_id | call number, unique per conn_id while the call lives (a server closes the link of a peer that reuses a running one); PING: the ping's number, echoed by its PONG |
 //! | 24 | 8 | timeout_us | REQUEST, STREAM_OPEN: time left until the deadline in µs, 0 = none; STREAM_MESSAGE: the message's sequence number in its direction (a STREAM_OPEN's message is 0); HALF_CLOSE, and RESPONSE of a stream: messages sent before it in that direction; WINDOW_UPDATE: bytes granted |
 //! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |
 //! | 36 | 4 | body_len | bytes of body of the message; in a CONTINUATION: bytes after this header |
