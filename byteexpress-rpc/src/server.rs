@@ -214,7 +214,7 @@ struct Handlers {
 impl Dispatch for Handlers {
     fn incoming(&self, link: &LinkTx, msg: Incoming) {
         let key = (msg.header.conn_id, msg.header.call_id);
-        if self.streams.incoming(&msg) && msg.header.kind != Kind::Cancel {
+        if self.streams.incoming(&msg, &self.budget) && msg.header.kind != Kind::Cancel {
             return;
         }
         match msg.header.kind {

@@ -933,3 +933,68 @@ async fn a_call_id_reused_while_its_call_runs_closes_the_link_and_runs_no_extra_
         "the server ran {max} handlers at once for one peer"
     );
 }
+
+/// 30 TCP links each send 4 MiB of STREAM_MESSAGE frames for streams they never open (frames a
+/// server keeps for a while, since on RDMA a stream's messages may overtake its STREAM_OPEN).
+/// They are charged to the server's memory budget (16 MiB here): the server's RSS grows by far
+/// less than the 120 MiB sent (before, each link could pin 4 MiB outside the budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_frames_ahead_of_their_open_are_held_within_the_memory_budget() {
+    use byteexpress_rpc::wire::header::{HEADER_LEN, Header, Kind};
+    const BUDGET_MIB: u64 = 16;
+    let server = ServerProc::start(SERVER, &["--memory-budget-mib", &BUDGET_MIB.to_string()]).await;
+    let p = pid(&server);
+    let before = rss_bytes(p);
+    let body = vec![0x77_u8; 60 << 10];
+    let floods = (0..30u64).map(|link| {
+        let (addr, body) = (server.addr.clone(), &body);
+        async move {
+            let mut raw = raw_tcp_link(&addr).await;
+            let mut frames = Vec::new();
+            for i in 0..68u64 {
+                let mut h = Header::new(Kind::StreamMessage);
+                h.conn_id = 1;
+                h.call_id = 1000 + link * 100 + i; // streams never opened
+                h.timeout_us = 0; // the message's number in its stream
+                h.body_len = body.len() as u32;
+                frames.extend_from_slice(&((HEADER_LEN + body.len()) as u32).to_be_bytes());
+                frames.extend_from_slice(&h.encode());
+                frames.extend_from_slice(body);
+            }
+            let mut ping = Header::new(Kind::Ping);
+            ping.call_id = 42;
+            frames.extend_from_slice(&(HEADER_LEN as u32).to_be_bytes());
+            frames.extend_from_slice(&ping.encode());
+            raw.write_all(&frames).await.expect("write");
+            // the PONG comes after the server has taken every frame before the PING
+            let pong = tokio::time::timeout(Duration::from_secs(20), async {
+                while let Some(f) = read_frame(&mut raw).await {
+                    if f[3] == Kind::Pong as u8 {
+                        return true;
+                    }
+                }
+                false
+            })
+            .await;
+            assert_eq!(pong.ok(), Some(true), "link {link}: no PONG");
+            raw
+        }
+    });
+    let held = futures::future::join_all(floods).await;
+    let grown = rss_bytes(p).saturating_sub(before);
+    eprintln!(
+        "server RSS grew {} MiB with 120 MiB of early stream frames sent",
+        grown >> 20
+    );
+    assert!(
+        grown < (BUDGET_MIB + 32) << 20,
+        "server RSS grew {} MiB, beyond the budget + 32 MiB",
+        grown >> 20
+    );
+    let c = Client::connect(&server.addr, &cfg(TransportPref::Tcp, 16))
+        .await
+        .expect("connect");
+    let r = c.call(echo(b"meanwhile")).await.expect("call meanwhile");
+    assert_eq!(&r.body[..], b"meanwhile");
+    drop(held);
+}

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use tokio::task::AbortHandle;
 
 use super::Shared;
+use crate::budget::{Charge, MemoryBudget};
 use crate::engine::LinkTx;
 use crate::message::{Incoming, Outgoing};
 use crate::server::BoxFuture;
@@ -81,7 +82,8 @@ pub(crate) struct ServerStreams {
 /// (a client's late WINDOW_UPDATE or HALF_CLOSE) is dropped.
 #[derive(Default)]
 struct Early {
-    frames: HashMap<(u32, u64), Vec<Incoming>>,
+    /// Each frame with its charge on the server's memory budget, returned when it is taken.
+    frames: HashMap<(u32, u64), Vec<(Incoming, Charge)>>,
     bytes: usize,
     ended: std::collections::HashSet<(u32, u64)>,
     ended_order: std::collections::VecDeque<(u32, u64)>,
@@ -106,8 +108,10 @@ impl Early {
 }
 
 impl ServerStreams {
-    /// Takes the frames of open streams (and CANCEL of one); false for anything else.
-    pub(crate) fn incoming(&self, msg: &Incoming) -> bool {
+    /// Takes the frames of open streams (and CANCEL of one); false for anything else. A frame
+    /// ahead of its STREAM_OPEN waits here, charged to `budget` (the server's
+    /// [`Config::memory_budget`](crate::Config::memory_budget)); dropped when that is full.
+    pub(crate) fn incoming(&self, msg: &Incoming, budget: &MemoryBudget) -> bool {
         let key = (msg.header.conn_id, msg.header.call_id);
         let Some(s) = self.map.lock().get(&key).map(|e| e.0.clone()) else {
             if !matches!(
@@ -125,13 +129,18 @@ impl ServerStreams {
                     ?key,
                     "stream frame ahead of its STREAM_OPEN dropped: too many"
                 );
-            } else {
+            } else if let Some(charge) = budget.try_take(len) {
                 early.bytes += len;
                 // copied out, so a frame waiting for its STREAM_OPEN never holds a receive
                 // buffer of the link (zero-copy bodies are slices of registered buffers)
                 let mut copy = msg.clone();
                 copy.body = Bytes::copy_from_slice(&msg.body);
-                early.frames.entry(key).or_default().push(copy);
+                early.frames.entry(key).or_default().push((copy, charge));
+            } else {
+                tracing::debug!(
+                    ?key,
+                    "stream frame ahead of its STREAM_OPEN dropped: memory budget full"
+                );
             }
             return true;
         };
@@ -208,7 +217,7 @@ impl ServerStreams {
     pub(crate) fn refused_open(&self, key: (u32, u64)) {
         let mut e = self.early.lock();
         if let Some(frames) = e.frames.remove(&key) {
-            e.bytes -= frames.iter().map(|m| m.body.len() + 64).sum::<usize>();
+            e.bytes -= frames.iter().map(|m| m.0.body.len() + 64).sum::<usize>();
         }
         e.ended(key);
     }
@@ -271,10 +280,10 @@ impl ServerStreams {
         let early = {
             let mut e = self.early.lock();
             let frames = e.frames.remove(&key).unwrap_or_default();
-            e.bytes -= frames.iter().map(|m| m.body.len() + 64).sum::<usize>();
+            e.bytes -= frames.iter().map(|m| m.0.body.len() + 64).sum::<usize>();
             frames
         };
-        for m in &early {
+        for (m, _charge) in &early {
             let n = m.header.timeout_us;
             match m.header.kind {
                 Kind::StreamMessage => {
