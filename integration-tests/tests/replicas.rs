@@ -142,6 +142,58 @@ async fn a_client_reconnecting_to_an_accept_and_hang_port_is_bounded_by_the_call
     assert!(took < Duration::from_millis(700), "took {took:?}");
 }
 
+/// A call whose link must be set up again first: the deadline counts from the call's start,
+/// set-up included (it was restarted once the link was up, so a call could take nearly twice
+/// its timeout and the server was told more time was left than there was). Through a proxy
+/// whose second connection takes 400 ms to reach the server, a 400 ms handler under a 600 ms
+/// deadline fails DEADLINE_EXCEEDED at about 600 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_deadline_counts_the_link_set_up_before_it() {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap().to_string();
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let to = server.addr.clone();
+    tokio::spawn(async move {
+        let mut first_tx = Some(first_tx);
+        for n in 0..10 {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            let to = to.clone();
+            let task = tokio::spawn(async move {
+                if n > 0 {
+                    // a slow path to the server: the link's set-up takes this much longer
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                let mut out = tokio::net::TcpStream::connect(&to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+            });
+            if let Some(tx) = first_tx.take() {
+                let _ = tx.send(task.abort_handle());
+            }
+        }
+    });
+    let client = Client::connect(&proxy, &tcp()).await.expect("connect");
+    client
+        .call(echo(Duration::from_secs(10)))
+        .await
+        .expect("echo");
+    // the first connection is cut: the link closes, the next call sets up another
+    first_rx.await.unwrap().abort();
+    tokio::time::timeout(Duration::from_secs(10), client.link_closed())
+        .await
+        .expect("link closes when its connection is cut");
+    let t0 = Instant::now();
+    let r = client
+        .call(sleep_call(400, Duration::from_millis(600)))
+        .await;
+    let took = t0.elapsed();
+    let err = r.expect_err("a 400 ms handler after 400 ms of set-up within a 600 ms deadline");
+    assert_eq!(err.code, Code::DeadlineExceeded, "{err:?}");
+    assert!(took < Duration::from_millis(900), "took {took:?}");
+}
+
 // ---- connect_lazy, wait_for_ready, backoff ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
