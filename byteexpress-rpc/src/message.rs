@@ -52,6 +52,20 @@ impl Outgoing {
         o
     }
 
+    /// A RESPONSE ending call `key` (conn_id, call_id) with `code` and `message` alone: no
+    /// metadata, no body (a refusal or a failure found before any answer).
+    pub fn refusal(key: (u32, u64), code: Code, message: &str) -> Self {
+        Outgoing::status(
+            Kind::Response,
+            key.0,
+            key.1,
+            code,
+            message,
+            &Metadata::new(),
+            Bytes::new(),
+        )
+    }
+
     /// Bytes on the wire: header + metadata + body.
     pub fn wire_len(&self) -> usize {
         HEADER_LEN + self.meta.len() + self.body.len()

@@ -285,15 +285,7 @@ impl Handlers {
     fn start_stream(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
         let refuse = |code: Code, why: String| {
             self.streams.refused_open(key);
-            let _ = link.send(Outgoing::status(
-                Kind::Response,
-                key.0,
-                key.1,
-                code,
-                &why,
-                &Metadata::new(),
-                Bytes::new(),
-            ));
+            let _ = link.send(Outgoing::refusal(key, code, &why));
         };
         let Some(svc) = &self.stream_service else {
             return refuse(Code::Unimplemented, "this server serves no streams".into());
@@ -335,15 +327,7 @@ impl Handlers {
         let (method, metadata) = match crate::wire::meta::decode(&msg.meta) {
             Ok(m) => m,
             Err(e) => {
-                let _ = link.send(Outgoing::status(
-                    Kind::Response,
-                    key.0,
-                    key.1,
-                    Code::Internal,
-                    &e.to_string(),
-                    &Metadata::new(),
-                    Bytes::new(),
-                ));
+                let _ = link.send(Outgoing::refusal(key, Code::Internal, &e.to_string()));
                 return;
             }
         };
@@ -367,17 +351,13 @@ impl Handlers {
         if map.len() >= self.max_calls {
             drop(map);
             tracing::debug!(?key, "call over the link's concurrency limit refused");
-            let _ = link.send(Outgoing::status(
-                Kind::Response,
-                key.0,
-                key.1,
+            let _ = link.send(Outgoing::refusal(
+                key,
                 Code::ResourceExhausted,
                 &format!(
                     "more than the {} concurrent calls this server runs per link",
                     self.max_calls
                 ),
-                &Metadata::new(),
-                Bytes::new(),
             ));
             return;
         }
@@ -413,15 +393,7 @@ impl Handlers {
                 && e.code == Code::ResourceExhausted
             {
                 // the answer is larger than the peer accepts: tell the client so
-                let _ = link.send(Outgoing::status(
-                    Kind::Response,
-                    key.0,
-                    key.1,
-                    e.code,
-                    &e.message,
-                    &Metadata::new(),
-                    Bytes::new(),
-                ));
+                let _ = link.send(Outgoing::refusal(key, e.code, &e.message));
             }
         });
         map.insert(key, handle.abort_handle());

@@ -35,45 +35,70 @@ pub async fn serve_call(routes: Routes, req: ServerRequest) -> Result<Response, 
     let method = req.method.clone();
     let res = serve_call_once(routes, req).await;
     let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
-    // A path no service answered is `unknown`: a peer cannot grow the label set.
+    record_server_call(&method, code, t0.elapsed());
+    res
+}
+
+/// Records a call the server finished in the call metrics (side `server`). A path no service
+/// answered is `unknown`: a peer cannot grow the label set.
+pub(crate) fn record_server_call(method: &str, code: Code, elapsed: std::time::Duration) {
     let method = if code == Code::Unimplemented {
         "unknown"
     } else {
-        method.as_str()
+        method
     };
     byteexpress_rpc::metrics::record_call(
         byteexpress_rpc::metrics::Side::Server,
         method,
         code,
-        t0.elapsed(),
+        elapsed,
     );
-    res
 }
 
-async fn serve_call_once(routes: Routes, req: ServerRequest) -> Result<Response, Status> {
-    let uri: http::Uri = req.method.parse().map_err(|_| {
+/// The `http::Request` a ByteExpress call or stream becomes for the tonic service its
+/// `method` path names: POST over "HTTP/2", gRPC content type, `te: trailers`, the time left
+/// of `deadline` as `grpc-timeout`, the custom `metadata` as headers, and which transport it
+/// came over ([`served_over`]). Errors: UNIMPLEMENTED for a malformed path.
+pub(crate) fn service_request(
+    method: &str,
+    deadline: Option<tokio::time::Instant>,
+    metadata: &Metadata,
+    transport: Transport,
+    body: tonic::body::Body,
+) -> Result<http::Request<tonic::body::Body>, Status> {
+    let uri: http::Uri = method.parse().map_err(|_| {
         Status::new(
             Code::Unimplemented,
-            format!("malformed method path {:?}", req.method),
+            format!("malformed method path {method:?}"),
         )
     })?;
     let mut headers = HeaderMap::new();
     headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
     headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-    if let Some(d) = req.deadline {
+    if let Some(d) = deadline {
         let left = d.saturating_duration_since(tokio::time::Instant::now());
         if let Ok(v) = http::HeaderValue::from_str(&grpc_timeout::format(left)) {
             headers.insert("grpc-timeout", v);
         }
     }
-    metadata_to_headers(&req.metadata, &mut headers, None);
-    let mut hreq = http::Request::new(tonic::body::Body::new(Full::new(req.body)));
+    metadata_to_headers(metadata, &mut headers, None);
+    let mut hreq = http::Request::new(body);
     *hreq.method_mut() = http::Method::POST;
     *hreq.uri_mut() = uri;
     *hreq.version_mut() = http::Version::HTTP_2;
     *hreq.headers_mut() = headers;
-    hreq.extensions_mut().insert(ServedOver(req.transport));
+    hreq.extensions_mut().insert(ServedOver(transport));
+    Ok(hreq)
+}
 
+async fn serve_call_once(routes: Routes, req: ServerRequest) -> Result<Response, Status> {
+    let hreq = service_request(
+        &req.method,
+        req.deadline,
+        &req.metadata,
+        req.transport,
+        tonic::body::Body::new(Full::new(req.body)),
+    )?;
     let (parts, body) = routes.dispatch(hreq).await.into_parts();
     if let Some(status) = status_of(&parts.headers) {
         // trailers-only: the status is in the headers and the body is empty

@@ -12,10 +12,9 @@ use http::HeaderMap;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 
-use crate::bx_handler::ServedOver;
-use crate::grpc_status::{GRPC_CONTENT_TYPE, code_of, status_of};
-use crate::grpc_timeout;
-use crate::metadata_map::{TRAILER_PREFIX, headers_to_metadata, metadata_to_headers};
+use crate::bx_handler::{record_server_call, service_request};
+use crate::grpc_status::{code_of, status_of};
+use crate::metadata_map::{TRAILER_PREFIX, headers_to_metadata};
 use crate::routes::Routes;
 
 /// Serves one stream with `routes`. Returns the trailers (custom trailer metadata under
@@ -39,8 +38,7 @@ pub async fn serve_stream(
 }
 
 /// One call's entry in the call metrics, recorded when dropped (so a handler dropped midway
-/// counts as CANCELLED). A path no service answered is `unknown`: a peer cannot grow the label
-/// set.
+/// counts as CANCELLED).
 struct CallMetric {
     method: String,
     t0: std::time::Instant,
@@ -49,17 +47,7 @@ struct CallMetric {
 
 impl Drop for CallMetric {
     fn drop(&mut self) {
-        let method = if self.code == Code::Unimplemented {
-            "unknown"
-        } else {
-            self.method.as_str()
-        };
-        byteexpress_rpc::metrics::record_call(
-            byteexpress_rpc::metrics::Side::Server,
-            method,
-            self.code,
-            self.t0.elapsed(),
-        );
+        record_server_call(&self.method, self.code, self.t0.elapsed());
     }
 }
 
@@ -69,22 +57,6 @@ async fn serve_stream_once(
     rx: RequestReceiver,
     mut tx: ResponseSender,
 ) -> Result<Metadata, Status> {
-    let uri: http::Uri = req.method.parse().map_err(|_| {
-        Status::new(
-            Code::Unimplemented,
-            format!("malformed method path {:?}", req.method),
-        )
-    })?;
-    let mut headers = HeaderMap::new();
-    headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
-    headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-    if let Some(d) = req.deadline {
-        let left = d.saturating_duration_since(tokio::time::Instant::now());
-        if let Ok(v) = http::HeaderValue::from_str(&grpc_timeout::format(left)) {
-            headers.insert("grpc-timeout", v);
-        }
-    }
-    metadata_to_headers(&req.metadata, &mut headers, None);
     let frames = futures::stream::unfold(Some(rx), |rx| async move {
         let mut rx = rx?;
         match rx.message().await {
@@ -99,12 +71,13 @@ async fn serve_stream_once(
             )),
         }
     });
-    let mut hreq = http::Request::new(tonic::body::Body::new(StreamBody::new(frames)));
-    *hreq.method_mut() = http::Method::POST;
-    *hreq.uri_mut() = uri;
-    *hreq.version_mut() = http::Version::HTTP_2;
-    *hreq.headers_mut() = headers;
-    hreq.extensions_mut().insert(ServedOver(req.transport));
+    let hreq = service_request(
+        &req.method,
+        req.deadline,
+        &req.metadata,
+        req.transport,
+        tonic::body::Body::new(StreamBody::new(frames)),
+    )?;
 
     let (parts, mut body) = routes.dispatch(hreq).await.into_parts();
     if let Some(status) = status_of(&parts.headers) {

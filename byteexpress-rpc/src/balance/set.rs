@@ -262,8 +262,28 @@ impl ReplicaSet {
     /// fails during the call; else the status of the call ([`Client::call`]).
     pub async fn call_with(&self, mut req: Request, opts: CallOptions) -> Result<Response, Status> {
         let core = &self.h.core;
+        let (ep, client, left) = self.ready_endpoint(req.timeout, opts).await?;
+        req.timeout = left;
+        // counted by `pick`, so that concurrent picks see it
+        let _out = Outstanding(&ep);
+        let t0 = Instant::now();
+        let res = client.call(req).await;
+        core.record(&ep, &res, t0.elapsed());
+        res
+    }
+
+    /// Waits for a ready, admitted endpoint picked by the set's [`Policy`] (connecting an idle
+    /// set), for a call or a stream of `timeout`. Returns it (counted outstanding by the pick),
+    /// its client and the time left of `timeout`. Errors: UNAVAILABLE when `wait_for_ready` is
+    /// off and no endpoint can be ready; DEADLINE_EXCEEDED when `timeout` passes first.
+    pub(super) async fn ready_endpoint(
+        &self,
+        timeout: Option<Duration>,
+        opts: CallOptions,
+    ) -> Result<(Arc<Endpoint>, Client, Option<Duration>), Status> {
+        let core = &self.h.core;
         core.activate();
-        let deadline = req.timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(|t| Instant::now() + t);
         let (ep, client) = loop {
             let changed = core.changed.notified();
             tokio::pin!(changed);
@@ -285,7 +305,7 @@ impl ReplicaSet {
                             Code::DeadlineExceeded,
                             format!(
                                 "deadline of {:?} exceeded while waiting for a ready endpoint",
-                                req.timeout.unwrap_or_default()
+                                timeout.unwrap_or_default()
                             ),
                         ));
                     }
@@ -293,15 +313,8 @@ impl ReplicaSet {
                 None => changed.await,
             }
         };
-        if let Some(d) = deadline {
-            req.timeout = Some(d.saturating_duration_since(Instant::now()));
-        }
-        // counted by `pick`, so that concurrent picks see it
-        let _out = Outstanding(&ep);
-        let t0 = Instant::now();
-        let res = client.call(req).await;
-        core.record(&ep, &res, t0.elapsed());
-        res
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        Ok((ep, client, left))
     }
 
     /// Ready when a call would find a ready, admitted endpoint now; Pending (with `cx`'s waker

@@ -2,10 +2,10 @@
 
 use tokio::time::Instant;
 
-use super::{Outstanding, Pick, ReplicaSet};
+use super::{Outstanding, ReplicaSet};
 use crate::balance::CallOptions;
 use crate::stream::{OpenStream, RequestSender, ResponseReceiver};
-use crate::{Code, Response, Status};
+use crate::{Response, Status};
 
 impl ReplicaSet {
     /// Opens a stream ([`Client::open_stream`](crate::Client::open_stream)) on an endpoint
@@ -21,37 +21,8 @@ impl ReplicaSet {
         opts: CallOptions,
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
         let core = &self.h.core;
-        core.activate();
-        let deadline = req.timeout.map(|t| Instant::now() + t);
-        let (ep, client) = loop {
-            let changed = core.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            match core.pick() {
-                Pick::Ready(ep, c) => break (ep, c),
-                Pick::Fail(why) if !opts.wait_for_ready => {
-                    return Err(Status::new(
-                        Code::Unavailable,
-                        format!("no ready endpoint: {why}"),
-                    ));
-                }
-                _ => {}
-            }
-            match deadline {
-                Some(d) => {
-                    if tokio::time::timeout_at(d, changed).await.is_err() {
-                        return Err(Status::new(
-                            Code::DeadlineExceeded,
-                            "deadline exceeded while waiting for a ready endpoint",
-                        ));
-                    }
-                }
-                None => changed.await,
-            }
-        };
-        if let Some(d) = deadline {
-            req.timeout = Some(d.saturating_duration_since(Instant::now()));
-        }
+        let (ep, client, left) = self.ready_endpoint(req.timeout, opts).await?;
+        req.timeout = left;
         // `pick` counted it outstanding: until the stream ends
         let out = Outstanding(&ep);
         let t0 = Instant::now();

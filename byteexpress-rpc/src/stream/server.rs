@@ -182,15 +182,7 @@ impl ServerStreams {
         }
         s.fail(why.clone());
         if answer {
-            let mut o = Outgoing::status(
-                Kind::Response,
-                key.0,
-                key.1,
-                why.code,
-                &why.message,
-                &Metadata::new(),
-                Bytes::new(),
-            );
+            let mut o = Outgoing::refusal(key, why.code, &why.message);
             // after the messages already sent, and after the headers
             let st = s.st.lock();
             o.header.timeout_us = st.sent;
@@ -246,15 +238,7 @@ impl ServerStreams {
             Err(e) => {
                 drop(on_end); // nothing counted yet: the caller inserts only on Some
                 self.refused_open(key);
-                let _ = link.send(Outgoing::status(
-                    Kind::Response,
-                    key.0,
-                    key.1,
-                    Code::Internal,
-                    &e.to_string(),
-                    &Metadata::new(),
-                    Bytes::new(),
-                ));
+                let _ = link.send(Outgoing::refusal(key, Code::Internal, &e.to_string()));
                 return None;
             }
         };
@@ -291,15 +275,7 @@ impl ServerStreams {
                         map.remove(&key);
                         drop(map);
                         self.early.lock().ended(key);
-                        let _ = link.send(Outgoing::status(
-                            Kind::Response,
-                            key.0,
-                            key.1,
-                            why.code,
-                            &why.message,
-                            &Metadata::new(),
-                            Bytes::new(),
-                        ));
+                        let _ = link.send(Outgoing::refusal(key, why.code, &why.message));
                         return None;
                     }
                 }
@@ -370,15 +346,7 @@ impl ServerStreams {
             out.header.timeout_us = sent;
             out.header.flags |= after_headers;
             if let Err(e) = s.link.send(out) {
-                let mut o = Outgoing::status(
-                    Kind::Response,
-                    key.0,
-                    key.1,
-                    e.code,
-                    &e.message,
-                    &Metadata::new(),
-                    Bytes::new(),
-                );
+                let mut o = Outgoing::refusal(key, e.code, &e.message);
                 o.header.timeout_us = sent;
                 o.header.flags |= after_headers;
                 let _ = s.link.send(o);
