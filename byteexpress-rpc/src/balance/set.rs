@@ -632,14 +632,15 @@ impl Core {
             st.ejected = Some((now, d));
             d
         };
-        self.ejections.fetch_add(1, Ordering::SeqCst);
-        metrics::counter!(crate::metrics::ENDPOINT_EJECTIONS, "reason" => reason).increment(1);
         tracing::warn!(target: "byteexpress_rpc::balance", addr = ep.addr, ?duration, reason, "endpoint ejected");
+        // the event goes out before the counters move, so whoever sees a count finds its event
         let _ = self.events.send(OutlierEvent {
             addr: ep.addr.clone(),
             kind: OutlierEventKind::Ejected { duration, reason },
             at: now,
         });
+        self.ejections.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!(crate::metrics::ENDPOINT_EJECTIONS, "reason" => reason).increment(1);
         self.notify();
     }
 
@@ -685,14 +686,15 @@ impl Core {
                 }
             };
             if readmit {
-                self.readmissions.fetch_add(1, Ordering::SeqCst);
-                metrics::counter!(crate::metrics::ENDPOINT_READMISSIONS).increment(1);
                 tracing::info!(target: "byteexpress_rpc::balance", addr = ep.addr, "endpoint re-admitted");
+                // as for an ejection: the event before the counters
                 let _ = self.events.send(OutlierEvent {
                     addr: ep.addr.clone(),
                     kind: OutlierEventKind::Readmitted,
                     at: now,
                 });
+                self.readmissions.fetch_add(1, Ordering::SeqCst);
+                metrics::counter!(crate::metrics::ENDPOINT_READMISSIONS).increment(1);
                 self.notify();
             }
         }
