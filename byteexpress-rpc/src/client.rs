@@ -12,7 +12,8 @@ use tokio::sync::{Semaphore, oneshot};
 use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
 use crate::message::{Incoming, Outgoing};
-use crate::wire::header::Kind;
+use crate::retry::{AttemptError, AttemptInfo, Retrier, Stage};
+use crate::wire::header::{FLAG_REFUSED, Kind};
 use crate::{Code, Config, Metadata, Status, Transport};
 
 /// A unary call.
@@ -40,7 +41,7 @@ pub struct Response {
 }
 
 type CallKey = (u32, u64);
-type Pending = oneshot::Sender<Result<Response, Status>>;
+type Pending = oneshot::Sender<Result<Response, AttemptError>>;
 
 /// The calls waiting on one link.
 struct Calls {
@@ -95,7 +96,11 @@ impl Dispatch for Calls {
         let Some(tx) = self.pending.lock().remove(&key) else {
             return; // the call was given up (deadline, cancellation)
         };
-        let _ = tx.send(decode_response(msg));
+        let refused = msg.header.flags & FLAG_REFUSED != 0;
+        let _ = tx.send(decode_response(msg).map_err(|status| AttemptError {
+            status,
+            stage: if refused { Stage::Refused } else { Stage::Other },
+        }));
     }
 
     fn closed(&self, why: Status) {
@@ -105,7 +110,8 @@ impl Dispatch for Calls {
         self.streams.closed(&why);
         let pending = std::mem::take(&mut *self.pending.lock());
         for (_, tx) in pending {
-            let _ = tx.send(Err(why.clone()));
+            // sent: the handler may have run
+            let _ = tx.send(Err(AttemptError::other(why.clone())));
         }
     }
 
@@ -128,7 +134,7 @@ impl Dispatch for Calls {
         if h.kind == Kind::Response
             && let Some(tx) = self.pending.lock().remove(&(h.conn_id, h.call_id))
         {
-            let _ = tx.send(Err(why));
+            let _ = tx.send(Err(AttemptError::other(why)));
         }
     }
 }
@@ -168,10 +174,13 @@ impl Drop for ClientLink {
 ///
 /// When the link dies (server gone, QP error), calls waiting on it fail with UNAVAILABLE; the
 /// next call sets up a new link (and connection id) and goes on, as tonic's own `Channel`
-/// reconnects. A call is never re-sent by the client on its own.
+/// reconnects. A call is re-sent only as `crate::retry` allows: transparently when it never
+/// left the client or the server refused it before dispatch, else as the attached
+/// [`ServiceConfig`](crate::ServiceConfig)'s policy says ([`Client::with_service_config`]).
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Conn>,
+    retry: Arc<Retrier>,
 }
 
 struct Conn {
@@ -286,7 +295,31 @@ impl Client {
                 reconnecting: tokio::sync::Mutex::new(()),
                 shared,
             }),
+            retry: Arc::default(),
         })
+    }
+
+    /// This client (sharing its connection) with `sc` governing its calls: per-method
+    /// timeout, retry or hedging policy, throttling (gRPC A6; `crate::retry` has the rule).
+    /// Hedged and retried attempts of a single-address client all go to its one address. The
+    /// throttle and [`Client::retry_stats`] are this client's own (clones made after share
+    /// them). Errors: `sc` fails [`ServiceConfig::validate`](crate::ServiceConfig::validate).
+    pub fn with_service_config(
+        mut self,
+        sc: crate::ServiceConfig,
+    ) -> Result<Client, crate::ServiceConfigError> {
+        self.retry = Arc::new(Retrier::new(sc)?);
+        Ok(self)
+    }
+
+    /// Counters of retries, hedges, throttling, transparent retries and commits of this
+    /// client's calls ([`RetryStats`](crate::RetryStats)).
+    pub fn retry_stats(&self) -> crate::RetryStats {
+        self.retry.stats()
+    }
+
+    pub(crate) fn retrier(&self) -> &Arc<Retrier> {
+        &self.retry
     }
 
     /// Whether this connection's current link is closed (server gone, QP error); the next
@@ -358,54 +391,56 @@ impl Client {
     /// the call, setting up a new link included (DEADLINE_EXCEEDED when set-up outlasts it).
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
         let t0 = std::time::Instant::now();
-        let method = req.method.clone();
-        let res = self.call_once(req).await;
+        let plan = self.retry.plan(&req.method, req.timeout, false);
+        let res = self
+            .retry
+            .run(&req.method, plan.deadline, |info| self.call_attempt(&req, info))
+            .await;
         let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
-        crate::metrics::record_call(crate::metrics::Side::Client, &method, code, t0.elapsed());
+        crate::metrics::record_call(crate::metrics::Side::Client, &req.method, code, t0.elapsed());
         res
     }
 
-    async fn call_once(&self, req: Request) -> Result<Response, Status> {
-        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+    /// One attempt of a call (`crate::retry`), classified by how far it got.
+    pub(crate) async fn call_attempt(
+        &self,
+        req: &Request,
+        info: AttemptInfo,
+    ) -> Result<Response, AttemptError> {
+        let deadline = info.deadline;
+        let late = |what: &str| {
+            AttemptError::other(Status::new(
+                Code::DeadlineExceeded,
+                format!("deadline exceeded {what}"),
+            ))
+        };
         let (link, conn_id) = match deadline {
             Some(d) => tokio::time::timeout_at(d, self.current())
                 .await
-                .map_err(|_| {
-                    Status::new(
-                        Code::DeadlineExceeded,
-                        format!(
-                            "deadline of {:?} exceeded while setting up a link",
-                            req.timeout.unwrap_or_default()
-                        ),
-                    )
-                })??,
-            None => self.current().await?,
-        };
+                .map_err(|_| late("while setting up a link"))?,
+            None => self.current().await,
+        }
+        .map_err(AttemptError::other)?;
         let link = &*link;
         if let Some(why) = link.calls.closed.lock().clone() {
-            return Err(why);
+            return Err(AttemptError::local(why));
         }
         // the deadline set at the start bounds the set-up above, the queueing below and the call
         let slot = link.calls.slots.clone().acquire_owned();
         let _slot = match deadline {
             Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| {
-                Status::new(
-                    Code::DeadlineExceeded,
-                    format!(
-                        "deadline of {:?} exceeded while queued behind the server's limit of \
-                         concurrent calls",
-                        req.timeout.unwrap_or_default()
-                    ),
-                )
+                late("while queued behind the server's limit of concurrent calls")
             })?,
             None => slot.await,
         }
         .map_err(|_| {
-            link.calls
-                .closed
-                .lock()
-                .clone()
-                .unwrap_or_else(|| Status::new(Code::Unavailable, "link closed"))
+            AttemptError::local(
+                link.calls
+                    .closed
+                    .lock()
+                    .clone()
+                    .unwrap_or_else(|| Status::new(Code::Unavailable, "link closed")),
+            )
         })?;
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
         let key = (conn_id, call_id);
@@ -414,8 +449,8 @@ impl Client {
             conn_id,
             call_id,
             &req.method,
-            &req.metadata,
-            req.body,
+            &info.metadata(&req.metadata),
+            req.body.clone(),
         );
         if let Some(d) = deadline {
             // what is left after queueing
@@ -432,7 +467,12 @@ impl Client {
         if let Err(e) = link.tx.send(out) {
             guard.armed = false;
             link.calls.pending.lock().remove(&key);
-            return Err(e);
+            // too large is final; anything else never left this process
+            return Err(if e.code == Code::ResourceExhausted {
+                AttemptError::other(e)
+            } else {
+                AttemptError::local(e)
+            });
         }
         let res = match deadline {
             Some(d) => tokio::time::timeout_at(d, rx).await,
@@ -445,12 +485,12 @@ impl Client {
             }
             Ok(Err(_)) => {
                 guard.armed = false;
-                Err(Status::new(Code::Unavailable, "link closed"))
+                Err(AttemptError::other(Status::new(
+                    Code::Unavailable,
+                    "link closed",
+                )))
             }
-            Err(_) => Err(Status::new(
-                Code::DeadlineExceeded,
-                format!("deadline of {:?} exceeded", req.timeout.unwrap_or_default()),
-            )),
+            Err(_) => Err(late("")),
         }
     }
 }
@@ -475,28 +515,29 @@ impl Client {
     pub(crate) async fn stream_slot(
         &self,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<StreamSlot, Status> {
+    ) -> Result<StreamSlot, AttemptError> {
         let late = || {
-            Status::new(
+            AttemptError::other(Status::new(
                 Code::DeadlineExceeded,
                 "deadline exceeded before the stream opened",
-            )
+            ))
         };
         let (link, conn_id) = match deadline {
             Some(d) => tokio::time::timeout_at(d, self.current())
                 .await
-                .map_err(|_| late())??,
-            None => self.current().await?,
-        };
+                .map_err(|_| late())?,
+            None => self.current().await,
+        }
+        .map_err(AttemptError::other)?;
         if let Some(why) = link.calls.closed.lock().clone() {
-            return Err(why);
+            return Err(AttemptError::local(why));
         }
         let slot = link.calls.slots.clone().acquire_owned();
         let permit = match deadline {
             Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| late())?,
             None => slot.await,
         }
-        .map_err(|_| Status::new(Code::Unavailable, "link closed"))?;
+        .map_err(|_| AttemptError::local(Status::new(Code::Unavailable, "link closed")))?;
         let call_id = link.next_call.fetch_add(1, Ordering::Relaxed);
         // a stream is a logical connection of its own, so the link's scheduler shares the QP
         // among streams as among clients

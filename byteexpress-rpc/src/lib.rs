@@ -36,6 +36,7 @@ mod link_stats;
 mod message;
 mod metadata;
 pub mod metrics;
+pub mod retry;
 mod server;
 mod setup;
 mod status;
@@ -60,7 +61,8 @@ pub use config::{Config, SchedMode, parse_transport, transport_from_env};
 pub use config_check::ConfigError;
 pub use link_stats::LinkStats;
 pub use metadata::{Metadata, valid_key};
-pub use server::{BoxFuture, Server, ServerRequest, Service};
+pub use retry::{RetryStats, ServiceConfig, ServiceConfigError};
+pub use server::{BoxFuture, Drain, Server, ServerRequest, Service};
 pub use status::{Code, Status};
 pub use wire::hello::TransportPref;
 

@@ -66,6 +66,14 @@ impl Outgoing {
         )
     }
 
+    /// A [`Outgoing::refusal`] marked "refused before dispatch" ([`FLAG_REFUSED`]): only for
+    /// a call no handler ran for.
+    pub fn refused_before_dispatch(key: (u32, u64), code: Code, message: &str) -> Self {
+        let mut o = Outgoing::refusal(key, code, message);
+        o.header.flags |= crate::wire::header::FLAG_REFUSED;
+        o
+    }
+
     /// Bytes on the wire: header + metadata + body.
     pub fn wire_len(&self) -> usize {
         HEADER_LEN + self.meta.len() + self.body.len()

@@ -56,6 +56,23 @@ pub const ENDPOINT_READMISSIONS: &str = "bx_endpoint_readmissions_total";
 pub const CONNECTIONS_REFUSED: &str = "bx_connections_refused_total";
 /// Counter: accept errors a server survived (EMFILE, ENFILE, ENOMEM, ECONNABORTED, ...).
 pub const ACCEPT_ERRORS: &str = "bx_accept_errors_total";
+/// Counter: retries a `retryPolicy` made (gRPC A6), label `method`.
+pub const RETRIES: &str = "bx_client_retries_total";
+/// Counter: hedged attempts after the first that a `hedgingPolicy` started, label `method`.
+pub const HEDGES: &str = "bx_client_hedges_total";
+/// Counter: retries or hedges not started because retry throttling had too few tokens,
+/// label `method`.
+pub const RETRIES_THROTTLED: &str = "bx_client_retries_throttled_total";
+/// Counter: transparent retries (an attempt that never left the client, or that a server
+/// refused before dispatch), label `method`.
+pub const TRANSPARENT_RETRIES: &str = "bx_client_transparent_retries_total";
+/// Counter: calls of a method with a retry or hedging policy that committed to an attempt,
+/// labels `method`, `reason` (`response`: its answer, headers or first message arrived;
+/// `buffer_limit`: a stream's replay buffer passed the per-RPC limit).
+pub const RETRY_COMMITS: &str = "bx_client_retry_commits_total";
+/// Counter: calls a server refused before dispatch (no handler ran; the RESPONSE carries the
+/// refused mark), label `reason` (`draining`, `concurrency_limit`, `memory_budget`).
+pub const CALLS_REFUSED: &str = "bx_server_calls_refused_total";
 
 /// Every metric name this crate records, for documentation checks and scrapers.
 pub const NAMES: &[&str] = &[
@@ -75,6 +92,12 @@ pub const NAMES: &[&str] = &[
     ENDPOINT_READMISSIONS,
     CONNECTIONS_REFUSED,
     ACCEPT_ERRORS,
+    RETRIES,
+    HEDGES,
+    RETRIES_THROTTLED,
+    TRANSPARENT_RETRIES,
+    RETRY_COMMITS,
+    CALLS_REFUSED,
 ];
 
 /// Which end of a call records it.

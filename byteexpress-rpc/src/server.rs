@@ -62,6 +62,78 @@ where
     }
 }
 
+/// A server's draining switch, shared by every link of the server (and by whoever holds a
+/// clone): [`Drain::start`] makes the server refuse every new call and stream **before
+/// dispatch** (UNAVAILABLE "server is draining", marked refused on the wire so that clients
+/// retry it transparently on another replica: `crate::retry`), while the calls already running
+/// go on to their end; [`Drain::drained`] resolves when none is left. Links stay up (a
+/// client's next call on them is refused the same way); stop accepting by dropping the
+/// [`Server::serve`] future. As gRPC servers' `GracefulStop` minus the GOAWAY.
+#[derive(Debug, Clone, Default)]
+pub struct Drain {
+    inner: Arc<DrainState>,
+}
+
+#[derive(Debug, Default)]
+struct DrainState {
+    draining: std::sync::atomic::AtomicBool,
+    in_flight: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl Drain {
+    /// A switch, off.
+    pub fn new() -> Drain {
+        Drain::default()
+    }
+
+    /// Starts draining: from now on new calls and streams are refused before dispatch.
+    pub fn start(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        tracing::info!("server draining: new calls are refused before dispatch");
+        self.inner.idle.notify_waiters();
+    }
+
+    /// Whether [`Drain::start`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Handlers (calls and streams) running now on every link of the server.
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once draining has started and no handler is running.
+    pub async fn drained(&self) {
+        loop {
+            let idle = self.inner.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.is_draining() && self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    fn enter(&self) -> InFlight {
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.inner.clone())
+    }
+}
+
+/// One running handler, counted in its server's [`Drain`].
+struct InFlight(Arc<DrainState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 /// Serves one [`Service`] on TCP listeners; every connection becomes a link (RDMA or TCP as the
 /// client negotiates).
 #[derive(Clone)]
@@ -73,6 +145,7 @@ pub struct Server {
     /// The handler of streams ([`Server::with_streams`]); without one, a stream is answered
     /// UNIMPLEMENTED.
     streams: Option<Arc<dyn crate::stream::StreamService>>,
+    drain: Drain,
 }
 
 impl std::fmt::Debug for Server {
@@ -89,7 +162,21 @@ impl Server {
             budget: MemoryBudget::new(cfg.memory_budget),
             cfg,
             streams: None,
+            drain: Drain::new(),
         }
+    }
+
+    /// Uses `drain` as this server's draining switch (e.g. one the caller keeps to drain the
+    /// server on SIGTERM); each server has one of its own otherwise ([`Server::drain`]).
+    pub fn with_drain(mut self, drain: Drain) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    /// This server's draining switch ([`Drain`]): `server.drain().start()` stops dispatching
+    /// new calls and lets running ones finish.
+    pub fn drain(&self) -> Drain {
+        self.drain.clone()
     }
 
     /// Serves streams (client, server and bidirectional streaming: [`crate::stream`]) with
@@ -170,6 +257,7 @@ impl Server {
             streams: Arc::default(),
             stream_window: self.cfg.stream_window.max(1),
             peer_stream_window: AtomicU64::new(self.cfg.stream_window.max(1)),
+            drain: self.drain.clone(),
         });
         let link = crate::setup::accept(stream, &self.cfg, dispatch).await?;
         tracing::debug!(transport = %link.transport(), "link accepted");
@@ -209,7 +297,18 @@ struct Handlers {
     stream_window: u64,
     /// The client's per-stream receive window (HELLO's `stream_window`): our send window.
     peer_stream_window: AtomicU64,
+    drain: Drain,
 }
+
+/// Refuses a call before dispatch ([`Outgoing::refused_before_dispatch`]), counted under
+/// `bx_server_calls_refused_total{reason}`.
+fn refuse_before_dispatch(link: &LinkTx, key: (u32, u64), code: Code, why: &str, reason: &'static str) {
+    metrics::counter!(crate::metrics::CALLS_REFUSED, "reason" => reason).increment(1);
+    tracing::debug!(?key, reason, "call refused before dispatch");
+    let _ = link.send(Outgoing::refused_before_dispatch(key, code, why));
+}
+
+const DRAINING: &str = "server is draining";
 
 impl Dispatch for Handlers {
     fn incoming(&self, link: &LinkTx, msg: Incoming) {
@@ -255,15 +354,8 @@ impl Dispatch for Handlers {
             return;
         }
         if matches!(h.kind, Kind::Request | Kind::StreamOpen) {
-            let _ = link.send(Outgoing::status(
-                Kind::Response,
-                h.conn_id,
-                h.call_id,
-                why.code,
-                &why.message,
-                &Metadata::new(),
-                Bytes::new(),
-            ));
+            // refused unread: no handler ran
+            refuse_before_dispatch(link, (h.conn_id, h.call_id), why.code, &why.message, "memory_budget");
         }
     }
 }
@@ -290,6 +382,10 @@ impl Handlers {
         let Some(svc) = &self.stream_service else {
             return refuse(Code::Unimplemented, "this server serves no streams".into());
         };
+        if self.drain.is_draining() {
+            self.streams.refused_open(key);
+            return refuse_before_dispatch(link, key, Code::Unavailable, DRAINING, "draining");
+        }
         let mut map = self.running.lock();
         if map.contains_key(&key) {
             drop(map);
@@ -297,17 +393,23 @@ impl Handlers {
         }
         if map.len() >= self.max_calls {
             drop(map);
-            return refuse(
+            self.streams.refused_open(key);
+            return refuse_before_dispatch(
+                link,
+                key,
                 Code::ResourceExhausted,
-                format!(
+                &format!(
                     "more than the {} concurrent calls this server runs per link",
                     self.max_calls
                 ),
+                "concurrency_limit",
             );
         }
         let running = self.running.clone();
+        let counted = self.drain.enter();
         let on_end = move || {
             running.lock().remove(&key);
+            drop(counted);
         };
         if let Some(h) = self.streams.start(
             link,
@@ -350,21 +452,27 @@ impl Handlers {
         }
         if map.len() >= self.max_calls {
             drop(map);
-            tracing::debug!(?key, "call over the link's concurrency limit refused");
-            let _ = link.send(Outgoing::refusal(
+            return refuse_before_dispatch(
+                link,
                 key,
                 Code::ResourceExhausted,
                 &format!(
                     "more than the {} concurrent calls this server runs per link",
                     self.max_calls
                 ),
-            ));
-            return;
+                "concurrency_limit",
+            );
+        }
+        if self.drain.is_draining() {
+            drop(map);
+            return refuse_before_dispatch(link, key, Code::Unavailable, DRAINING, "draining");
         }
         let fut = self.service.call(req);
         let link = link.clone();
         let running = self.running.clone();
+        let counted = self.drain.enter();
         let handle = tokio::spawn(async move {
+            let _counted = counted;
             let result = match deadline {
                 Some(d) => tokio::time::timeout_at(d, fut).await.unwrap_or_else(|_| {
                     Err(Status::new(

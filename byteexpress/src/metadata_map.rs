@@ -52,11 +52,17 @@ pub fn is_reserved_header(name: &str) -> bool {
 
 /// The `grpc-*` headers the facade carries as metadata although they are reserved: message
 /// compression (`grpc-encoding`, `grpc-accept-encoding`, gRPC's `doc/compression.md`) and the
-/// rich error details (`grpc-status-details-bin`), which tonic reads and writes itself.
+/// rich error details (`grpc-status-details-bin`), which tonic reads and writes itself; and
+/// gRPC A6's `grpc-previous-rpc-attempts` (client → server) and `grpc-retry-pushback-ms`
+/// (server → client), which the rpc crate's retries read and write.
 pub(crate) fn carried_grpc_header(name: &str) -> bool {
     matches!(
         name,
-        "grpc-encoding" | "grpc-accept-encoding" | "grpc-status-details-bin"
+        "grpc-encoding"
+            | "grpc-accept-encoding"
+            | "grpc-status-details-bin"
+            | "grpc-previous-rpc-attempts"
+            | "grpc-retry-pushback-ms"
     )
 }
 

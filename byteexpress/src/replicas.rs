@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use byteexpress_rpc::{BalanceConfig, Config, ReplicaSet, Status, balance::SystemResolver};
+use byteexpress_rpc::{
+    BalanceConfig, Config, ReplicaSet, RetryStats, ServiceConfig, ServiceConfigError, Status,
+    balance::SystemResolver,
+};
 
 use crate::channel::{Channel, Target, parse_uri};
 
@@ -96,6 +99,34 @@ impl Channel {
         match &self.target {
             Target::Set(set, _) => Some(set),
             Target::One(_) => None,
+        }
+    }
+
+    /// This channel with `sc` (gRPC service config: per-method timeout, waitForReady, retry or
+    /// hedging policy, retry throttling; `byteexpress_rpc::retry` has the rule) governing its
+    /// calls: `channel.with_service_config(ServiceConfig::from_json(json)?)?`. Over replicas it
+    /// is the [`ReplicaSet`]'s (shared with every channel and clone over that set); on a
+    /// single-address channel, this channel's (clones made after share it). Unary and
+    /// server-streaming calls (request complete when sent) are retried or hedged until they
+    /// commit; client- and bidirectional-streaming calls commit when they open. Errors: `sc`
+    /// fails [`ServiceConfig::validate`].
+    pub fn with_service_config(
+        self,
+        sc: ServiceConfig,
+    ) -> Result<Channel, ServiceConfigError> {
+        let target = match self.target {
+            Target::One(c) => Target::One(c.with_service_config(sc)?),
+            Target::Set(set, wait) => Target::Set(set.with_service_config(sc)?, wait),
+        };
+        Ok(Channel { target })
+    }
+
+    /// Counters of this channel's retries, hedges, throttled attempts, transparent retries and
+    /// commits ([`RetryStats`]).
+    pub fn retry_stats(&self) -> RetryStats {
+        match &self.target {
+            Target::One(c) => c.retry_stats(),
+            Target::Set(set, _) => set.retry_stats(),
         }
     }
 }

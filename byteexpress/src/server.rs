@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use byteexpress_rpc::Config;
+use byteexpress_rpc::{Config, Drain};
 use byteexpress_rpc::accept::Acceptor;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -27,6 +27,7 @@ impl Server {
         ServerBuilder {
             routes: Routes::default(),
             cfg: Config::default(),
+            drain: Drain::new(),
         }
     }
 }
@@ -48,6 +49,7 @@ impl Server {
 pub struct ServerBuilder {
     routes: Routes,
     cfg: Config,
+    drain: Drain,
 }
 
 impl ServerBuilder {
@@ -55,6 +57,15 @@ impl ServerBuilder {
     pub fn config(mut self, cfg: Config) -> Self {
         self.cfg = cfg;
         self
+    }
+
+    /// The server's draining switch ([`Drain`]; take it before `serve*`): `drain.start()`
+    /// makes the ByteExpress side refuse new calls before dispatch (UNAVAILABLE, marked so
+    /// that clients retry them transparently on another replica) while running calls finish;
+    /// `drain.drained().await` waits for them. The HTTP/2 side is not affected (end it with
+    /// `serve_with_shutdown`'s signal, which sends GOAWAY).
+    pub fn drain_handle(&self) -> Drain {
+        self.drain.clone()
     }
 
     /// Adds a tonic-generated server (`XxxServer::new(impl)`), or any service of that shape.
@@ -121,7 +132,8 @@ impl ServerBuilder {
             byteexpress_rpc::Server::new(move |req| serve_call(bx_routes.clone(), req), self.cfg)
                 .with_streams(move |req, rx, tx| {
                     crate::bx_stream::serve_stream(stream_routes.clone(), req, rx, tx)
-                });
+                })
+                .with_drain(self.drain);
         let (h2_tx, h2_rx) = mpsc::unbounded_channel::<Replayed>();
         let (stop_tx, mut stop_rx) = watch::channel(false);
 

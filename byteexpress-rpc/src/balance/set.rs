@@ -15,6 +15,7 @@ use super::backoff::BackoffState;
 use super::ewma::{PeakEwma, cost};
 use super::outlier::{self, HostWindow};
 use super::{BalanceConfig, Policy};
+use crate::retry::{AttemptError, Retrier};
 use crate::{Client, Code, Config, Request, Response, Status, Transport};
 
 #[path = "set_stream.rs"]
@@ -155,6 +156,8 @@ pub(crate) struct Core {
     removed: AtomicU64,
     events: broadcast::Sender<OutlierEvent>,
     pub(crate) stop: CancellationToken,
+    /// The service config in use, its throttle and counters (`crate::retry`).
+    retry: Mutex<Arc<Retrier>>,
 }
 
 /// Stops the set's tasks when the last handle goes.
@@ -179,8 +182,11 @@ impl Drop for Handle {
 /// and reconnects with [`Backoff`](super::Backoff) when its link is lost or an attempt fails.
 /// Each endpoint's link is its own ([`Client::connect_unshared`]), not the process registry's.
 ///
-/// A call never goes to a second endpoint on its own: a failed call's status comes back
-/// (retries are the caller's).
+/// A call goes to a second endpoint only as `crate::retry` allows: transparently when it never
+/// left the client or a server refused it before dispatch, else as the attached
+/// [`ServiceConfig`](crate::ServiceConfig)'s retry or hedging policy says
+/// ([`ReplicaSet::with_service_config`]); a retry or hedge goes to an endpoint the call has not
+/// tried yet when one is ready.
 #[derive(Clone)]
 pub struct ReplicaSet {
     h: Arc<Handle>,
@@ -220,6 +226,7 @@ impl ReplicaSet {
             removed: AtomicU64::new(0),
             events,
             stop: CancellationToken::new(),
+            retry: Mutex::default(),
         });
         tokio::spawn(sweep_task(core.clone()));
         let set = ReplicaSet {
@@ -260,35 +267,82 @@ impl ReplicaSet {
     /// waiting or calling; UNAVAILABLE when `wait_for_ready` is off and every endpoint is in
     /// TRANSIENT_FAILURE or ejected (or the set is empty), or when the picked endpoint's link
     /// fails during the call; else the status of the call ([`Client::call`]).
-    pub async fn call_with(&self, mut req: Request, opts: CallOptions) -> Result<Response, Status> {
+    pub async fn call_with(&self, req: Request, opts: CallOptions) -> Result<Response, Status> {
         let core = &self.h.core;
-        let (ep, client, left) = self.ready_endpoint(req.timeout, opts).await?;
-        req.timeout = left;
-        // counted by `pick`, so that concurrent picks see it
-        let _out = Outstanding(&ep);
-        let t0 = Instant::now();
-        let res = client.call(req).await;
-        core.record(&ep, &res, t0.elapsed());
+        let retry = core.retry.lock().clone();
+        let t0 = std::time::Instant::now();
+        let plan = retry.plan(&req.method, req.timeout, opts.wait_for_ready);
+        let opts = CallOptions {
+            wait_for_ready: plan.wait_for_ready,
+        };
+        let tried = Mutex::new(Vec::new());
+        let res = retry
+            .run(&req.method, plan.deadline, |info| {
+                let (req, tried) = (&req, &tried);
+                async move {
+                    let avoid = tried.lock().clone();
+                    let (ep, client, _) = self
+                        .ready_endpoint_avoiding(info.deadline, opts, &avoid)
+                        .await
+                        .map_err(AttemptError::other)?;
+                    tried.lock().push(ep.id);
+                    // counted by `pick`, so that concurrent picks see it
+                    let _out = Outstanding(&ep);
+                    let t0 = Instant::now();
+                    let res = client.call_attempt(req, info).await;
+                    core.record(&ep, &res.as_ref().map_err(|e| e.status.clone()).cloned(), t0.elapsed());
+                    res
+                }
+            })
+            .await;
+        let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
+        crate::metrics::record_call(crate::metrics::Side::Client, &req.method, code, t0.elapsed());
         res
     }
 
+    /// This set (and every clone of it, which share it) with `sc` governing its calls and
+    /// streams: per-method timeout, waitForReady, retry or hedging policy, throttling (gRPC
+    /// A6; `crate::retry` has the rule). Replaces the set's earlier config, throttle and
+    /// [`ReplicaSet::retry_stats`]. Errors: `sc` fails
+    /// [`ServiceConfig::validate`](crate::ServiceConfig::validate).
+    pub fn with_service_config(
+        self,
+        sc: crate::ServiceConfig,
+    ) -> Result<ReplicaSet, crate::ServiceConfigError> {
+        *self.h.core.retry.lock() = Arc::new(Retrier::new(sc)?);
+        Ok(self)
+    }
+
+    /// Counters of retries, hedges, throttling, transparent retries and commits of this set's
+    /// calls and streams ([`RetryStats`](crate::RetryStats)).
+    pub fn retry_stats(&self) -> crate::RetryStats {
+        self.h.core.retry.lock().stats()
+    }
+
+    pub(crate) fn retrier(&self) -> Arc<Retrier> {
+        self.h.core.retry.lock().clone()
+    }
+
     /// Waits for a ready, admitted endpoint picked by the set's [`Policy`] (connecting an idle
-    /// set), for a call or a stream of `timeout`. Returns it (counted outstanding by the pick),
-    /// its client and the time left of `timeout`. Errors: UNAVAILABLE when `wait_for_ready` is
-    /// off and no endpoint can be ready; DEADLINE_EXCEEDED when `timeout` passes first.
-    pub(super) async fn ready_endpoint(
+    /// set), for a call or a stream ending at `deadline`, preferring endpoints not in `avoid`
+    /// (ids of endpoints the call tried already) when one of those is ready. Returns it
+    /// (counted outstanding by the pick), its client and the time left. Errors: UNAVAILABLE
+    /// when `wait_for_ready` is off and no endpoint can be ready; DEADLINE_EXCEEDED when the
+    /// deadline passes first.
+    pub(super) async fn ready_endpoint_avoiding(
         &self,
-        timeout: Option<Duration>,
+        deadline: Option<Instant>,
         opts: CallOptions,
+        avoid: &[u64],
     ) -> Result<(Arc<Endpoint>, Client, Option<Duration>), Status> {
         let core = &self.h.core;
         core.activate();
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let (ep, client) = loop {
             let changed = core.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            match core.pick() {
+            match core.pick_avoiding(avoid) {
                 Pick::Ready(ep, c) => break (ep, c),
                 Pick::Fail(why) if !opts.wait_for_ready => {
                     return Err(Status::new(
@@ -490,7 +544,7 @@ impl Core {
     }
 
     fn pick_state(&self) -> PickState {
-        match self.pick_inner(false) {
+        match self.pick_inner(false, &[]) {
             Pick::Ready(..) => PickState::Ready,
             Pick::Wait => PickState::Wait,
             Pick::Fail(_) => PickState::Failed,
@@ -499,11 +553,11 @@ impl Core {
 
     /// Picks an endpoint for a call; a picked one counts the call as outstanding (the caller
     /// holds an [`Outstanding`] for it).
-    fn pick(&self) -> Pick {
-        self.pick_inner(true)
+    fn pick_avoiding(&self, avoid: &[u64]) -> Pick {
+        self.pick_inner(true, avoid)
     }
 
-    fn pick_inner(&self, choose: bool) -> Pick {
+    fn pick_inner(&self, choose: bool, avoid: &[u64]) -> Pick {
         let eps = self.eps.lock().clone();
         if eps.is_empty() {
             return if self.resolved.load(Ordering::SeqCst) {
@@ -537,6 +591,9 @@ impl Core {
                 "{} endpoints, {ejected} ready ones ejected, the others in TRANSIENT_FAILURE",
                 eps.len()
             ));
+        }
+        if !avoid.is_empty() && ready.iter().any(|r| !avoid.contains(&r.0.id)) {
+            ready.retain(|r| !avoid.contains(&r.0.id));
         }
         if !choose {
             let (ep, c, _) = ready.swap_remove(0);

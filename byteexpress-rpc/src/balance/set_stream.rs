@@ -4,6 +4,7 @@ use tokio::time::Instant;
 
 use super::{Outstanding, ReplicaSet};
 use crate::balance::CallOptions;
+use crate::retry::AttemptError;
 use crate::stream::{OpenStream, RequestSender, ResponseReceiver};
 use crate::{Response, Status};
 
@@ -15,31 +16,58 @@ impl ReplicaSet {
     /// ends; its status and its length (open to end) are recorded as a call's are (outlier
     /// detection, as gRPC's A50 counts every RPC; the P2C latency estimate, which a long
     /// stream raises). Errors: as [`ReplicaSet::call_with`] before the stream opens.
+    ///
+    /// With a [`ServiceConfig`](crate::ServiceConfig) attached
+    /// ([`ReplicaSet::with_service_config`]), a stream whose request is complete at open
+    /// (`half_close`) is retried or hedged as a call, each attempt on an endpoint not tried
+    /// yet when one is ready, until it commits (the server's headers, first message or end:
+    /// waited for here); other streams commit when their opening frame is sent
+    /// (`crate::retry`).
     pub async fn open_stream_with(
         &self,
-        mut req: OpenStream,
+        req: OpenStream,
         opts: CallOptions,
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
-        let core = &self.h.core;
-        let (ep, client, left) = self.ready_endpoint(req.timeout, opts).await?;
-        req.timeout = left;
-        // `pick` counted it outstanding: until the stream ends
-        let out = Outstanding(&ep);
-        let t0 = Instant::now();
-        let (tx, mut rx) = match client.open_stream(req).await {
-            Ok(s) => s,
-            Err(e) => {
-                core.record(&ep, &Err(e.clone()), t0.elapsed());
-                return Err(e);
-            }
+        let retry = self.retrier();
+        let plan = retry.plan(&req.method, req.timeout, opts.wait_for_ready);
+        let opts = CallOptions {
+            wait_for_ready: plan.wait_for_ready,
         };
-        std::mem::forget(out);
-        let core = self.h.core.clone();
-        rx.set_on_end(Box::new(move |res| {
-            drop(Outstanding(&ep));
-            let res = res.map(|()| Response::default());
-            core.record(&ep, &res, t0.elapsed());
-        }));
-        Ok((tx, rx))
+        let tried = parking_lot::Mutex::new(Vec::new());
+        retry
+            .run(&req.method, plan.deadline, |info| {
+                let (req, tried) = (&req, &tried);
+                async move {
+                    let core = &self.h.core;
+                    let avoid = tried.lock().clone();
+                    let (ep, client, _) = self
+                        .ready_endpoint_avoiding(info.deadline, opts, &avoid)
+                        .await
+                        .map_err(AttemptError::other)?;
+                    tried.lock().push(ep.id);
+                    // `pick` counted it outstanding: until the stream ends
+                    let out = Outstanding(&ep);
+                    let t0 = Instant::now();
+                    let (tx, mut rx) = match client.open_stream_once(req, info).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            core.record(&ep, &Err(e.status.clone()), t0.elapsed());
+                            return Err(e);
+                        }
+                    };
+                    std::mem::forget(out);
+                    let core = core.clone();
+                    rx.set_on_end(Box::new(move |res| {
+                        drop(Outstanding(&ep));
+                        let res = res.map(|()| Response::default());
+                        core.record(&ep, &res, t0.elapsed());
+                    }));
+                    if req.half_close {
+                        rx.commit_point().await?;
+                    }
+                    Ok((tx, rx))
+                }
+            })
+            .await
     }
 }

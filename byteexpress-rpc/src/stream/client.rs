@@ -10,7 +10,8 @@ use parking_lot::Mutex;
 
 use super::Shared;
 use crate::message::{Incoming, Outgoing};
-use crate::wire::header::{FLAG_AFTER_HEADERS, FLAG_END_STREAM, FLAG_MESSAGE, Kind};
+use crate::retry::{AttemptError, AttemptInfo, Stage};
+use crate::wire::header::{FLAG_AFTER_HEADERS, FLAG_END_STREAM, FLAG_MESSAGE, FLAG_REFUSED, Kind};
 use crate::{Client, Code, Metadata, Status};
 
 /// The streams open on one client link, by `(conn_id, call_id)`.
@@ -59,6 +60,9 @@ impl ClientStreams {
                     },
                 };
                 let mut count = n;
+                if msg.header.flags & FLAG_REFUSED != 0 {
+                    s.st.lock().refused = true;
+                }
                 if msg.header.flags & FLAG_MESSAGE != 0 {
                     if let Err(why) = s.on_message(n, msg.body) {
                         self.reset(&s, why);
@@ -149,12 +153,40 @@ impl Client {
     /// the timeout). Errors: as [`Client::call`] before sending (UNAVAILABLE,
     /// DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED for a first message above
     /// [`Client::max_message`]).
+    ///
+    /// With a [`ServiceConfig`](crate::ServiceConfig) attached
+    /// ([`Client::with_service_config`]), a stream whose request is complete at open
+    /// (`half_close`) is retried or hedged as a call until it commits: until the server's
+    /// headers, first message or end arrive, which this method then waits for
+    /// (`crate::retry`, "Streams"). Other streams commit when the opening frame is sent.
     pub async fn open_stream(
         &self,
         req: OpenStream,
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
+        let retry = self.retrier().clone();
+        let plan = retry.plan(&req.method, req.timeout, false);
+        retry
+            .run(&req.method, plan.deadline, |info| {
+                let req = &req;
+                async move {
+                    let (tx, mut rx) = self.open_stream_once(req, info).await?;
+                    if req.half_close {
+                        rx.commit_point().await?;
+                    }
+                    Ok((tx, rx))
+                }
+            })
+            .await
+    }
+
+    /// One attempt at opening a stream, until its opening frame is sent.
+    pub(crate) async fn open_stream_once(
+        &self,
+        req: &OpenStream,
+        info: AttemptInfo,
+    ) -> Result<(RequestSender, ResponseReceiver), AttemptError> {
         let t0 = std::time::Instant::now();
-        let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+        let deadline = info.deadline;
         let slot = self.stream_slot(deadline).await?;
         let s = Shared::new(slot.link.clone(), slot.key, slot.window, slot.send_window);
         {
@@ -176,7 +208,7 @@ impl Client {
             slot.key.0,
             slot.key.1,
             &req.method,
-            &req.metadata,
+            &info.metadata(&req.metadata),
             req.first.clone().unwrap_or_default(),
         );
         if req.first.is_some() {
@@ -192,7 +224,11 @@ impl Client {
         slot.streams.map.lock().insert(slot.key, s.clone());
         if let Err(e) = slot.link.send(out) {
             slot.streams.map.lock().remove(&slot.key);
-            return Err(e);
+            return Err(if e.code == Code::ResourceExhausted {
+                AttemptError::other(e)
+            } else {
+                AttemptError::local(e)
+            });
         }
         Ok((
             RequestSender {
@@ -205,7 +241,7 @@ impl Client {
                 deadline,
                 done: false,
                 on_end: None,
-                metric: Some((req.method, t0)),
+                metric: Some((req.method.clone(), t0)),
             },
         ))
     }
@@ -322,6 +358,31 @@ impl ResponseReceiver {
             }
         })
         .await?
+    }
+
+    /// Waits for the stream's commit point (`crate::retry`): the server's headers, a message or
+    /// its end. Errors: the stream ended with a failure before any header or message (then
+    /// its outcome is recorded here), classified for the retry rule.
+    pub(crate) async fn commit_point(&mut self) -> Result<(), AttemptError> {
+        if let Err(e) = self.headers().await {
+            self.ended(Err(e.clone()));
+            return Err(AttemptError::other(e));
+        }
+        let refused = {
+            let st = self.s.st.lock();
+            if st.headers.is_some() || !st.queue.is_empty() || !matches!(st.end, Some(Err(_))) {
+                return Ok(());
+            }
+            st.refused
+        };
+        let status = match self.message().await {
+            Err(e) => e,
+            Ok(_) => return Ok(()),
+        };
+        Err(AttemptError {
+            status,
+            stage: if refused { Stage::Refused } else { Stage::Other },
+        })
     }
 
     /// Whether the server sent its initial metadata as such (STREAM_HEADERS); false when the

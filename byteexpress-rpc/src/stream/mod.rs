@@ -66,6 +66,8 @@ pub(crate) struct State {
     pub(crate) headers_due: bool,
     /// The stream failed here (cancelled, deadline, link closed, window broken).
     pub(crate) failed: Option<Status>,
+    /// Client side: the server's RESPONSE carried `FLAG_REFUSED` (refused before dispatch).
+    pub(crate) refused: bool,
     // outbound
     pub(crate) send_window: u64,
     pub(crate) avail: i64,

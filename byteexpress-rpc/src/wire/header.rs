@@ -5,7 +5,7 @@
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
 //! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE |
-//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bits 5–7 sent as 0, not checked on receipt |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bit 5: [`FLAG_REFUSED`] (RESPONSE, server → client: refused before dispatch, no handler ran, so the client may retry it transparently once: `crate::retry`); bits 6–7 sent as 0, not checked on receipt |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
@@ -79,6 +79,12 @@ pub const FLAG_MESSAGE: u8 = 8;
 /// end) until the headers are here. gRPC puts initial metadata before the first message; on
 /// RDMA a multi-chunk STREAM_HEADERS may be overtaken by a one-chunk message.
 pub const FLAG_AFTER_HEADERS: u8 = 16;
+/// Flag bit (RESPONSE, server → client): the call or stream was refused before dispatch: no
+/// handler ran for it, nothing of it was executed. Set only when the server is draining, the
+/// link's `max_concurrent_calls` is full, or the request was refused unread for want of the
+/// server's memory budget. A client may retry such a call transparently once (gRPC A6's
+/// transparent retry; `crate::retry`).
+pub const FLAG_REFUSED: u8 = 32;
 
 /// Message kind (byte 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
