@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use byteexpress::{BalanceConfig, Channel, Code, Config, EndpointState, Policy, ServiceConfig};
+use byteexpress::{BalanceConfig, Channel, Config, EndpointState, Policy, ServiceConfig};
 use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
 use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
 use integration_tests::ServerProc;
@@ -346,20 +346,10 @@ async fn a_server_refusing_every_call_fails_it_after_one_transparent_retry() {
     assert!(log(&l).is_empty());
 }
 
-/// The native API: a `ReplicaSet` with the first document calls the PS's Pull as a unary
-/// ByteExpress call (a gRPC-framed protobuf body) and is retried the same way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_replica_set_retries_by_the_same_service_config() {
+/// A native unary Pull: the gRPC-framed protobuf body of a `PullRequest` as a ByteExpress
+/// REQUEST (the facade server answers those as well as streams).
+fn native_pull(rid: &str) -> byteexpress_rpc::Request {
     use prost::Message;
-    let l = log_path("a");
-    let s = ps("a", &l, &["--fail-first", "2"]).await;
-    let set = byteexpress_rpc::ReplicaSet::from_static(
-        [s.addr.clone()],
-        &byteexpress_rpc::Config::default(),
-        &round_robin(),
-    )
-    .with_service_config(ServiceConfig::from_json(FIRST).unwrap())
-    .unwrap();
     let msg = PullRequest {
         table: "emb".into(),
         keys: vec![5],
@@ -368,17 +358,79 @@ async fn native_replica_set_retries_by_the_same_service_config() {
     let mut body = vec![0u8];
     body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     body.extend_from_slice(&msg);
-    let r = set
-        .call(byteexpress_rpc::Request {
-            method: "/ps.ParameterServer/Pull".into(),
-            body: body.into(),
-            timeout: Some(Duration::from_secs(10)),
-            ..Default::default()
-        })
-        .await;
+    let mut metadata = byteexpress_rpc::Metadata::new();
+    metadata.insert("x-request-id", rid.to_string()).unwrap();
+    byteexpress_rpc::Request {
+        method: "/ps.ParameterServer/Pull".into(),
+        metadata,
+        body: body.into(),
+        timeout: Some(Duration::from_secs(10)),
+    }
+}
+
+/// A native replica set over `servers` with `json`, every endpoint ready.
+async fn native_set(servers: &[&ServerProc], json: &str) -> byteexpress_rpc::ReplicaSet {
+    let set = byteexpress_rpc::ReplicaSet::from_static(
+        servers.iter().map(|s| s.addr.clone()),
+        &byteexpress_rpc::Config::default(),
+        &round_robin(),
+    )
+    .with_service_config(ServiceConfig::from_json(json).unwrap())
+    .unwrap();
+    set.connect_now();
+    let t0 = Instant::now();
+    while !set
+        .endpoints()
+        .iter()
+        .all(|e| e.state == EndpointState::Ready)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", set.endpoints());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    set
+}
+
+/// The native API with the second document: unary calls hedged past a stalled replica, whose
+/// handler the server aborts when the losing attempt's CANCEL arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_hedging_cancels_the_stalled_replicas_unary_handler() {
+    let (ls, la) = (log_path("stalled"), log_path("a"));
+    let stalled = ps("stalled", &ls, &["--stall"]).await;
+    let a = ps("a", &la, &[]).await;
+    let set = native_set(&[&stalled, &a], SECOND).await;
+    for i in 0..4 {
+        let r = set.call(native_pull(&format!("r{i}"))).await;
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let n = starts(&ls, "Pull").len();
+    assert!(n >= 1, "no attempt reached the stalled replica");
+    let t0 = Instant::now();
+    loop {
+        let cancelled = log(&ls)
+            .iter()
+            .filter(|l| l[0] == "end" && l[4] == "cancelled")
+            .count();
+        if cancelled == n {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{cancelled} of {n} stalled handlers cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The native API: a `ReplicaSet` with the first document calls the PS's Pull as a unary
+/// ByteExpress call and is retried the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_replica_set_retries_by_the_same_service_config() {
+    let l = log_path("a");
+    let s = ps("a", &l, &["--fail-first", "2"]).await;
+    let set = native_set(&[&s], FIRST).await;
+    let r = set.call(native_pull("r1")).await;
     assert!(r.is_ok(), "{r:?}");
     let prev: Vec<String> = starts(&l, "Pull").iter().map(|l| l[4].clone()).collect();
     assert_eq!(prev, ["0", "1", "2"]);
     assert_eq!(set.retry_stats().retries, 2);
-    let _ = Code::Ok;
 }
