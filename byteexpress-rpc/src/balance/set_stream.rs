@@ -5,6 +5,11 @@ use tokio::time::Instant;
 use super::{Outstanding, ReplicaSet};
 use crate::balance::CallOptions;
 use crate::retry::AttemptError;
+use std::sync::Arc;
+
+use crate::retry::AttemptInfo;
+use crate::stream::client::{DirectReceiver, DirectSender};
+use crate::stream::replay::{relayed, replays};
 use crate::stream::{OpenStream, RequestSender, ResponseReceiver};
 use crate::{Response, Status};
 
@@ -33,41 +38,62 @@ impl ReplicaSet {
         let opts = CallOptions {
             wait_for_ready: plan.wait_for_ready,
         };
-        let tried = parking_lot::Mutex::new(Vec::new());
-        retry
+        let tried = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        if replays(&retry, &req) {
+            let (set, r) = (self.clone(), req.clone());
+            return Ok(relayed(retry, req, plan.deadline, move |info| {
+                let (set, r, tried) = (set.clone(), r.clone(), tried.clone());
+                async move { set.open_attempt(&r, info, opts, &tried).await }
+            }));
+        }
+        let (tx, rx) = retry
             .run(&req.method, plan.deadline, |info| {
                 let (req, tried) = (&req, &tried);
                 async move {
-                    let core = &self.h.core;
-                    let avoid = tried.lock().clone();
-                    let (ep, client, _) = self
-                        .ready_endpoint_avoiding(info.deadline, opts, &avoid)
-                        .await
-                        .map_err(AttemptError::other)?;
-                    tried.lock().push(ep.id);
-                    // `pick` counted it outstanding: until the stream ends
-                    let out = Outstanding(&ep);
-                    let t0 = Instant::now();
-                    let (tx, mut rx) = match client.open_stream_once(req, info).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            core.record(&ep, &Err(e.status.clone()), t0.elapsed());
-                            return Err(e);
-                        }
-                    };
-                    std::mem::forget(out);
-                    let core = core.clone();
-                    rx.set_on_end(Box::new(move |res| {
-                        drop(Outstanding(&ep));
-                        let res = res.map(|()| Response::default());
-                        core.record(&ep, &res, t0.elapsed());
-                    }));
+                    let (tx, mut rx) = self.open_attempt(req, info, opts, tried).await?;
                     if req.half_close {
                         rx.commit_point().await?;
                     }
                     Ok((tx, rx))
                 }
             })
+            .await?;
+        Ok((RequestSender::direct(tx), ResponseReceiver::direct(rx)))
+    }
+
+    /// One attempt of a stream: an endpoint not in `tried` when one is ready, the stream
+    /// opened on it and recorded there at its end.
+    async fn open_attempt(
+        &self,
+        req: &OpenStream,
+        info: AttemptInfo,
+        opts: CallOptions,
+        tried: &parking_lot::Mutex<Vec<u64>>,
+    ) -> Result<(DirectSender, DirectReceiver), AttemptError> {
+        let core = &self.h.core;
+        let avoid = tried.lock().clone();
+        let (ep, client, _) = self
+            .ready_endpoint_avoiding(info.deadline, opts, &avoid)
             .await
+            .map_err(AttemptError::other)?;
+        tried.lock().push(ep.id);
+        // `pick` counted it outstanding: until the stream ends
+        let out = Outstanding(&ep);
+        let t0 = Instant::now();
+        let (tx, mut rx) = match client.open_stream_once(req, info).await {
+            Ok(s) => s,
+            Err(e) => {
+                core.record(&ep, &Err(e.status.clone()), t0.elapsed());
+                return Err(e);
+            }
+        };
+        std::mem::forget(out);
+        let core = core.clone();
+        rx.set_on_end(Box::new(move |res| {
+            drop(Outstanding(&ep));
+            let res = res.map(|()| Response::default());
+            core.record(&ep, &res, t0.elapsed());
+        }));
+        Ok((tx, rx))
     }
 }

@@ -217,6 +217,11 @@ impl Retrier {
         }
     }
 
+    /// The policy of `method`, if any.
+    pub(crate) fn policy(&self, method: &str) -> Option<AttemptPolicy> {
+        self.cfg.method(method).and_then(|m| m.policy.clone())
+    }
+
     /// Counts a stream committed for its replay buffer.
     pub(crate) fn buffer_commit(&self, method: &str) {
         self.n.buffer_commits.fetch_add(1, Ordering::SeqCst);

@@ -1,5 +1,5 @@
-//! The client's side of streams: [`Client::open_stream`], [`RequestSender`],
-//! [`ResponseReceiver`], and the dispatch of stream frames arriving on a client's link.
+//! The client's side of streams: [`Client::open_stream`], [`DirectSender`],
+//! [`DirectReceiver`], and the dispatch of stream frames arriving on a client's link.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::Shared;
+pub use super::replay::{RequestSender, ResponseReceiver};
 use crate::message::{Incoming, Outgoing};
 use crate::retry::{AttemptError, AttemptInfo, Stage};
 use crate::wire::header::{FLAG_AFTER_HEADERS, FLAG_END_STREAM, FLAG_MESSAGE, FLAG_REFUSED, Kind};
@@ -165,7 +166,15 @@ impl Client {
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
         let retry = self.retrier().clone();
         let plan = retry.plan(&req.method, req.timeout, false);
-        retry
+        if super::replay::replays(&retry, &req) {
+            let c = self.clone();
+            let r = req.clone();
+            return Ok(super::replay::relayed(retry, req, plan.deadline, move |info| {
+                let (c, r) = (c.clone(), r.clone());
+                async move { c.open_stream_once(&r, info).await }
+            }));
+        }
+        let (tx, rx) = retry
             .run(&req.method, plan.deadline, |info| {
                 let req = &req;
                 async move {
@@ -176,7 +185,8 @@ impl Client {
                     Ok((tx, rx))
                 }
             })
-            .await
+            .await?;
+        Ok((RequestSender::direct(tx), ResponseReceiver::direct(rx)))
     }
 
     /// One attempt at opening a stream, until its opening frame is sent.
@@ -184,7 +194,7 @@ impl Client {
         &self,
         req: &OpenStream,
         info: AttemptInfo,
-    ) -> Result<(RequestSender, ResponseReceiver), AttemptError> {
+    ) -> Result<(DirectSender, DirectReceiver), AttemptError> {
         let t0 = std::time::Instant::now();
         let deadline = info.deadline;
         let slot = self.stream_slot(deadline).await?;
@@ -231,11 +241,11 @@ impl Client {
             });
         }
         Ok((
-            RequestSender {
+            DirectSender {
                 s: s.clone(),
                 done: req.half_close,
             },
-            ResponseReceiver {
+            DirectReceiver {
                 s,
                 streams: slot.streams,
                 deadline,
@@ -248,20 +258,20 @@ impl Client {
 }
 
 /// The client's sending half of a stream (gRPC's request messages). Dropping it half-closes.
-pub struct RequestSender {
+pub(crate) struct DirectSender {
     s: Arc<Shared>,
     done: bool,
 }
 
-impl std::fmt::Debug for RequestSender {
+impl std::fmt::Debug for DirectSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestSender")
+        f.debug_struct("DirectSender")
             .field("key", &self.s.key)
             .finish()
     }
 }
 
-impl RequestSender {
+impl DirectSender {
     /// Sends one message, waiting while the server's window is full (a server that does not
     /// read holds the sender here). Errors: the stream's status once it ended or failed
     /// (CANCELLED after the server finished, DEADLINE_EXCEEDED, UNAVAILABLE when the link
@@ -282,7 +292,7 @@ impl RequestSender {
     }
 }
 
-impl Drop for RequestSender {
+impl Drop for DirectSender {
     fn drop(&mut self) {
         if !self.done {
             let _ = self.s.send_end(Kind::HalfClose);
@@ -293,7 +303,7 @@ impl Drop for RequestSender {
 /// The client's receiving half of a stream: initial metadata, the server's messages in order,
 /// then its trailers or status. Dropping it before the end cancels the stream (the server's
 /// handler is dropped), as gRPC's RST_STREAM(CANCEL).
-pub struct ResponseReceiver {
+pub(crate) struct DirectReceiver {
     s: Arc<Shared>,
     streams: Arc<ClientStreams>,
     deadline: Option<tokio::time::Instant>,
@@ -305,18 +315,18 @@ pub struct ResponseReceiver {
     metric: Option<(String, std::time::Instant)>,
 }
 
-/// What a [`ResponseReceiver`] tells of its stream's outcome.
+/// What a [`DirectReceiver`] tells of its stream's outcome.
 pub(crate) type OnEnd = Box<dyn FnOnce(Result<(), Status>) + Send>;
 
-impl std::fmt::Debug for ResponseReceiver {
+impl std::fmt::Debug for DirectReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseReceiver")
+        f.debug_struct("DirectReceiver")
             .field("key", &self.s.key)
             .finish()
     }
 }
 
-impl ResponseReceiver {
+impl DirectReceiver {
     async fn bounded<T>(&mut self, f: impl std::future::Future<Output = T>) -> Result<T, Status> {
         match self.deadline {
             None => Ok(f.await),
@@ -335,7 +345,7 @@ impl ResponseReceiver {
 
     /// The server's initial metadata: waits for it, or for the stream's end or first message
     /// (then empty: the server sent none; its status, if an error, comes from
-    /// [`ResponseReceiver::message`]). Errors: the stream failed here first (DEADLINE_EXCEEDED,
+    /// [`DirectReceiver::message`]). Errors: the stream failed here first (DEADLINE_EXCEEDED,
     /// UNAVAILABLE, CANCELLED).
     pub async fn headers(&mut self) -> Result<Metadata, Status> {
         let s = self.s.clone();
@@ -392,7 +402,7 @@ impl ResponseReceiver {
     }
 
     /// The next message; `Ok(None)` after the last one, when the server ended with OK (then
-    /// [`ResponseReceiver::trailers`]). Errors: the server's status after its messages, or
+    /// [`DirectReceiver::trailers`]). Errors: the server's status after its messages, or
     /// this stream's failure (DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED when the
     /// server broke the window).
     pub async fn message(&mut self) -> Result<Option<Bytes>, Status> {
@@ -413,7 +423,7 @@ impl ResponseReceiver {
         r
     }
 
-    /// The trailers of a stream that ended OK (after [`ResponseReceiver::message`] returned
+    /// The trailers of a stream that ended OK (after [`DirectReceiver::message`] returned
     /// `Ok(None)`); `None` before.
     pub fn trailers(&self) -> Option<Metadata> {
         match &self.s.st.lock().end {
@@ -459,7 +469,7 @@ impl ResponseReceiver {
     }
 }
 
-impl Drop for ResponseReceiver {
+impl Drop for DirectReceiver {
     fn drop(&mut self) {
         let end = self.s.st.lock().end.as_ref().map(|e| match e {
             Ok(_) => Code::Ok,

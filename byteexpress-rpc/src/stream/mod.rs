@@ -14,6 +14,7 @@
 //! before it and is delivered after them.
 
 pub(crate) mod client;
+pub(crate) mod replay;
 pub(crate) mod server;
 
 use std::collections::{BTreeMap, VecDeque};

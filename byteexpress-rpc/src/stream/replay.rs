@@ -1,0 +1,298 @@
+//! The public halves of a client stream ([`RequestSender`], [`ResponseReceiver`]), and the
+//! replay of a request-streaming call under a retry policy (gRPC A6, "Streams" in
+//! `crate::retry`): until the stream commits, its request messages are kept (up to
+//! [`PER_RPC_BUFFER_LIMIT`](crate::retry::PER_RPC_BUFFER_LIMIT) bytes) and sent again on the
+//! next attempt; the caller's halves talk to a task that runs the attempts.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::OpenStream;
+use super::client::{DirectReceiver, DirectSender};
+use crate::retry::{AttemptError, AttemptInfo, AttemptPolicy, PER_RPC_BUFFER_LIMIT, Retrier};
+use crate::{Code, Metadata, Status};
+
+/// The client's sending half of a stream (gRPC's request messages). Dropping it half-closes.
+pub struct RequestSender {
+    inner: Send,
+}
+
+enum Send {
+    Direct(DirectSender),
+    /// To the task running the attempts of a replayed stream; dropping it half-closes.
+    Relay(mpsc::Sender<Bytes>),
+}
+
+impl std::fmt::Debug for RequestSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Send::Direct(d) => d.fmt(f),
+            Send::Relay(_) => f.write_str("RequestSender(replayed)"),
+        }
+    }
+}
+
+fn ended() -> Status {
+    Status::new(Code::Cancelled, "the stream has ended")
+}
+
+impl RequestSender {
+    pub(crate) fn direct(d: DirectSender) -> Self {
+        RequestSender {
+            inner: Send::Direct(d),
+        }
+    }
+
+    /// Sends one message, waiting while the server's window is full (a server that does not
+    /// read holds the sender here). Errors: the stream's status once it ended or failed
+    /// (CANCELLED after the server finished, DEADLINE_EXCEEDED, UNAVAILABLE when the link
+    /// closed), RESOURCE_EXHAUSTED for a message above the link's `max_message`. A stream
+    /// under a retry policy reports only CANCELLED here; its status comes from the receiver.
+    pub async fn send(&mut self, msg: Bytes) -> Result<(), Status> {
+        match &mut self.inner {
+            Send::Direct(d) => d.send(msg).await,
+            Send::Relay(r) => r.send(msg).await.map_err(|_| ended()),
+        }
+    }
+
+    /// Half-closes: the server's receiver sees the end after the messages sent before.
+    pub fn finish(self) -> Result<(), Status> {
+        match self.inner {
+            Send::Direct(d) => d.finish(),
+            Send::Relay(_) => Ok(()),
+        }
+    }
+
+    /// Resolves once sends would fail (the stream ended, failed or was cancelled).
+    pub async fn closed(&self) {
+        match &self.inner {
+            Send::Direct(d) => d.closed().await,
+            Send::Relay(r) => r.closed().await,
+        }
+    }
+}
+
+/// The client's receiving half of a stream: initial metadata, the server's messages in order,
+/// then its trailers or status. Dropping it before the end cancels the stream (the server's
+/// handler is dropped), as gRPC's RST_STREAM(CANCEL).
+pub struct ResponseReceiver {
+    inner: Recv,
+}
+
+enum Recv {
+    Direct(DirectReceiver),
+    /// The committed attempt of a replayed stream, once there is one.
+    Pending(oneshot::Receiver<Result<DirectReceiver, Status>>),
+    Failed(Status),
+}
+
+impl std::fmt::Debug for ResponseReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Recv::Direct(d) => d.fmt(f),
+            _ => f.write_str("ResponseReceiver(replayed)"),
+        }
+    }
+}
+
+impl ResponseReceiver {
+    pub(crate) fn direct(d: DirectReceiver) -> Self {
+        ResponseReceiver {
+            inner: Recv::Direct(d),
+        }
+    }
+
+    async fn resolve(&mut self) -> Result<&mut DirectReceiver, Status> {
+        if let Recv::Pending(p) = &mut self.inner {
+            let r = p.await.unwrap_or_else(|_| Err(ended()));
+            self.inner = match r {
+                Ok(d) => Recv::Direct(d),
+                Err(s) => Recv::Failed(s),
+            };
+        }
+        match &mut self.inner {
+            Recv::Direct(d) => Ok(d),
+            Recv::Failed(s) => Err(s.clone()),
+            Recv::Pending(_) => Err(ended()),
+        }
+    }
+
+    /// The server's initial metadata: waits for it, or for the stream's end or first message
+    /// (then empty: the server sent none; its status, if an error, comes from
+    /// [`ResponseReceiver::message`]). Errors: the stream failed here first (DEADLINE_EXCEEDED,
+    /// UNAVAILABLE, CANCELLED), or every attempt of a replayed stream failed (the last status).
+    pub async fn headers(&mut self) -> Result<Metadata, Status> {
+        self.resolve().await?.headers().await
+    }
+
+    /// Whether the server sent its initial metadata as such (STREAM_HEADERS); false when the
+    /// stream ended with its only answer in the RESPONSE (a unary answer), or before
+    /// [`ResponseReceiver::headers`] resolved a replayed stream.
+    pub fn headers_sent(&self) -> bool {
+        match &self.inner {
+            Recv::Direct(d) => d.headers_sent(),
+            _ => false,
+        }
+    }
+
+    /// The next message; `Ok(None)` after the last one, when the server ended with OK (then
+    /// [`ResponseReceiver::trailers`]). Errors: the server's status after its messages, or
+    /// this stream's failure (DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED when the
+    /// server broke the window).
+    pub async fn message(&mut self) -> Result<Option<Bytes>, Status> {
+        self.resolve().await?.message().await
+    }
+
+    /// The trailers of a stream that ended OK (after [`ResponseReceiver::message`] returned
+    /// `Ok(None)`); `None` before.
+    pub fn trailers(&self) -> Option<Metadata> {
+        match &self.inner {
+            Recv::Direct(d) => d.trailers(),
+            _ => None,
+        }
+    }
+
+    /// Cancels the stream (the server's handler is dropped); as dropping the receiver.
+    pub fn cancel(self) {
+        if let Recv::Direct(d) = self.inner {
+            d.cancel();
+        }
+    }
+}
+
+/// Whether a stream is replayed: its method has a retry policy and its request is not complete
+/// at open. (Hedged request streams commit at open: their attempts would share one request
+/// source.)
+pub(crate) fn replays(retry: &Retrier, req: &OpenStream) -> bool {
+    !req.half_close && matches!(retry.policy(&req.method), Some(AttemptPolicy::Retry(_)))
+}
+
+/// What the attempts of a replayed stream share: the caller's messages and the replay buffer.
+struct Input {
+    rx: mpsc::Receiver<Bytes>,
+    finished: bool,
+    buffer: Vec<Bytes>,
+    bytes: usize,
+    /// The buffer passed the limit: the stream committed to its current attempt.
+    over: bool,
+}
+
+/// A replayed stream: the caller's halves, and a task that runs its attempts (`open` opens
+/// one) under `retry`'s policy until one commits, then relays the rest of the request to it.
+pub(crate) fn relayed<F, Fut>(
+    retry: Arc<Retrier>,
+    req: OpenStream,
+    deadline: Option<Instant>,
+    mut open: F,
+) -> (RequestSender, ResponseReceiver)
+where
+    F: FnMut(AttemptInfo) -> Fut + std::marker::Send + 'static,
+    Fut: Future<Output = Result<(DirectSender, DirectReceiver), AttemptError>>
+        + std::marker::Send,
+{
+    let (in_tx, in_rx) = mpsc::channel::<Bytes>(1);
+    let (out_tx, out_rx) = oneshot::channel();
+    let method = req.method.clone();
+    let first = req.first.map(|m| m.len()).unwrap_or(0);
+    tokio::spawn(async move {
+        let input = tokio::sync::Mutex::new(Input {
+            rx: in_rx,
+            finished: false,
+            buffer: Vec::new(),
+            bytes: first,
+            over: false,
+        });
+        let res = retry
+            .run(&method, deadline, |info| {
+                let (input, retry, method) = (&input, &retry, &method);
+                let opened = open(info);
+                async move {
+                    let (tx, mut rx) = opened.await?;
+                    let mut tx = Some(tx);
+                    let mut inp = input.lock().await;
+                    for m in inp.buffer.clone() {
+                        if let Some(t) = tx.as_mut()
+                            && t.send(m).await.is_err()
+                        {
+                            tx = None; // the stream ended: its outcome comes from `rx`
+                        }
+                    }
+                    if inp.finished
+                        && let Some(t) = tx.take()
+                    {
+                        let _ = t.finish();
+                    }
+                    loop {
+                        if inp.over {
+                            return Ok((tx, rx));
+                        }
+                        let finished = inp.finished;
+                        tokio::select! {
+                            r = rx.commit_point() => {
+                                r?;
+                                return Ok((tx, rx));
+                            }
+                            m = inp.rx.recv(), if !finished => match m {
+                                Some(m) => {
+                                    inp.bytes += m.len();
+                                    if inp.bytes > PER_RPC_BUFFER_LIMIT {
+                                        inp.over = true;
+                                        inp.buffer.clear();
+                                        retry.buffer_commit(method);
+                                    } else {
+                                        inp.buffer.push(m.clone());
+                                    }
+                                    if let Some(t) = tx.as_mut()
+                                        && t.send(m).await.is_err()
+                                    {
+                                        tx = None;
+                                    }
+                                }
+                                None => {
+                                    inp.finished = true;
+                                    if let Some(t) = tx.take() {
+                                        let _ = t.finish();
+                                    }
+                                }
+                            },
+                        }
+                    }
+                }
+            })
+            .await;
+        let (tx, rx) = match res {
+            Ok(v) => v,
+            Err(s) => {
+                let _ = out_tx.send(Err(s));
+                return;
+            }
+        };
+        if out_tx.send(Ok(rx)).is_err() {
+            return; // the caller dropped its receiver: dropping `tx` and the stream cancels
+        }
+        // committed: relay the rest of the request
+        let mut inp = input.into_inner();
+        let Some(mut tx) = tx else { return };
+        if inp.finished {
+            return;
+        }
+        while let Some(m) = inp.rx.recv().await {
+            if tx.send(m).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.finish();
+    });
+    (
+        RequestSender {
+            inner: Send::Relay(in_tx),
+        },
+        ResponseReceiver {
+            inner: Recv::Pending(out_rx),
+        },
+    )
+}
