@@ -106,9 +106,10 @@ impl Channel {
     /// hedging policy, retry throttling; `byteexpress_rpc::retry` has the rule) governing its
     /// calls: `channel.with_service_config(ServiceConfig::from_json(json)?)?`. Over replicas it
     /// is the [`ReplicaSet`]'s (shared with every channel and clone over that set); on a
-    /// single-address channel, this channel's (clones made after share it). Unary and
-    /// server-streaming calls (request complete when sent) are retried or hedged until they
-    /// commit; client- and bidirectional-streaming calls commit when they open. Errors: `sc`
+    /// single-address channel, this channel's (clones made after share it). Calls are retried
+    /// or hedged until they commit (the answer's headers or first message); request messages
+    /// of client- and bidirectional-streaming calls under a retry policy are kept for replay
+    /// up to 256 KiB (hedged ones commit when they open). Errors: `sc`
     /// fails [`ServiceConfig::validate`].
     pub fn with_service_config(
         self,

@@ -1,0 +1,110 @@
+//! Issue 19: native streams under a retry policy. A client-streaming call is replayed until it
+//! commits (its request messages sent again on the next attempt), and commits without a retry
+//! once its buffered request passes A6's per-RPC buffer limit. Server and client in one
+//! process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use byteexpress_rpc::retry::PER_RPC_BUFFER_LIMIT;
+use byteexpress_rpc::stream::{OpenStream, RequestReceiver, ResponseSender, StreamRequest};
+use byteexpress_rpc::{
+    Client, Code, Config, Metadata, Response, Server, ServerRequest, ServiceConfig, Status,
+};
+use bytes::Bytes;
+
+const POLICY: &str = r#"{"methodConfig": [{"name": [{"service": "t.T"}],
+   "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s",
+                   "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
+
+/// Collect: reads every request message, then fails UNAVAILABLE on the first `fail` attempts
+/// and answers the concatenation of the messages on the later ones.
+async fn collect(
+    attempts: Arc<AtomicU64>,
+    fail: u64,
+    mut rx: RequestReceiver,
+    mut tx: ResponseSender,
+) -> Result<Metadata, Status> {
+    let n = attempts.fetch_add(1, Ordering::SeqCst);
+    let mut all = Vec::new();
+    while let Some(m) = rx.message().await? {
+        all.extend_from_slice(&m);
+    }
+    if n < fail {
+        return Err(Status::new(Code::Unavailable, "fail on purpose"));
+    }
+    tx.send_last(Bytes::from(all));
+    Ok(Metadata::new())
+}
+
+async fn server(fail: u64) -> (String, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let attempts = Arc::new(AtomicU64::new(0));
+    let a = attempts.clone();
+    let unary = |_req: ServerRequest| async { Ok::<_, Status>(Response::default()) };
+    let server = Server::new(unary, Config::default()).with_streams(
+        move |_req: StreamRequest, rx: RequestReceiver, tx: ResponseSender| {
+            collect(a.clone(), fail, rx, tx)
+        },
+    );
+    tokio::spawn(server.serve(listener));
+    (addr, attempts)
+}
+
+fn open() -> OpenStream {
+    OpenStream {
+        method: "/t.T/Collect".into(),
+        metadata: Metadata::new(),
+        timeout: Some(Duration::from_secs(10)),
+        first: Some(Bytes::from_static(b"a")),
+        half_close: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_is_replayed_whole_on_each_retry_until_it_succeeds() {
+    let (addr, attempts) = server(2).await;
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap()
+        .with_service_config(ServiceConfig::from_json(POLICY).unwrap())
+        .unwrap();
+    let (mut tx, mut rx) = c.open_stream(open()).await.unwrap();
+    for m in [b"b", b"c", b"d"] {
+        tx.send(Bytes::from_static(m)).await.unwrap();
+    }
+    tx.finish().unwrap();
+    let got = rx.message().await.expect("the third attempt succeeds");
+    assert_eq!(got.as_deref(), Some(&b"abcd"[..]));
+    assert_eq!(rx.message().await.unwrap(), None);
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    let st = c.retry_stats();
+    assert_eq!((st.retries, st.commits, st.buffer_commits), (2, 1, 0), "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_past_the_buffer_limit_commits_and_is_not_retried() {
+    let (addr, attempts) = server(1).await;
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap()
+        .with_service_config(ServiceConfig::from_json(POLICY).unwrap())
+        .unwrap();
+    let (mut tx, mut rx) = c.open_stream(open()).await.unwrap();
+    let chunk = Bytes::from(vec![7u8; 32 << 10]);
+    for _ in 0..(PER_RPC_BUFFER_LIMIT / chunk.len() + 1) {
+        tx.send(chunk.clone()).await.unwrap();
+    }
+    tx.finish().unwrap();
+    let r = rx.message().await;
+    assert!(
+        matches!(&r, Err(e) if e.code == Code::Unavailable),
+        "{:?}",
+        r.map(|m| m.map(|b| b.len()))
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    let st = c.retry_stats();
+    assert_eq!((st.retries, st.buffer_commits), (0, 1), "{st:?}");
+}
