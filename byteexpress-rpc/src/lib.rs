@@ -22,6 +22,12 @@
 //!   cancellation, a deadline on the whole stream) and a per-stream window in bytes granted by
 //!   the receiver, as HTTP/2's WINDOW_UPDATE ([`Config::stream_window`]).
 //!
+//! - Retries and hedging with gRPC A6's semantics ([`retry`]): a [`ServiceConfig`] attached to
+//!   a [`Client`] or [`ReplicaSet`] retries or hedges calls and streams as its policies say; a
+//!   call runs twice only when it never left the client, when a server refused it before
+//!   dispatch (marked on the wire; a draining server does that: [`Drain`]), or when its
+//!   policy allows (the full rule is in [`retry`]).
+//!
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
