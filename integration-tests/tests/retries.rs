@@ -245,7 +245,8 @@ async fn a_replica_killed_under_load_fails_no_pull_and_runs_no_push_twice() {
     let logs = [log_path("a"), log_path("b"), log_path("c")];
     let mut servers = Vec::new();
     for (i, l) in logs.iter().enumerate() {
-        servers.push(ps(&format!("s{i}"), l, &["--delay-ms", "20"]).await);
+        // 50 ms handlers under 12 workers: about 4 calls in flight on each replica at the kill
+        servers.push(ps(&format!("s{i}"), l, &["--delay-ms", "50"]).await);
     }
     let ch = {
         let refs: Vec<&ServerProc> = servers.iter().collect();
@@ -255,7 +256,7 @@ async fn a_replica_killed_under_load_fails_no_pull_and_runs_no_push_twice() {
     let stop = Instant::now() + Duration::from_millis(1500);
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..12 {
         let (ch, next) = (ch.clone(), next.clone());
         workers.push(tokio::spawn(async move {
             let mut c = ParameterServerClient::new(ch);

@@ -1,7 +1,8 @@
-//! Issue 19: native streams under a retry policy. A client-streaming call is replayed until it
-//! commits (its request messages sent again on the next attempt), and commits without a retry
-//! once its buffered request passes A6's per-RPC buffer limit. Server and client in one
-//! process.
+//! Issue 19 through the native API, server and client in one process: a client-streaming call
+//! under a retry policy is replayed until it commits (its request messages sent again on the
+//! next attempt), and commits without a retry once its buffered request passes A6's per-RPC
+//! buffer limit; a draining server refuses new calls before dispatch and lets running ones
+//! finish.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,4 +108,57 @@ async fn a_client_stream_past_the_buffer_limit_commits_and_is_not_retried() {
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
     let st = c.retry_stats();
     assert_eq!((st.retries, st.buffer_commits), (0, 1), "{st:?}");
+}
+
+/// `Drain`: once started, a new call is refused before dispatch (UNAVAILABLE, after its one
+/// transparent retry), while the call already running finishes OK; `drained()` resolves after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_refuses_new_calls_and_lets_running_ones_finish() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let g = gate.clone();
+    let started = Arc::new(AtomicU64::new(0));
+    let s = started.clone();
+    let server = Server::new(
+        move |_req: ServerRequest| {
+            let (g, s) = (g.clone(), s.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                g.notified().await;
+                Ok::<_, Status>(Response {
+                    body: Bytes::from_static(b"done"),
+                    ..Response::default()
+                })
+            }
+        },
+        Config::default(),
+    );
+    let drain = server.drain();
+    tokio::spawn(server.serve(listener));
+    let c = Client::connect_unshared(&addr, &Config::default()).await.unwrap();
+    let req = || byteexpress_rpc::Request {
+        method: "/t.T/Slow".into(),
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let running = tokio::spawn({
+        let c = c.clone();
+        async move { c.call(req()).await }
+    });
+    while started.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drain.start();
+    assert_eq!(drain.in_flight(), 1);
+    let refused = c.call(req()).await.unwrap_err();
+    assert_eq!(refused.code, Code::Unavailable, "{refused}");
+    assert_eq!(started.load(Ordering::SeqCst), 1, "a refused call reached the handler");
+    assert_eq!(c.retry_stats().transparent_retries, 1);
+    gate.notify_one();
+    let done = running.await.unwrap().expect("the running call finishes");
+    assert_eq!(&done.body[..], b"done");
+    tokio::time::timeout(Duration::from_secs(10), drain.drained())
+        .await
+        .expect("drained once the running call ended");
 }
