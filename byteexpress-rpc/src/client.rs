@@ -99,7 +99,11 @@ impl Dispatch for Calls {
         let refused = msg.header.flags & FLAG_REFUSED != 0;
         let _ = tx.send(decode_response(msg).map_err(|status| AttemptError {
             status,
-            stage: if refused { Stage::Refused } else { Stage::Other },
+            stage: if refused {
+                Stage::Refused
+            } else {
+                Stage::Other
+            },
         }));
     }
 
@@ -394,10 +398,17 @@ impl Client {
         let plan = self.retry.plan(&req.method, req.timeout, false);
         let res = self
             .retry
-            .run(&req.method, plan.deadline, |info| self.call_attempt(&req, info))
+            .run(&req.method, plan.deadline, |info| {
+                self.call_attempt(&req, info)
+            })
             .await;
         let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
-        crate::metrics::record_call(crate::metrics::Side::Client, &req.method, code, t0.elapsed());
+        crate::metrics::record_call(
+            crate::metrics::Side::Client,
+            &req.method,
+            code,
+            t0.elapsed(),
+        );
         res
     }
 
@@ -428,9 +439,9 @@ impl Client {
         // the deadline set at the start bounds the set-up above, the queueing below and the call
         let slot = link.calls.slots.clone().acquire_owned();
         let _slot = match deadline {
-            Some(d) => tokio::time::timeout_at(d, slot).await.map_err(|_| {
-                late("while queued behind the server's limit of concurrent calls")
-            })?,
+            Some(d) => tokio::time::timeout_at(d, slot)
+                .await
+                .map_err(|_| late("while queued behind the server's limit of concurrent calls"))?,
             None => slot.await,
         }
         .map_err(|_| {

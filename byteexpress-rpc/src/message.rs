@@ -123,6 +123,21 @@ mod tests {
     use crate::wire::header::FLAG_MORE;
 
     #[test]
+    fn a_refusal_before_dispatch_carries_bit_5_and_an_ordinary_refusal_does_not() {
+        let marked = Outgoing::refused_before_dispatch((3, 9), Code::Unavailable, "draining");
+        let h =
+            Header::decode(&[&marked.final_header().encode()[..], &marked.meta].concat()).unwrap();
+        assert_eq!(h.flags, crate::wire::header::FLAG_REFUSED);
+        assert_eq!(crate::wire::header::FLAG_REFUSED, 0x20);
+        assert_eq!(
+            (h.kind, h.status, h.conn_id, h.call_id),
+            (Kind::Response, 14, 3, 9)
+        );
+        let plain = Outgoing::refusal((3, 9), Code::Unavailable, "x");
+        assert_eq!(plain.final_header().flags, 0);
+    }
+
+    #[test]
     fn parse_refuses_chunks_of_a_larger_message() {
         let mut first = Header::new(Kind::Request);
         first.body_len = 100;

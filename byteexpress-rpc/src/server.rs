@@ -302,7 +302,13 @@ struct Handlers {
 
 /// Refuses a call before dispatch ([`Outgoing::refused_before_dispatch`]), counted under
 /// `bx_server_calls_refused_total{reason}`.
-fn refuse_before_dispatch(link: &LinkTx, key: (u32, u64), code: Code, why: &str, reason: &'static str) {
+fn refuse_before_dispatch(
+    link: &LinkTx,
+    key: (u32, u64),
+    code: Code,
+    why: &str,
+    reason: &'static str,
+) {
     metrics::counter!(crate::metrics::CALLS_REFUSED, "reason" => reason).increment(1);
     tracing::debug!(?key, reason, "call refused before dispatch");
     let _ = link.send(Outgoing::refused_before_dispatch(key, code, why));
@@ -355,7 +361,13 @@ impl Dispatch for Handlers {
         }
         if matches!(h.kind, Kind::Request | Kind::StreamOpen) {
             // refused unread: no handler ran
-            refuse_before_dispatch(link, (h.conn_id, h.call_id), why.code, &why.message, "memory_budget");
+            refuse_before_dispatch(
+                link,
+                (h.conn_id, h.call_id),
+                why.code,
+                &why.message,
+                "memory_budget",
+            );
         }
     }
 }

@@ -39,12 +39,12 @@ pub use byteexpress_rpc::balance::{
     FailurePercentageEjection, OutlierDetection, OutlierEvent, OutlierEventKind, Policy,
     ReplicaSet, ReplicaSetStats, Resolve, SuccessRateEjection, SystemResolver,
 };
-pub use byteexpress_rpc::{Code, Config, Metadata, SchedMode, Status, Transport, TransportPref};
 /// Retries and hedging (gRPC A6): the service config a [`Channel`] takes
 /// ([`Channel::with_service_config`]), its parts and counters; [`Drain`] for a [`Server`].
 pub use byteexpress_rpc::retry::{
     AttemptPolicy, HedgingPolicy, MethodConfig, MethodName, RetryPolicy, RetryThrottling,
 };
+pub use byteexpress_rpc::{Code, Config, Metadata, SchedMode, Status, Transport, TransportPref};
 pub use byteexpress_rpc::{Drain, RetryStats, ServiceConfig, ServiceConfigError};
 pub use channel::Channel;
 pub use metadata_map::is_reserved_header;

@@ -111,10 +111,7 @@ impl Channel {
     /// of client- and bidirectional-streaming calls under a retry policy are kept for replay
     /// up to 256 KiB (hedged ones commit when they open). Errors: `sc`
     /// fails [`ServiceConfig::validate`].
-    pub fn with_service_config(
-        self,
-        sc: ServiceConfig,
-    ) -> Result<Channel, ServiceConfigError> {
+    pub fn with_service_config(self, sc: ServiceConfig) -> Result<Channel, ServiceConfigError> {
         let target = match self.target {
             Target::One(c) => Target::One(c.with_service_config(sc)?),
             Target::Set(set, wait) => Target::Set(set.with_service_config(sc)?, wait),

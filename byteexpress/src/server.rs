@@ -6,8 +6,8 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use byteexpress_rpc::{Config, Drain};
 use byteexpress_rpc::accept::Acceptor;
+use byteexpress_rpc::{Config, Drain};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tower_service::Service;

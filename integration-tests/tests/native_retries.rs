@@ -82,7 +82,11 @@ async fn a_client_stream_is_replayed_whole_on_each_retry_until_it_succeeds() {
     assert_eq!(rx.message().await.unwrap(), None);
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
     let st = c.retry_stats();
-    assert_eq!((st.retries, st.commits, st.buffer_commits), (2, 1, 0), "{st:?}");
+    assert_eq!(
+        (st.retries, st.commits, st.buffer_commits),
+        (2, 1, 0),
+        "{st:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,7 +140,9 @@ async fn draining_refuses_new_calls_and_lets_running_ones_finish() {
     );
     let drain = server.drain();
     tokio::spawn(server.serve(listener));
-    let c = Client::connect_unshared(&addr, &Config::default()).await.unwrap();
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
     let req = || byteexpress_rpc::Request {
         method: "/t.T/Slow".into(),
         timeout: Some(Duration::from_secs(10)),
@@ -153,7 +159,11 @@ async fn draining_refuses_new_calls_and_lets_running_ones_finish() {
     assert_eq!(drain.in_flight(), 1);
     let refused = c.call(req()).await.unwrap_err();
     assert_eq!(refused.code, Code::Unavailable, "{refused}");
-    assert_eq!(started.load(Ordering::SeqCst), 1, "a refused call reached the handler");
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "a refused call reached the handler"
+    );
     assert_eq!(c.retry_stats().transparent_retries, 1);
     gate.notify_one();
     let done = running.await.unwrap().expect("the running call finishes");

@@ -98,7 +98,11 @@ async fn channel(servers: &[&ServerProc], json: Option<&str>) -> Channel {
         .iter()
         .all(|e| e.state == EndpointState::Ready)
     {
-        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", set.endpoints());
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            set.endpoints()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     ch
@@ -159,7 +163,9 @@ async fn a_method_outside_the_config_is_not_retried() {
     let s = ps("a", &l, &["--fail-first", "1"]).await;
     let ch = channel(&[&s], Some(FIRST)).await;
     let mut c = ParameterServerClient::new(ch.clone());
-    let e = push(&mut c, "p1", Duration::from_secs(10)).await.unwrap_err();
+    let e = push(&mut c, "p1", Duration::from_secs(10))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     assert_eq!(starts(&l, "Push").len(), 1);
     assert_eq!(ch.retry_stats().retries, 0);
@@ -190,7 +196,9 @@ async fn negative_pushback_stops_retries_and_a_positive_one_sets_the_delay() {
     let s = ps("a", &l, &["--fail-first", "1", "--pushback-ms", "-1"]).await;
     let ch = channel(&[&s], Some(FIRST)).await;
     let mut c = ParameterServerClient::new(ch);
-    let e = pull(&mut c, "r1", Duration::from_secs(10)).await.unwrap_err();
+    let e = pull(&mut c, "r1", Duration::from_secs(10))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     assert_eq!(starts(&l, "Pull").len(), 1);
 
@@ -201,7 +209,11 @@ async fn negative_pushback_stops_retries_and_a_positive_one_sets_the_delay() {
     let t0 = Instant::now();
     pull(&mut c, "r1", Duration::from_secs(10)).await.unwrap();
     // the policy's backoff before the first retry is at most 0.1 s; the pushback says 0.4 s
-    assert!(t0.elapsed() >= Duration::from_millis(400), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
     assert_eq!(starts(&l2, "Pull").len(), 2);
 }
 
@@ -221,7 +233,11 @@ async fn second_document_hedges_past_a_stalled_replica_and_cancels_its_attempt()
     }
     let n = starts(&ls, "Pull").len();
     assert!(n >= 1, "no attempt reached the stalled replica");
-    assert!(ch.retry_stats().hedges >= n as u64, "{:?}", ch.retry_stats());
+    assert!(
+        ch.retry_stats().hedges >= n as u64,
+        "{:?}",
+        ch.retry_stats()
+    );
     // every attempt on the stalled replica was cancelled (its handler dropped)
     let t0 = Instant::now();
     loop {
@@ -338,7 +354,9 @@ async fn a_server_refusing_every_call_fails_it_after_one_transparent_retry() {
     let ch = channel(&[&draining], None).await;
     let mut c = ParameterServerClient::new(ch.clone());
     let t0 = Instant::now();
-    let e = pull(&mut c, "r1", Duration::from_secs(10)).await.unwrap_err();
+    let e = pull(&mut c, "r1", Duration::from_secs(10))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     // failed, not looped until the deadline
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
@@ -385,7 +403,11 @@ async fn native_set(servers: &[&ServerProc], json: &str) -> byteexpress_rpc::Rep
         .iter()
         .all(|e| e.state == EndpointState::Ready)
     {
-        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", set.endpoints());
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            set.endpoints()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     set

@@ -290,13 +290,22 @@ impl ReplicaSet {
                     let _out = Outstanding(&ep);
                     let t0 = Instant::now();
                     let res = client.call_attempt(req, info).await;
-                    core.record(&ep, &res.as_ref().map_err(|e| e.status.clone()).cloned(), t0.elapsed());
+                    core.record(
+                        &ep,
+                        &res.as_ref().map_err(|e| e.status.clone()).cloned(),
+                        t0.elapsed(),
+                    );
                     res
                 }
             })
             .await;
         let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
-        crate::metrics::record_call(crate::metrics::Side::Client, &req.method, code, t0.elapsed());
+        crate::metrics::record_call(
+            crate::metrics::Side::Client,
+            &req.method,
+            code,
+            t0.elapsed(),
+        );
         res
     }
 

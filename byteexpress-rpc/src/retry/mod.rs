@@ -471,7 +471,9 @@ enum Pushback {
 fn pushback(s: &Status) -> Pushback {
     match s.metadata.get(RETRY_PUSHBACK) {
         None => Pushback::None,
-        Some(v) => match std::str::from_utf8(v).ok().and_then(|t| t.trim().parse::<u64>().ok())
+        Some(v) => match std::str::from_utf8(v)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
         {
             Some(ms) => Pushback::After(Duration::from_millis(ms)),
             None => Pushback::Stop,

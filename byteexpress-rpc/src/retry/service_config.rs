@@ -286,7 +286,10 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 /// A status code by name (`"UNAVAILABLE"`, any case) or number (0..=16).
 pub fn parse_code(v: &Value) -> Option<Code> {
     match v {
-        Value::Number(n) => n.as_u64().filter(|&n| n <= 16).map(|n| Code::from_u16(n as u16)),
+        Value::Number(n) => n
+            .as_u64()
+            .filter(|&n| n <= 16)
+            .map(|n| Code::from_u16(n as u16)),
         Value::String(s) => (0..=16u16)
             .map(Code::from_u16)
             .find(|c| code_name(*c).eq_ignore_ascii_case(s)),
@@ -415,9 +418,11 @@ impl RawMethodConfig {
                     .ok_or(ServiceConfigError::Missing("retryPolicy.backoffMultiplier"))?,
                 retryable_status_codes: codes(
                     "retryPolicy.retryableStatusCodes",
-                    r.retryable_status_codes.as_deref().ok_or(
-                        ServiceConfigError::Missing("retryPolicy.retryableStatusCodes"),
-                    )?,
+                    r.retryable_status_codes
+                        .as_deref()
+                        .ok_or(ServiceConfigError::Missing(
+                            "retryPolicy.retryableStatusCodes",
+                        ))?,
                 )?,
             })),
             (None, Some(h)) => Some(AttemptPolicy::Hedging(HedgingPolicy {
@@ -562,7 +567,10 @@ mod tests {
 
     #[test]
     fn codes_by_name_any_case_or_number() {
-        assert_eq!(parse_code(&Value::from("unavailable")), Some(Code::Unavailable));
+        assert_eq!(
+            parse_code(&Value::from("unavailable")),
+            Some(Code::Unavailable)
+        );
         assert_eq!(parse_code(&Value::from(4)), Some(Code::DeadlineExceeded));
         assert_eq!(parse_code(&Value::from(17)), None);
         assert_eq!(parse_code(&Value::from(true)), None);

@@ -169,10 +169,15 @@ impl Client {
         if super::replay::replays(&retry, &req) {
             let c = self.clone();
             let r = req.clone();
-            return Ok(super::replay::relayed(retry, req, plan.deadline, move |info| {
-                let (c, r) = (c.clone(), r.clone());
-                async move { c.open_stream_once(&r, info).await }
-            }));
+            return Ok(super::replay::relayed(
+                retry,
+                req,
+                plan.deadline,
+                move |info| {
+                    let (c, r) = (c.clone(), r.clone());
+                    async move { c.open_stream_once(&r, info).await }
+                },
+            ));
         }
         let (tx, rx) = retry
             .run(&req.method, plan.deadline, |info| {
@@ -391,7 +396,11 @@ impl DirectReceiver {
         };
         Err(AttemptError {
             status,
-            stage: if refused { Stage::Refused } else { Stage::Other },
+            stage: if refused {
+                Stage::Refused
+            } else {
+                Stage::Other
+            },
         })
     }
 

@@ -191,8 +191,7 @@ pub(crate) fn relayed<F, Fut>(
 ) -> (RequestSender, ResponseReceiver)
 where
     F: FnMut(AttemptInfo) -> Fut + std::marker::Send + 'static,
-    Fut: Future<Output = Result<(DirectSender, DirectReceiver), AttemptError>>
-        + std::marker::Send,
+    Fut: Future<Output = Result<(DirectSender, DirectReceiver), AttemptError>> + std::marker::Send,
 {
     let (in_tx, in_rx) = mpsc::channel::<Bytes>(1);
     let (out_tx, out_rx) = oneshot::channel();
