@@ -25,6 +25,7 @@ pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
 pub use events::AsyncEvents;
 pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem, UserRegion};
+pub use soft::trust::ALLOW_UIDS_ENV as SOFT_ALLOW_UIDS_ENV;
 pub use srq::Srq;
 pub use types::{
     Access, AsyncEvent, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, SrqAttr, Wc,
