@@ -353,8 +353,9 @@ impl SoftDevice {
                     match self.listener.accept() {
                         Ok(Some(s)) => match self.trust.check(&s, false) {
                             Ok(()) => handshakes.push((s, Instant::now())),
-                            // closed unread: another uid gets nothing from us
-                            Err(why) => tracing::warn!("soft device: connection refused: {why}"),
+                            // Closed unread: another uid gets nothing from us. Logged at debug
+                            // level, so a refused process cannot flood the log.
+                            Err(why) => tracing::debug!("soft device: connection refused: {why}"),
                         },
                         Ok(None) => break,
                         Err(e) => {
