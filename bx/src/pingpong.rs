@@ -10,9 +10,12 @@
 //!    the server waits for `done` before it starts.
 //!
 //! The soft device's endpoints also carry the peer device's socket address, which the line has
-//! no room for: between two `bx` on `soft0`, each line is followed by an extension frame
-//! ([`EXT_MAGIC`], a little-endian `u16` length, then [`Endpoint::to_bytes`]). `ibv_rc_pingpong`
-//! never sees one: it cannot open `soft0`.
+//! no room for: between two `bx` on `soft0`, each line is followed by three extension frames
+//! (each [`EXT_MAGIC`], a little-endian `u16` length, then the body): [`Endpoint::to_bytes`],
+//! the device's [`DeviceInfo::to_bytes`], and a nonce (u64 LE) the sender's device expects.
+//! The reader probes the sender's device with that nonce before it connects: `soft0` passes
+//! memory only to a process that took part in a probe with it. `ibv_rc_pingpong` never sees
+//! one: it cannot open `soft0`.
 //!
 //! Then, as `ibv_rc_pingpong`: both sides keep `rx_depth` receives posted on one buffer of
 //! `size` bytes; the client sends first; a side sends its next message once both its previous
@@ -27,8 +30,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use byteexpress_verbs::{
-    Access, ConnectAttr, Context, Cq, Endpoint, Mr, Qp, QpCap, RecvWr, SendWr, Sge, Wc, WcStatus,
-    WrOp,
+    Access, ConnectAttr, Context, Cq, DeviceInfo, Endpoint, Mr, Qp, QpCap, RecvWr, SendWr, Sge, Wc,
+    WcStatus, WrOp,
 };
 
 /// Length of an address line on the wire: 51 characters and the C string's NUL.
@@ -512,11 +515,24 @@ impl Connector<'_> {
         Ok(peer)
     }
 
-    /// The peer's address line and, on the soft device, its soft endpoint after it.
+    /// The peer's address line and, on the soft device, its soft endpoint after it (its
+    /// device probed first with the nonce it sent).
     fn read_peer(&self, s: &mut TcpStream) -> Result<(Dest, Option<Endpoint>), String> {
         let peer = read_line(s)?;
-        let ext = if self.soft { Some(read_ext(s)?) } else { None };
-        Ok((peer, ext))
+        if !self.soft {
+            return Ok((peer, None));
+        }
+        let ep = Endpoint::from_bytes(&read_ext(s)?).map_err(|e| format!("soft endpoint: {e}"))?;
+        let dev =
+            DeviceInfo::from_bytes(&read_ext(s)?).map_err(|e| format!("soft device info: {e}"))?;
+        let nonce: [u8; 8] = read_ext(s)?
+            .try_into()
+            .map_err(|_| "soft probe nonce: not 8 bytes".to_string())?;
+        match self.ctx.probe(&dev, u64::from_le_bytes(nonce)) {
+            Ok(true) => Ok((peer, Some(ep))),
+            Ok(false) => Err("the peer's soft device did not answer our probe".into()),
+            Err(e) => Err(format!("probing the peer's soft device: {e}")),
+        }
     }
 
     fn client(&self, host: &str, my: &Dest) -> Result<Dest, String> {
@@ -539,11 +555,19 @@ impl Connector<'_> {
         s.write_all(&encode_line(my))
             .map_err(|e| format!("sending the local address: {e}"))?;
         if self.soft {
-            let ep = self.qp.endpoint().to_bytes();
-            let mut frame = EXT_MAGIC.to_vec();
-            frame.extend_from_slice(&(ep.len() as u16).to_le_bytes());
-            frame.extend_from_slice(&ep);
-            s.write_all(&frame)
+            let nonce: u64 = rand::random();
+            self.ctx.expect_probe(nonce);
+            let mut frames = Vec::new();
+            for body in [
+                self.qp.endpoint().to_bytes(),
+                self.ctx.device_info().to_bytes(),
+                nonce.to_le_bytes().to_vec(),
+            ] {
+                frames.extend_from_slice(EXT_MAGIC);
+                frames.extend_from_slice(&(body.len() as u16).to_le_bytes());
+                frames.extend_from_slice(&body);
+            }
+            s.write_all(&frames)
                 .map_err(|e| format!("sending the soft endpoint: {e}"))?;
         }
         Ok(())
@@ -586,7 +610,8 @@ fn read_line(s: &mut TcpStream) -> Result<Dest, String> {
     decode_line(&line)
 }
 
-fn read_ext(s: &mut TcpStream) -> Result<Endpoint, String> {
+/// One extension frame's body.
+fn read_ext(s: &mut TcpStream) -> Result<Vec<u8>, String> {
     let mut head = [0u8; 6];
     s.read_exact(&mut head).map_err(|e| {
         format!("no soft endpoint from the peer ({e}); soft0 talks only to bx pingpong on soft0")
@@ -603,7 +628,7 @@ fn read_ext(s: &mut TcpStream) -> Result<Endpoint, String> {
     let mut body = vec![0u8; len];
     s.read_exact(&mut body)
         .map_err(|e| exchange_error(s, &e, "the peer's soft endpoint"))?;
-    Endpoint::from_bytes(&body).map_err(|e| format!("soft endpoint: {e}"))
+    Ok(body)
 }
 
 fn post_recvs(qp: &Qp, mr: &Mr, size: u32, n: u32) -> Result<(), String> {

@@ -201,7 +201,22 @@ impl Side {
     }
 
     /// Exchange endpoints over `ctrl` (`first` sends first) and connect.
+    /// The soft device passes memory only to a process that took part in a nonce probe with
+    /// it, as link set-up does: the first side expects a nonce, the other probes with it.
     fn connect(&self, ctrl: &mut TcpStream, first: bool) {
+        let ctx = soft();
+        if first {
+            let nonce = u64::from(std::process::id()) ^ 0xbe_0000_0000;
+            ctx.expect_probe(nonce);
+            put(ctrl, &ctx.device_info().to_bytes());
+            put(ctrl, &nonce.to_le_bytes());
+            assert_eq!(get(ctrl), b"probed");
+        } else {
+            let dev = byteexpress_verbs::DeviceInfo::from_bytes(&get(ctrl)).expect("device");
+            let nonce = u64::from_le_bytes(get(ctrl).try_into().expect("nonce"));
+            assert!(ctx.probe(&dev, nonce).expect("probe"), "probe of the peer");
+            put(ctrl, b"probed");
+        }
         let me = self.qp.endpoint().to_bytes();
         let peer = if first {
             put(ctrl, &me);

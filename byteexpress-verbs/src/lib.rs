@@ -11,6 +11,7 @@
 //! Semantics follow the verbs man pages (`ibv_post_send(3)`, `ibv_poll_cq(3)`,
 //! `ibv_modify_qp(3)`); where the soft provider differs, its docs say so.
 
+mod anon;
 mod endpoint;
 mod error;
 mod events;
@@ -20,11 +21,14 @@ mod provider;
 mod soft;
 mod srq;
 mod types;
+mod wr;
 
+pub use anon::{AnonMap, page_size};
 pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
 pub use events::AsyncEvents;
 pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem, UserRegion};
+pub use soft::trust::ALLOW_UIDS_ENV as SOFT_ALLOW_UIDS_ENV;
 pub use srq::Srq;
 pub use types::{
     Access, AsyncEvent, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, SrqAttr, Wc,

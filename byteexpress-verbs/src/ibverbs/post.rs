@@ -12,13 +12,12 @@ use rdma_mummy_sys::{self as sys, ibv_send_flags, ibv_wr_opcode};
 use super::ledger::Wq;
 use super::os_err;
 use super::qp::{IbvQp, SET_RESET, SET_SQD};
-use crate::{Error, RecvWr, Result, SendWr, Sge, WcOpcode, WrOp};
+use crate::WcOpcode;
+use crate::wr::{check_send, wc_opcode};
+use crate::{Error, RecvWr, Result, SendWr, Sge, WrOp};
 
 /// SGE lists up to this length are built on the stack.
 const STACK_SGES: usize = 8;
-
-/// Largest message (`ibv_post_send(3)`: 2^31 bytes).
-const MAX_MSG_LEN: u64 = 1 << 31;
 
 /// Calls `f` with the list as `ibv_sge`s.
 pub(crate) fn with_sges<R>(list: &[Sge], f: impl FnOnce(*mut sys::ibv_sge, i32) -> R) -> R {
@@ -44,15 +43,6 @@ pub(crate) fn with_sges<R>(list: &[Sge], f: impl FnOnce(*mut sys::ibv_sge, i32) 
     }
 }
 
-/// `enum ibv_wc_opcode` of a send WR's completion.
-fn wc_opcode(op: WrOp) -> WcOpcode {
-    match op {
-        WrOp::Send | WrOp::SendWithImm(_) => WcOpcode::Send,
-        WrOp::Write { .. } | WrOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        WrOp::Read { .. } => WcOpcode::RdmaRead,
-    }
-}
-
 fn post_errno(rc: i32, queue: &'static str, call: &'static str) -> Error {
     match rc {
         libc::ENOMEM => Error::QueueFull(queue),
@@ -62,17 +52,7 @@ fn post_errno(rc: i32, queue: &'static str, call: &'static str) -> Error {
 }
 
 pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
-    let n = wr.sg_list.len();
-    if n > qp.cap.max_send_sge as usize {
-        return Err(Error::InvalidArgument(format!(
-            "{n} SGEs exceed max_send_sge {}",
-            qp.cap.max_send_sge
-        )));
-    }
-    let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
-    if total > MAX_MSG_LEN {
-        return Err(Error::InvalidArgument(format!("{total} bytes exceed 2^31")));
-    }
+    check_send(wr, &qp.cap)?;
     match qp.set_state.load(Ordering::SeqCst) {
         SET_RESET => {
             return Err(Error::InvalidState(
@@ -87,15 +67,6 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
         flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
     }
     if wr.inline {
-        if total > u64::from(qp.cap.max_inline_data) {
-            return Err(Error::InvalidArgument(format!(
-                "{total} inline bytes exceed max_inline_data {}",
-                qp.cap.max_inline_data
-            )));
-        }
-        if matches!(wr.op, WrOp::Read { .. }) {
-            return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
-        }
         flags |= ibv_send_flags::IBV_SEND_INLINE.0;
     }
     // The CPU copies inline data during the call: every piece must lie in live registered

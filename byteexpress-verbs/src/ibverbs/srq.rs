@@ -132,13 +132,7 @@ impl SrqImpl for IbvSrq {
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        let n = wr.sg_list.len();
-        if n > self.max_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{n} SGEs exceed the SRQ's max_sge {}",
-                self.max_sge
-            )));
-        }
+        crate::wr::check_srq_recv(wr, self.max_sge)?;
         let r = self.ledger.post(wr.wr_id, |device_wr_id| {
             with_sges(wr.sg_list, |sges, num| {
                 let mut w = sys::ibv_recv_wr {

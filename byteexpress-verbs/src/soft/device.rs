@@ -20,6 +20,7 @@ use super::ring::{Layout, Ring};
 use super::shm::{EventFd, Mapping};
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
 use super::srq::SoftSrq;
+use super::trust::Trust;
 use super::wire::{ConnectMsg, Msg};
 use crate::events::EventHub;
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_SOFT, PdImpl};
@@ -159,6 +160,8 @@ pub(crate) struct SoftDevice {
     /// to that device, and the duplicates its later connects carry are closed. Keyed by the
     /// kernel's pid, so no process can stand in for another's device.
     refills: Mutex<HashMap<(libc::pid_t, u64), Weak<EventFd>>>,
+    /// Who may connect, and who may be sent memfds ([`super::trust`]).
+    pub(crate) trust: Trust,
 }
 
 impl SoftDevice {
@@ -192,6 +195,7 @@ impl SoftDevice {
             events: Arc::new(EventHub::default()),
             srqs: Mutex::new(Vec::new()),
             refills: Mutex::new(HashMap::new()),
+            trust: Trust::from_env(),
         });
         let d = dev.clone();
         std::thread::Builder::new()
@@ -347,7 +351,12 @@ impl SoftDevice {
             if pfds[0].revents != 0 {
                 loop {
                     match self.listener.accept() {
-                        Ok(Some(s)) => handshakes.push((s, Instant::now())),
+                        Ok(Some(s)) => match self.trust.check(&s, false) {
+                            Ok(()) => handshakes.push((s, Instant::now())),
+                            // Closed unread: another uid gets nothing from us. Logged at debug
+                            // level, so a refused process cannot flood the log.
+                            Err(why) => tracing::debug!("soft device: connection refused: {why}"),
+                        },
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!("soft device accept: {e}");
@@ -439,6 +448,9 @@ impl SoftDevice {
         match Msg::decode(b) {
             Some(Msg::Probe { nonce }) if fds.is_empty() => {
                 let ok = self.take_nonce(nonce);
+                if ok && let Ok(pid) = sock.peer_pid() {
+                    self.trust.verify(pid);
+                }
                 let reply = Msg::ProbeReply {
                     ok,
                     dev_id: self.dev_id,
@@ -447,7 +459,11 @@ impl SoftDevice {
             }
             Some(Msg::Connect(c)) => {
                 let sock = Arc::new(sock);
-                match self.attach(c, fds, &sock) {
+                let attached = self
+                    .trust
+                    .check(&sock, true)
+                    .and_then(|()| self.attach(c, fds, &sock));
+                match attached {
                     Ok(qp) => {
                         let reply = Msg::ConnectReply {
                             ok: true,
@@ -578,17 +594,25 @@ impl ContextImpl for SoftDevice {
         let Ok(sock) = Sock::connect(&peer.bytes[8..], CONTROL_TIMEOUT) else {
             return Ok(false);
         };
+        if let Err(why) = self.trust.check(&sock, false) {
+            tracing::warn!("soft device: probe target refused: {why}");
+            return Ok(false);
+        }
         if sock.send(&Msg::Probe { nonce }.encode(), &[]).is_err() {
             return Ok(false);
         }
         let mut buf = [0u8; 64];
-        Ok(match sock.recv(&mut buf, true) {
+        let ok = match sock.recv(&mut buf, true) {
             Ok(Recv::Msg(n, _)) => matches!(
                 Msg::decode(&buf[..n]),
                 Some(Msg::ProbeReply { ok: true, dev_id }) if dev_id == want_id
             ),
             _ => false,
-        })
+        };
+        if ok && let Ok(pid) = sock.peer_pid() {
+            self.trust.verify(pid);
+        }
+        Ok(ok)
     }
 
     fn expect_probe(&self, nonce: u64) {

@@ -8,6 +8,7 @@
 //! - [`cq`]: CQs: local completions plus the inbound rings of their QPs.
 //! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
+//! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids).
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
 mod cq;
@@ -23,6 +24,7 @@ mod srq;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 mod timing;
+pub(crate) mod trust;
 mod wire;
 
 use crate::{Context, Result};

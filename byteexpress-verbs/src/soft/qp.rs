@@ -621,10 +621,18 @@ impl QpImpl for SoftQp {
         let reused = shared.is_some();
         let sock = match shared {
             Some(s) => s,
-            None => Arc::new(
-                Sock::connect(&remote.addr, CONTROL_TIMEOUT)
-                    .map_err(|e| peer_err("cannot reach soft device", &e))?,
-            ),
+            None => {
+                let s = Sock::connect(&remote.addr, CONTROL_TIMEOUT)
+                    .map_err(|e| peer_err("cannot reach soft device", &e))?;
+                // The address came from the remote side: its listener must be a process we
+                // trust with memfds (same uid or allowed, and probed), checked before the
+                // Connect carries our ring's memfd ([`super::trust`]).
+                self.dev
+                    .trust
+                    .check(&s, true)
+                    .map_err(|e| peer_err("refusing to connect to", &e))?;
+                Arc::new(s)
+            }
         };
         let hello = Msg::Connect(ConnectMsg {
             src_dev: self.dev.dev_id,

@@ -13,12 +13,11 @@ use super::qp::SoftQp;
 use super::ring::{ERR_BIT, RawComp, RawSge};
 use super::timing::{ack_timeout, give_up_after, rnr_delay};
 use crate::provider::QpImpl;
+use crate::wr::{MAX_MSG_LEN, check_send, wc_opcode};
 use crate::{
     Access, ConnectAttr, Error, QpState, Result, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOp,
 };
 
-/// Largest message (`ibv_post_send(3)`: 2^31 bytes).
-const MAX_MSG_LEN: u64 = 1 << 31;
 /// Retry period when the ACK timeout is infinite (code 0).
 const IDLE_RETRY: Duration = Duration::from_millis(10);
 
@@ -218,17 +217,7 @@ impl SoftQp {
         if self.fast_send(wr) {
             return Ok(());
         }
-        if wr.sg_list.len() > self.cap.max_send_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs exceed max_send_sge {}",
-                wr.sg_list.len(),
-                self.cap.max_send_sge
-            )));
-        }
-        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
-        if total > MAX_MSG_LEN {
-            return Err(Error::InvalidArgument(format!("{total} bytes exceed 2^31")));
-        }
+        check_send(wr, &self.cap)?;
         match self.state() {
             QpState::Rts | QpState::Err => {}
             // SQD: the send queue drains; new WRs wait for RTS (refused here).
@@ -240,17 +229,6 @@ impl SoftQp {
         }
         let mut keep = Keep::default();
         let mut inline = segs();
-        if wr.inline {
-            if total > u64::from(self.cap.max_inline_data) {
-                return Err(Error::InvalidArgument(format!(
-                    "{total} inline bytes exceed max_inline_data {}",
-                    self.cap.max_inline_data
-                )));
-            }
-            if matches!(wr.op, WrOp::Read { .. }) {
-                return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
-            }
-        }
         {
             let mut guard = self.send.lock();
             let send = &mut *guard;
@@ -260,7 +238,7 @@ impl SoftQp {
             if self.state() == QpState::Err {
                 drop(guard);
                 self.send_cq
-                    .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(wr.op)));
+                    .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.op)));
                 return Ok(());
             }
             if send.pending.len() >= self.cap.max_send_wr as usize {
@@ -299,7 +277,7 @@ impl SoftQp {
                 if wr.signaled {
                     self.send_cq.push(Wc {
                         byte_len: len as u32,
-                        ..self.wc(wr.wr_id, WcStatus::Success, opcode_of(wr.op))
+                        ..self.wc(wr.wr_id, WcStatus::Success, wc_opcode(wr.op))
                     });
                 }
             }
@@ -783,12 +761,4 @@ fn remote(
     }
     peer.resolve(rkey, addr, len, need)
         .map_err(|_| WcStatus::RemAccessErr)
-}
-
-fn opcode_of(op: WrOp) -> WcOpcode {
-    match op {
-        WrOp::Send | WrOp::SendWithImm(_) => WcOpcode::Send,
-        WrOp::Write { .. } | WrOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        WrOp::Read { .. } => WcOpcode::RdmaRead,
-    }
 }

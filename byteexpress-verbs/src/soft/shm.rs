@@ -20,12 +20,7 @@ use crate::{Error, Result};
 
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
-/// The page size.
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as usize } else { 4096 }
-}
+pub(crate) use crate::anon::page_size;
 
 /// A `MAP_SHARED` mapping of a memfd, unmapped on drop.
 #[derive(Debug)]

@@ -141,9 +141,11 @@ impl Sock {
         }
         Ok(())
     }
-    /// The pid of the process at the other end, as the kernel recorded it at `connect`
-    /// (`SO_PEERCRED`, unix(7)): a peer cannot forge it.
-    pub(crate) fn peer_pid(&self) -> io::Result<libc::pid_t> {
+    /// The credentials of the process at the other end, as the kernel recorded them
+    /// (`SO_PEERCRED`, unix(7)): for an accepted socket, the connecting process's at
+    /// `connect`; for a connected one, the listening process's at `listen`. A peer cannot
+    /// forge them.
+    pub(crate) fn peer_cred(&self) -> io::Result<libc::ucred> {
         let mut cred = libc::ucred {
             pid: 0,
             uid: 0,
@@ -163,7 +165,12 @@ impl Sock {
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(cred.pid)
+        Ok(cred)
+    }
+
+    /// The pid of the process at the other end ([`Sock::peer_cred`]).
+    pub(crate) fn peer_pid(&self) -> io::Result<libc::pid_t> {
+        self.peer_cred().map(|c| c.pid)
     }
 
     pub(crate) fn raw(&self) -> RawFd {

@@ -200,13 +200,7 @@ impl SrqImpl for SoftSrq {
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        if wr.sg_list.len() > self.max_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs exceed the SRQ's max_sge {}",
-                wr.sg_list.len(),
-                self.max_sge
-            )));
-        }
+        crate::wr::check_srq_recv(wr, self.max_sge)?;
         self.pd.check_recv_sges(wr.sg_list)?;
         let (sges, total) = RawSge::from_sges(wr.sg_list);
         let mut st = self.lock();

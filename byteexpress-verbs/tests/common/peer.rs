@@ -6,7 +6,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use byteexpress_verbs::{ConnectAttr, Endpoint};
+use byteexpress_verbs::{ConnectAttr, DeviceInfo, Endpoint};
 
 use super::Side;
 
@@ -66,7 +66,23 @@ pub fn peer_role() -> Option<(String, TcpStream)> {
 
 /// Both sides: exchange endpoints, connect, run `then` (post receives), and wait until both
 /// sides did.
+/// The soft device passes memory only to a process that took part in a nonce probe with it
+/// (DESIGN.md 3.1), as link set-up does: each side expects a nonce, sends it with its device,
+/// and probes the other's.
 pub fn handshake(s: &mut TcpStream, me: &Side, attr: ConnectAttr, then: impl FnOnce()) {
+    let ctx = super::provider();
+    let nonce = std::process::id() as u64 ^ 0x5eed_0000_0000;
+    ctx.expect_probe(nonce);
+    put(s, &ctx.device_info().to_bytes());
+    put(s, &nonce.to_le_bytes());
+    let peer_dev = DeviceInfo::from_bytes(&get(s)).unwrap();
+    let peer_nonce = u64::from_le_bytes(get(s).try_into().unwrap());
+    assert!(
+        ctx.probe(&peer_dev, peer_nonce).unwrap(),
+        "probe of the peer"
+    );
+    put(s, b"probed");
+    assert_eq!(get(s), b"probed");
     put(s, &me.qp.endpoint().to_bytes());
     let peer = Endpoint::from_bytes(&get(s)).unwrap();
     me.qp.connect(&peer, &attr).unwrap();
