@@ -230,6 +230,7 @@ impl Servers {
             .pid
             .ok_or("the fault's victim is not a child")?;
         let send = |sig: Signal| {
+            eprintln!("bx ps bench: fault {}: {sig} to pid {pid}", fault.name());
             kill(Pid::from_raw(pid as i32), sig).map_err(|e| format!("{sig} to {pid}: {e}"))
         };
         tokio::time::sleep(at).await;
