@@ -68,11 +68,18 @@ fn row_numbers(json: &str, field: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Runs `bx ps bench` with `flags` and a JSON file; returns its output and the JSON.
-fn bench(flags: &[&str], name: &str) -> (Finished, String) {
-    let json = std::env::temp_dir().join(format!("bx-fleet-{name}-{}.json", std::process::id()));
+/// Runs `bx ps bench` on a fleet of 2 shards x 2 replicas for `transports`, `duration` s
+/// measured, with `extra` flags and a JSON file; returns its output and the JSON.
+fn bench(transports: &str, duration: &str, extra: &[&str]) -> (Finished, String) {
+    let json = std::env::temp_dir().join(format!(
+        "bx-fleet-{}-{}.json",
+        extra.join(""),
+        std::process::id()
+    ));
     let mut args = vec!["ps", "bench", "--json", json.to_str().unwrap()];
-    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--servers", "2", "--replicas", "2", "--warmup", "0.2"]);
+    args.extend_from_slice(&["--transports", transports, "--duration", duration]);
+    args.extend_from_slice(extra);
     args.extend_from_slice(SMALL);
     let f = finish(spawn_env(BX, &args, &[("RUST_LOG", "warn")]), LIMIT);
     let j = std::fs::read_to_string(&json).unwrap_or_default();
@@ -127,19 +134,7 @@ async fn a_shard_server_refuses_a_key_of_another_shard_with_failed_precondition(
 
 #[test]
 fn a_fleet_bench_without_faults_splits_calls_over_its_shards_and_fails_none() {
-    let flags = [
-        "--servers",
-        "2",
-        "--replicas",
-        "2",
-        "--transports",
-        "rdma,tcp",
-        "--duration",
-        "1",
-        "--warmup",
-        "0.2",
-    ];
-    let (f, json) = bench(&flags, "nofault");
+    let (f, json) = bench("rdma,tcp", "1", &[]);
     assert!(f.status.success(), "{}", f.both());
     let header = f.stdout.lines().next().unwrap();
     assert!(
@@ -169,23 +164,7 @@ fn a_fleet_bench_without_faults_splits_calls_over_its_shards_and_fails_none() {
 
 #[test]
 fn a_replica_killed_mid_phase_is_survived_and_no_server_outlives_the_bench() {
-    let flags = [
-        "--servers",
-        "2",
-        "--replicas",
-        "2",
-        "--transports",
-        "tcp",
-        "--duration",
-        "2",
-        "--warmup",
-        "0.2",
-        "--fault",
-        "kill",
-        "--fault-at",
-        "0.5",
-    ];
-    let (f, json) = bench(&flags, "kill");
+    let (f, json) = bench("tcp", "2", &["--fault", "kill", "--fault-at", "0.5"]);
     assert!(f.status.success(), "{}", f.both());
     let fleets = fleet_pids(&f.stderr);
     assert_eq!(fleets.len(), 1, "{}", f.both());

@@ -114,7 +114,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECS", requires = "fault")]
     pub fault_at: Option<f64>,
     /// Deadline of every call, ms (gRPC's, sent as `grpc-timeout`); a call past it fails
-    /// DEADLINE_EXCEEDED. Default: 1000 in fleet mode, none otherwise.
+    /// DEADLINE_EXCEEDED (counted in fleet mode, ending the bench otherwise). Default: 1000
+    /// in fleet mode, none otherwise.
     #[arg(long, value_name = "MS")]
     pub deadline_ms: Option<u64>,
 }
@@ -1062,6 +1063,50 @@ mod tests {
         // settings, and one object per row
         assert_eq!(j.matches('{').count(), 4);
         assert_eq!(json_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+
+    #[test]
+    fn fleet_rows_add_failed_and_ejections_to_the_table_and_json() {
+        let fleet = |ejections| Row {
+            fleet: Some(FleetCounts {
+                failed: 7,
+                ejections,
+            }),
+            ..row()
+        };
+        let t = table(&[fleet(Some(2)), fleet(None)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].ends_with("   failed ejections"), "{t}");
+        assert!(lines[1].ends_with("        7         2"), "{t}");
+        assert!(lines[2].ends_with("        7         -"), "{t}");
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct A {
+            #[command(flatten)]
+            b: BenchArgs,
+        }
+        let a = A::parse_from([
+            "bench",
+            "--servers",
+            "2",
+            "--replicas",
+            "3",
+            "--fault",
+            "kill",
+        ])
+        .b;
+        let j = json(&a, &[fleet(Some(2)), fleet(None)]);
+        assert!(
+            j.contains("\"servers\": 2, \"replicas\": 3, \"fault\": \"kill\", \"fault_at_s\": 2.666666667, \"deadline_ms\": 1000}"),
+            "{j}"
+        );
+        assert!(j.contains("\"failed\": 7, \"ejections\": 2}"), "{j}");
+        assert!(j.contains("\"failed\": 7, \"ejections\": null}"), "{j}");
+        assert_eq!(j.matches('{').count(), 4);
+        // flags that make no sense without a fleet are refused
+        assert!(A::try_parse_from(["bench", "--fault", "kill"]).is_err());
+        assert!(A::try_parse_from(["bench", "--servers", "2", "--server", "h:1"]).is_err());
+        assert!(A::try_parse_from(["bench", "--servers", "0"]).is_err());
     }
 
     #[test]
