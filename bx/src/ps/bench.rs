@@ -560,7 +560,10 @@ async fn call_loop(
         };
         match res {
             Ok(()) => out.calls += 1,
-            Err(Failure::Status(_)) if tolerate => out.failed += 1,
+            Err(Failure::Status(e)) if tolerate => {
+                tracing::debug!(code = ?e.code(), message = e.message(), "{what} failed");
+                out.failed += 1;
+            }
             Err(Failure::Status(e)) => return Err(format!("{what}: {e}")),
             Err(Failure::Malformed(e)) => return Err(e),
         }
