@@ -62,7 +62,8 @@ pub struct BenchArgs {
     /// Zipf exponent of key popularity.
     #[arg(long, default_value_t = 1.05)]
     pub skew: f64,
-    /// Client connections (each a logical connection, or an HTTP/2 connection for tonic).
+    /// Client connections (each a logical connection, or an HTTP/2 connection for tonic); a
+    /// fleet has one replica set per shard instead, shared by all calls.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Calls in flight in total, spread over the workers.
@@ -156,7 +157,8 @@ pub struct Row {
     pub calls_per_sec: f64,
     /// Client process CPU time (user + system) per call, µs.
     pub client_cpu_us: f64,
-    /// Server process CPU time per call, µs; `None` for a server the bench did not start.
+    /// Server process CPU time per call, µs (a fleet's: all its processes together); `None`
+    /// for a server the bench did not start.
     pub server_cpu_us: Option<f64>,
     /// Latency CDF: (latency µs, fraction of calls at or below it), rising in both.
     pub cdf: Vec<(f64, f64)>,
