@@ -166,9 +166,13 @@ async fn recv(r: &mut Reader) -> Result<Hello, Status> {
 /// this hold from the first SEND: each side posts its receives right after `connect`, the
 /// server before it sends RDMA_ACCEPT, the client before its first request (and the server
 /// sends nothing but answers). timeout 14 (≈ 67 ms) × (retry_cnt 7 + 1) ≈ 0.5 s to declare a
-/// silent peer dead; the TCP control connection usually reports it sooner.
+/// silent peer dead; the TCP control connection usually reports it sooner. `access` none
+/// (`qp_access_flags` 0): a link carries SENDs only, so the QP refuses every peer RDMA WRITE and
+/// READ on top of the MRs' own flags (least access, DESIGN.md 3.5); the rendezvous issue grants
+/// REMOTE_READ here for its [`byteexpress_mem::ReadLoan`]s.
 fn connect_attr() -> ConnectAttr {
     ConnectAttr {
+        access: Access(0),
         min_rnr_timer: 1,
         timeout: 14,
         retry_cnt: 7,
@@ -664,10 +668,11 @@ mod tests {
     use super::*;
 
     /// Least access (issue 22, DESIGN.md 3.2): a link's receive ring LOCAL_WRITE, its send ring
-    /// nothing, its reassembly pool LOCAL_WRITE; none grants REMOTE_WRITE or REMOTE_READ (they
-    /// were `Access::ALL`, so a peer with a leaked rkey could WRITE into a receive buffer).
+    /// nothing, its reassembly pool LOCAL_WRITE, its QP nothing; none grants REMOTE_WRITE or
+    /// REMOTE_READ (the rings and the QP were `Access::ALL`, so a peer with a leaked rkey could
+    /// WRITE into a receive buffer).
     #[test]
-    fn a_links_pools_grant_no_remote_access() {
+    fn a_links_pools_and_qp_grant_no_remote_access() {
         let ctx: &'static Context = Box::leak(Box::new(
             byteexpress_verbs::soft_device()
                 .expect("the soft device is always listed")
@@ -686,6 +691,11 @@ mod tests {
             parts.reassembly_pool.config().access,
             Access::LOCAL_WRITE,
             "reassembly pool"
+        );
+        assert_eq!(
+            connect_attr().access,
+            Access(0),
+            "the QP grants remote access"
         );
         for (what, a) in [
             ("receive", parts.recv_pool.access()),
