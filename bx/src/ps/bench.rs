@@ -25,7 +25,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use byteexpress::{BalanceConfig, Channel, Config, EndpointState, ReplicaSet, TransportPref};
+use byteexpress::{
+    BalanceConfig, Channel, Config, EndpointState, ReplicaSet, ServiceConfig, TransportPref,
+};
 use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
 use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
 use byteexpress_ps::shard::{merge_rows, split_keys};
@@ -119,7 +121,41 @@ pub struct BenchArgs {
     /// in fleet mode, none otherwise.
     #[arg(long, value_name = "MS")]
     pub deadline_ms: Option<u64>,
+    /// Attempt policy of a fleet's Pull calls on its rdma and tcp rows (a gRPC service config,
+    /// A6; see `--service-config`): none; retries (the retry policy of issue 19's first
+    /// document: 4 attempts, backoff 0.1 s ×2 up to 1 s, on UNAVAILABLE, with its
+    /// retryThrottling of 10 tokens, ratio 0.1); hedging (up to 3 attempts in flight, the next
+    /// after `--hedging-delay-ms`, UNAVAILABLE non-fatal). Push has no policy (not idempotent).
+    /// h2 rows ignore it: tonic does not implement A6.
+    #[arg(long, value_enum, default_value = "none", requires = "servers")]
+    pub policy: Policy,
+    /// Hedging delay of `--policy hedging`, ms (set it at the healthy p95).
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    pub hedging_delay_ms: u64,
+    /// A gRPC service-config JSON file for a fleet's rdma and tcp channels, in place of
+    /// `--policy`.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "servers",
+        conflicts_with = "policy"
+    )]
+    pub service_config: Option<PathBuf>,
 }
+
+/// A fleet's attempt policy for Pull ([`BenchArgs::policy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Policy {
+    /// One attempt per call (transparent retries only).
+    None,
+    /// A6 retryPolicy.
+    Retries,
+    /// A6 hedgingPolicy.
+    Hedging,
+}
+
+/// The method a fleet's policy applies to.
+const PULL_NAME: &str = r#"[{"service": "ps.ParameterServer", "method": "Pull"}]"#;
 
 impl BenchArgs {
     /// The per-call deadline: `--deadline-ms`, else 1 s for a fleet, else none.
@@ -129,6 +165,27 @@ impl BenchArgs {
             (None, Some(_)) => Some(FLEET_DEADLINE),
             (None, None) => None,
         }
+    }
+
+    /// The service config a fleet's bx channels get: `--service-config`'s file, else the one
+    /// `--policy` names; `None` for no policy. Errors: an unreadable file, or JSON that is not
+    /// a valid service config (A6's rules).
+    fn service_config(&self) -> Result<Option<ServiceConfig>, String> {
+        let json = match (&self.service_config, self.policy) {
+            (Some(path), _) => std::fs::read_to_string(path)
+                .map_err(|e| format!("--service-config {}: {e}", path.display()))?,
+            (None, Policy::None) => return Ok(None),
+            (None, Policy::Retries) => format!(
+                r#"{{"methodConfig": [{{"name": {PULL_NAME}, "retryPolicy": {{"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}}}], "retryThrottling": {{"maxTokens": 10, "tokenRatio": 0.1}}}}"#
+            ),
+            (None, Policy::Hedging) => format!(
+                r#"{{"methodConfig": [{{"name": {PULL_NAME}, "hedgingPolicy": {{"maxAttempts": 3, "hedgingDelay": "{}s", "nonFatalStatusCodes": ["UNAVAILABLE"]}}}}]}}"#,
+                self.hedging_delay_ms as f64 / 1000.0
+            ),
+        };
+        ServiceConfig::from_json(&json)
+            .map(Some)
+            .map_err(|e| format!("service config: {e}"))
     }
 
     /// When the fault strikes, from the start of the measured phase.
@@ -177,6 +234,11 @@ pub struct FleetCounts {
     /// Ejections by outlier detection during the measured phase, summed over the shards' replica sets;
     /// `None` for an h2 row (tonic's balancer has none).
     pub ejections: Option<u64>,
+    /// Retries (by the policy, and transparent ones) summed over the shards' channels; `None`
+    /// for an h2 row.
+    pub retried: Option<u64>,
+    /// Hedged attempts after the first, summed as `retried`.
+    pub hedged: Option<u64>,
 }
 
 impl FleetCounts {
@@ -184,17 +246,27 @@ impl FleetCounts {
     /// h2 row; `failed` 0: the call loops count those): the one place a fleet's counters are
     /// read.
     fn of(sets: &[ReplicaSet]) -> FleetCounts {
+        let sum =
+            |f: &dyn Fn(&ReplicaSet) -> u64| (!sets.is_empty()).then(|| sets.iter().map(f).sum());
         FleetCounts {
             failed: 0,
-            ejections: (!sets.is_empty()).then(|| sets.iter().map(|s| s.stats().ejections).sum()),
+            ejections: sum(&|s| s.stats().ejections),
+            retried: sum(&|s| {
+                let r = s.retry_stats();
+                r.retries + r.transparent_retries
+            }),
+            hedged: sum(&|s| s.retry_stats().hedges),
         }
     }
 
     /// What was counted from `before` to `self`.
     fn since(self, before: FleetCounts) -> FleetCounts {
+        let diff = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a - b);
         FleetCounts {
             failed: self.failed - before.failed,
-            ejections: self.ejections.zip(before.ejections).map(|(b, a)| b - a),
+            ejections: diff(self.ejections, before.ejections),
+            retried: diff(self.retried, before.retried),
+            hedged: diff(self.hedged, before.hedged),
         }
     }
 }
@@ -375,18 +447,24 @@ fn bx_config(transport: &str) -> Config {
 }
 
 /// The channel to one shard's replicas at `addrs` for `transport`, with the replica set of
-/// an rdma or tcp row: the one place where a fleet's channels are built (per-method service
-/// config, e.g. retries or hedging, goes here).
+/// an rdma or tcp row: the one place where a fleet's channels are built, with the service
+/// config `sc` (retries or hedging) on rdma and tcp rows.
 fn shard_channel(
     transport: &str,
     addrs: &[String],
     bal: &BalanceConfig,
+    sc: Option<&ServiceConfig>,
 ) -> Result<(PsClient, Option<ReplicaSet>), String> {
     match transport {
         "rdma" | "tcp" => {
             let uris = addrs.iter().map(|a| format!("bx://{a}"));
-            let ch = Channel::balance_list(uris, &bx_config(transport), bal)
+            let mut ch = Channel::balance_list(uris, &bx_config(transport), bal)
                 .map_err(|e| format!("{transport}: {e}"))?;
+            if let Some(sc) = sc {
+                ch = ch
+                    .with_service_config(sc.clone())
+                    .map_err(|e| format!("{transport}: service config: {e}"))?;
+            }
             let set = ch.replica_set().cloned();
             Ok((PsClient::Bx(ParameterServerClient::new(ch)), set))
         }
@@ -442,10 +520,11 @@ async fn connect_fleet(
     args: &BenchArgs,
 ) -> Result<(TableClient, Vec<ReplicaSet>, String), String> {
     let bal = BalanceConfig::default();
+    let sc = args.service_config()?;
     let (mut shards, mut sets) = (Vec::new(), Vec::new());
     for replicas in &servers.shards {
         let addrs: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
-        let (client, set) = shard_channel(transport, &addrs, &bal)?;
+        let (client, set) = shard_channel(transport, &addrs, &bal, sc.as_ref())?;
         if let Some(set) = set {
             all_ready(&set, transport).await?;
             sets.push(set);
@@ -843,7 +922,10 @@ pub fn table(rows: &[Row]) -> String {
         "server CPU µs"
     );
     if fleet {
-        s += &format!(" {:>8} {:>9}", "failed", "ejections");
+        s += &format!(
+            " {:>8} {:>8} {:>8} {:>9}",
+            "failed", "retried", "hedged", "ejections"
+        );
     }
     s += "\n";
     for r in rows {
@@ -864,11 +946,22 @@ pub fn table(rows: &[Row]) -> String {
         );
         if fleet {
             let f = r.fleet.unwrap_or_default();
-            s += &format!(" {:>8} {:>9}", f.failed, or_dash(f.ejections));
+            s += &format!(
+                " {:>8} {:>8} {:>8} {:>9}",
+                f.failed,
+                or_dash(f.retried),
+                or_dash(f.hedged),
+                or_dash(f.ejections)
+            );
         }
         s += "\n";
     }
     s
+}
+
+/// `v`, or JSON's `null` for none.
+fn or_null(v: Option<u64>) -> String {
+    v.map_or_else(|| "null".to_string(), |v| v.to_string())
 }
 
 /// `v`, or `-` for none.
@@ -886,12 +979,19 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
     let fleet = match args.servers {
         None => String::new(),
         Some(n) => format!(
-            ", \"servers\": {n}, \"replicas\": {}, \"fault\": {}, \"fault_at_s\": {}, \"deadline_ms\": {}",
+            ", \"servers\": {n}, \"replicas\": {}, \"fault\": {}, \"fault_at_s\": {}, \"deadline_ms\": {}, \"policy\": {}",
             args.replicas,
             args.fault
                 .map_or_else(|| "null".to_string(), |f| json_str(f.name())),
             finite(args.fault_at().as_secs_f64()),
-            args.deadline().unwrap_or_default().as_millis()
+            args.deadline().unwrap_or_default().as_millis(),
+            match (&args.service_config, args.policy) {
+                (Some(p), _) => json_str(&p.display().to_string()),
+                (None, Policy::None) => "null".to_string(),
+                (None, Policy::Retries) => json_str("retries"),
+                (None, Policy::Hedging) =>
+                    json_str(&format!("hedging {} ms", args.hedging_delay_ms)),
+            }
         ),
     };
     let settings = format!(
@@ -915,10 +1015,11 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
         .map(|r| {
             let fleet = r.fleet.map_or_else(String::new, |f| {
                 format!(
-                    ", \"failed\": {}, \"ejections\": {}",
+                    ", \"failed\": {}, \"retried\": {}, \"hedged\": {}, \"ejections\": {}",
                     f.failed,
-                    f.ejections
-                        .map_or_else(|| "null".to_string(), |e| e.to_string())
+                    or_null(f.retried),
+                    or_null(f.hedged),
+                    or_null(f.ejections)
                 )
             });
             format!(
@@ -1071,19 +1172,30 @@ mod tests {
     }
 
     #[test]
-    fn fleet_rows_add_failed_and_ejections_to_the_table_and_json() {
-        let fleet = |ejections| Row {
+    fn fleet_rows_add_failed_retried_hedged_and_ejections_to_the_table_and_json() {
+        let fleet = |n: Option<u64>| Row {
             fleet: Some(FleetCounts {
                 failed: 7,
-                ejections,
+                retried: n.map(|n| n + 3),
+                hedged: n.map(|n| n + 1),
+                ejections: n,
             }),
             ..row()
         };
         let t = table(&[fleet(Some(2)), fleet(None)]);
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].ends_with("   failed ejections"), "{t}");
-        assert!(lines[1].ends_with("        7         2"), "{t}");
-        assert!(lines[2].ends_with("        7         -"), "{t}");
+        assert!(
+            lines[0].ends_with("   failed  retried   hedged ejections"),
+            "{t}"
+        );
+        assert!(
+            lines[1].ends_with("        7        5        3         2"),
+            "{t}"
+        );
+        assert!(
+            lines[2].ends_with("        7        -        -         -"),
+            "{t}"
+        );
         use clap::Parser;
         #[derive(clap::Parser)]
         struct A {
@@ -1098,20 +1210,41 @@ mod tests {
             "3",
             "--fault",
             "kill",
+            "--policy",
+            "retries",
         ])
         .b;
         let j = json(&a, &[fleet(Some(2)), fleet(None)]);
         assert!(
-            j.contains("\"servers\": 2, \"replicas\": 3, \"fault\": \"kill\", \"fault_at_s\": 2.666666667, \"deadline_ms\": 1000}"),
+            j.contains("\"servers\": 2, \"replicas\": 3, \"fault\": \"kill\", \"fault_at_s\": 2.666666667, \"deadline_ms\": 1000, \"policy\": \"retries\"}"),
             "{j}"
         );
-        assert!(j.contains("\"failed\": 7, \"ejections\": 2}"), "{j}");
-        assert!(j.contains("\"failed\": 7, \"ejections\": null}"), "{j}");
+        assert!(
+            j.contains("\"failed\": 7, \"retried\": 5, \"hedged\": 3, \"ejections\": 2}"),
+            "{j}"
+        );
+        assert!(
+            j.contains("\"failed\": 7, \"retried\": null, \"hedged\": null, \"ejections\": null}"),
+            "{j}"
+        );
         assert_eq!(j.matches('{').count(), 4);
         // flags that make no sense without a fleet are refused
         assert!(A::try_parse_from(["bench", "--fault", "kill"]).is_err());
+        assert!(A::try_parse_from(["bench", "--policy", "retries"]).is_err());
         assert!(A::try_parse_from(["bench", "--servers", "2", "--server", "h:1"]).is_err());
         assert!(A::try_parse_from(["bench", "--servers", "0"]).is_err());
+        // each policy is a valid A6 service config; none is no config
+        for (p, kind) in [("retries", "retry"), ("hedging", "hedging")] {
+            let a = A::parse_from(["bench", "--servers", "1", "--policy", p]).b;
+            let sc = a.service_config().unwrap().expect("a policy");
+            let m = sc
+                .method("/ps.ParameterServer/Pull")
+                .expect("Pull has a policy");
+            assert!(format!("{m:?}").to_lowercase().contains(kind), "{m:?}");
+            assert!(sc.method("/ps.ParameterServer/Push").is_none());
+        }
+        let a = A::parse_from(["bench", "--servers", "1"]).b;
+        assert!(a.service_config().unwrap().is_none());
     }
 
     #[test]
