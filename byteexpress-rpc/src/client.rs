@@ -395,7 +395,7 @@ impl Client {
     /// the call, setting up a new link included (DEADLINE_EXCEEDED when set-up outlasts it).
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
         let t0 = std::time::Instant::now();
-        let plan = self.retry.plan(&req.method, req.timeout, false);
+        let plan = self.retry.plan(&req.method, req.timeout, None);
         let res = self
             .retry
             .run(&req.method, plan.deadline, |info| {

@@ -13,7 +13,8 @@ use crate::channel::{Channel, Target, parse_uri};
 /// tonic user writes
 /// `let mut req = tonic::Request::new(msg); req.extensions_mut().insert(WaitForReady(true));`
 /// and calls the generated client with `req` (tonic carries extensions to the channel). It
-/// overrides the channel's default ([`Channel::wait_for_ready`]) for that call: `true` waits
+/// overrides the channel's default ([`Channel::wait_for_ready`]) and the service config's
+/// `waitForReady` ([`Channel::with_service_config`]) for that call: `true` waits
 /// for a ready endpoint until the call's deadline (`grpc-timeout`); `false` fails fast with
 /// UNAVAILABLE while every endpoint is in TRANSIENT_FAILURE. Source: gRPC's
 /// `doc/wait-for-ready.md`. A single-address channel ignores it.
@@ -74,12 +75,13 @@ impl Channel {
     /// stream), failing fast by default.
     pub fn from_replica_set(set: ReplicaSet) -> Channel {
         Channel {
-            target: Target::Set(set, false),
+            target: Target::Set(set, None),
         }
     }
 
     /// Sets this channel's default wait-for-ready (as grpc-java's `withWaitForReady` on a
-    /// stub); [`WaitForReady`] on a request overrides it per call. Since tonic's generated
+    /// stub); [`WaitForReady`] on a request overrides it per call. Once set, it wins over the
+    /// service config's `waitForReady`; a channel that never set it takes the config's. Since tonic's generated
     /// clients wait for `poll_ready` before each call, `poll_ready` follows it: with
     /// wait-for-ready it is Pending while no endpoint is ready; without (default) it is Pending
     /// while no endpoint is ready and some are still connecting for the first time, and Ready
@@ -88,7 +90,7 @@ impl Channel {
     pub fn wait_for_ready(self, on: bool) -> Channel {
         match self.target {
             Target::Set(set, _) => Channel {
-                target: Target::Set(set, on),
+                target: Target::Set(set, Some(on)),
             },
             one => Channel { target: one },
         }

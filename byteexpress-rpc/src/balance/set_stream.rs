@@ -36,7 +36,7 @@ impl ReplicaSet {
         let retry = self.retrier();
         let plan = retry.plan(&req.method, req.timeout, opts.wait_for_ready);
         let opts = CallOptions {
-            wait_for_ready: plan.wait_for_ready,
+            wait_for_ready: Some(plan.wait_for_ready),
         };
         let tried = Arc::new(parking_lot::Mutex::new(Vec::new()));
         if replays(&retry, &req) {

@@ -204,8 +204,14 @@ impl Retrier {
     }
 
     /// The deadline (the caller's timeout or the method config's, whichever is shorter, from
-    /// now) and wait-for-ready (the caller's, or the method config's `waitForReady: true`).
-    pub(crate) fn plan(&self, method: &str, timeout: Option<Duration>, wfr: bool) -> CallPlan {
+    /// now) and wait-for-ready: the caller's when it set one (either way: a call's own
+    /// setting wins), else the method config's `waitForReady`, else off.
+    pub(crate) fn plan(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        wfr: Option<bool>,
+    ) -> CallPlan {
         let mc = self.cfg.method(method);
         let t = match (timeout, mc.and_then(|m| m.timeout)) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -213,7 +219,7 @@ impl Retrier {
         };
         CallPlan {
             deadline: t.map(|t| Instant::now() + t),
-            wait_for_ready: wfr || mc.and_then(|m| m.wait_for_ready) == Some(true),
+            wait_for_ready: wfr.or(mc.and_then(|m| m.wait_for_ready)).unwrap_or(false),
         }
     }
 

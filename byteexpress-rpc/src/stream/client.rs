@@ -165,7 +165,7 @@ impl Client {
         req: OpenStream,
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
         let retry = self.retrier().clone();
-        let plan = retry.plan(&req.method, req.timeout, false);
+        let plan = retry.plan(&req.method, req.timeout, None);
         if super::replay::replays(&retry, &req) {
             let c = self.clone();
             let r = req.clone();
