@@ -332,7 +332,24 @@ async fn reconnection_attempts_to_an_absent_server_back_off_by_the_multiplier_up
             "gaps {gaps:?}"
         );
     }
-    assert_eq!(set.endpoints()[0].state, EndpointState::TransientFailure);
+    // The loop above stops as soon as the 6th attempt has started, when the endpoint is
+    // still Connecting until the refusal arrives: wait for the state that attempt ends in
+    // (TransientFailure, held for the 400 ms backoff before the next one).
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let changed = set.changed();
+            if set.endpoints()[0].state == EndpointState::TransientFailure {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "never in TransientFailure: {:?}",
+        set.endpoints()[0].state
+    );
 }
 
 // ---- the facade: connect_lazy, poll_ready, WaitForReady ----
