@@ -172,3 +172,73 @@ async fn draining_refuses_new_calls_and_lets_running_ones_finish() {
         .await
         .expect("drained once the running call ended");
 }
+
+/// A6's transparent retry of a call that never left the client: the client's test hook fails
+/// its next 3 sends before any byte reaches the wire; the call (no service config, so no
+/// policy) is retried each time and succeeds, the handler runs once and sees no
+/// `grpc-previous-rpc-attempts` (no attempt reached a server before), and the client counts 3
+/// transparent retries. Another client of the same server is untouched by the hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_sends_fail_before_the_wire_is_retried_transparently_and_runs_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let runs = Arc::new(AtomicU64::new(0));
+    let with_previous = Arc::new(AtomicU64::new(0));
+    let (r, p) = (runs.clone(), with_previous.clone());
+    let server = Server::new(
+        move |req: ServerRequest| {
+            r.fetch_add(1, Ordering::SeqCst);
+            if req.metadata.get("grpc-previous-rpc-attempts").is_some() {
+                p.fetch_add(1, Ordering::SeqCst);
+            }
+            async move {
+                Ok::<_, Status>(Response {
+                    body: req.body,
+                    ..Response::default()
+                })
+            }
+        },
+        Config::default(),
+    );
+    tokio::spawn(server.serve(listener));
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
+    let other = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
+    let req = || byteexpress_rpc::Request {
+        method: "/t.T/Echo".into(),
+        body: Bytes::from_static(b"once"),
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    c.fail_next_sends(3);
+    let got = c.call(req()).await.expect("retried transparently");
+    assert_eq!(&got.body[..], b"once");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(with_previous.load(Ordering::SeqCst), 0);
+    let st = c.retry_stats();
+    assert_eq!((st.transparent_retries, st.attempts), (3, 4), "{st:?}");
+    // the hook belongs to `c` only
+    other.call(req()).await.unwrap();
+    assert_eq!(other.retry_stats().transparent_retries, 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// The same for a stream's opening frame: a client stream whose first 2 opens fail before
+/// the wire opens on the third, and its handler runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_open_fails_before_the_wire_is_retried_transparently() {
+    let (addr, attempts) = server(0).await;
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
+    c.fail_next_sends(2);
+    let (mut tx, mut rx) = c.open_stream(open()).await.expect("opened on the third try");
+    tx.send(Bytes::from_static(b"b")).await.unwrap();
+    tx.finish().unwrap();
+    assert_eq!(rx.message().await.unwrap().as_deref(), Some(&b"ab"[..]));
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    assert_eq!(c.retry_stats().transparent_retries, 2);
+}

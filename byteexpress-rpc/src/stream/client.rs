@@ -237,7 +237,11 @@ impl Client {
             out.header.timeout_us = (left.as_micros() as u64).max(1);
         }
         slot.streams.map.lock().insert(slot.key, s.clone());
-        if let Err(e) = slot.link.send(out) {
+        let sent = match self.hooked_send_failure() {
+            Some(e) => Err(e),
+            None => slot.link.send(out),
+        };
+        if let Err(e) = sent {
             slot.streams.map.lock().remove(&slot.key);
             return Err(if e.code == Code::ResourceExhausted {
                 AttemptError::other(e)
