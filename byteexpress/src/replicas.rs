@@ -110,9 +110,9 @@ impl Channel {
     /// is the [`ReplicaSet`]'s (shared with every channel and clone over that set); on a
     /// single-address channel, this channel's (clones made after share it). Calls are retried
     /// or hedged until they commit (the answer's headers or first message); request messages
-    /// of client- and bidirectional-streaming calls under a retry policy are kept for replay
-    /// up to 256 KiB (hedged ones commit when they open). Errors: `sc`
-    /// fails [`ServiceConfig::validate`].
+    /// of client- and bidirectional-streaming calls under a retry or hedging policy are kept
+    /// up to 256 KiB and sent to every attempt (replayed on a retry, sent to each hedged
+    /// attempt). Errors: `sc` fails [`ServiceConfig::validate`].
     pub fn with_service_config(self, sc: ServiceConfig) -> Result<Channel, ServiceConfigError> {
         let target = match self.target {
             Target::One(c) => Target::One(c.with_service_config(sc)?),

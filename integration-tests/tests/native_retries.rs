@@ -242,3 +242,114 @@ async fn a_stream_whose_open_fails_before_the_wire_is_retried_transparently() {
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
     assert_eq!(c.retry_stats().transparent_retries, 2);
 }
+
+const HEDGED: &str = r#"{"methodConfig": [{"name": [{"service": "t.T"}],
+   "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.05s",
+                     "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#;
+
+/// Counts a stalled handler's end when it is dropped (the server stopped it).
+struct Dropped(Arc<AtomicU64>);
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A replica serving Collect (the concatenation of the request messages, tagged with its id),
+/// or, stalled, never answering: `(addr, handlers started, handlers dropped)`.
+async fn replica(id: &'static str, stalled: bool) -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (started, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (s, d) = (started.clone(), dropped.clone());
+    let unary = |_req: ServerRequest| async { Ok::<_, Status>(Response::default()) };
+    let server = Server::new(unary, Config::default()).with_streams(
+        move |_req: StreamRequest, mut rx: RequestReceiver, mut tx: ResponseSender| {
+            let (s, d) = (s.clone(), d.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                let _end = Dropped(d);
+                if stalled {
+                    std::future::pending::<()>().await;
+                }
+                let mut all = id.as_bytes().to_vec();
+                while let Some(m) = rx.message().await? {
+                    all.extend_from_slice(&m);
+                }
+                tx.send_last(Bytes::from(all));
+                Ok::<_, Status>(Metadata::new())
+            }
+        },
+    );
+    tokio::spawn(server.serve(listener));
+    (addr, started, dropped)
+}
+
+/// A6's hedging applies to streams too: a client stream under a hedging policy, over three
+/// replicas of which one is stalled, completes from another (each hedged attempt is sent the
+/// request messages so far, and the first to answer commits), and the stalled replica's
+/// attempt is cancelled: its handler is dropped. Fails when hedged streams commit at open (the
+/// stream stays on the stalled replica until its deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_client_stream_completes_past_a_stalled_replica_whose_attempt_is_cancelled() {
+    use byteexpress_rpc::balance::EndpointState;
+    use byteexpress_rpc::{BalanceConfig, CallOptions, Policy, ReplicaSet};
+    let (a, _, _) = replica("A", false).await;
+    let (b, stalled_started, stalled_dropped) = replica("B", true).await;
+    let (c, _, _) = replica("C", false).await;
+    let bal = BalanceConfig {
+        policy: Policy::RoundRobin,
+        ..BalanceConfig::default()
+    };
+    let set = ReplicaSet::from_static([&a, &b, &c], &Config::default(), &bal)
+        .with_service_config(ServiceConfig::from_json(HEDGED).unwrap())
+        .unwrap();
+    set.connect_now();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let changed = set.changed();
+            if set
+                .endpoints()
+                .iter()
+                .all(|e| e.state == EndpointState::Ready)
+            {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("all three ready");
+    // round robin: one of three calls opens its first attempt on the stalled replica
+    for _ in 0..3 {
+        let (mut tx, mut rx) = set
+            .open_stream_with(open(), CallOptions::default())
+            .await
+            .unwrap();
+        for m in [b"b", b"c"] {
+            tx.send(Bytes::from_static(m)).await.unwrap();
+        }
+        tx.finish().unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.message())
+            .await
+            .expect("not stuck on the stalled replica")
+            .expect("answered by a healthy replica")
+            .expect("a message");
+        assert!(
+            &got[..] == b"Aabc" || &got[..] == b"Cabc",
+            "{:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert_eq!(rx.message().await.unwrap(), None);
+    }
+    let started = stalled_started.load(Ordering::SeqCst);
+    assert!(started >= 1, "the stalled replica got no attempt");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while stalled_dropped.load(Ordering::SeqCst) < started {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the stalled replica's attempts were cancelled and their handlers dropped");
+    assert!(set.retry_stats().hedges >= 1, "{:?}", set.retry_stats());
+}

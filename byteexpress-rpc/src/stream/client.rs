@@ -156,10 +156,12 @@ impl Client {
     /// [`Client::max_message`]).
     ///
     /// With a [`ServiceConfig`](crate::ServiceConfig) attached
-    /// ([`Client::with_service_config`]), a stream whose request is complete at open
-    /// (`half_close`) is retried or hedged as a call until it commits: until the server's
-    /// headers, first message or end arrive, which this method then waits for
-    /// (`crate::retry`, "Streams"). Other streams commit when the opening frame is sent.
+    /// ([`Client::with_service_config`]), a stream of a method with a policy is retried or
+    /// hedged as a call until it commits, when the server's headers, first message or end
+    /// arrive (`crate::retry`, "Streams"): a stream whose request is complete at open
+    /// (`half_close`) is waited for here until then; any other returns at once, and its
+    /// request messages are kept and sent to every attempt (replayed on a retry, sent to each
+    /// hedged attempt) until the commit or A6's per-RPC buffer limit.
     pub async fn open_stream(
         &self,
         req: OpenStream,
