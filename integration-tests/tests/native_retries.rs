@@ -235,7 +235,10 @@ async fn a_stream_whose_open_fails_before_the_wire_is_retried_transparently() {
         .await
         .unwrap();
     c.fail_next_sends(2);
-    let (mut tx, mut rx) = c.open_stream(open()).await.expect("opened on the third try");
+    let (mut tx, mut rx) = c
+        .open_stream(open())
+        .await
+        .expect("opened on the third try");
     tx.send(Bytes::from_static(b"b")).await.unwrap();
     tx.finish().unwrap();
     assert_eq!(rx.message().await.unwrap().as_deref(), Some(&b"ab"[..]));
