@@ -196,6 +196,9 @@ struct Conn {
     reconnecting: tokio::sync::Mutex<()>,
     /// Whether this connection's links come from the process registry (shared) or are its own.
     shared: bool,
+    /// Test hook: sends still to fail before the wire ([`Client::fail_next_sends`]).
+    #[cfg(feature = "test-hooks")]
+    fail_sends: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Client {
@@ -298,6 +301,8 @@ impl Client {
                 current: Mutex::new(current),
                 reconnecting: tokio::sync::Mutex::new(()),
                 shared,
+                #[cfg(feature = "test-hooks")]
+                fail_sends: std::sync::atomic::AtomicU32::new(0),
             }),
             retry: Arc::default(),
         })
@@ -324,6 +329,35 @@ impl Client {
 
     pub(crate) fn retrier(&self) -> &Arc<Retrier> {
         &self.retry
+    }
+
+    /// Test hook (feature `test-hooks`): the next `n` calls or stream opens through this
+    /// client (and its clones; no other client) fail to send, as a link that refuses the
+    /// frame: nothing reaches the wire, and the attempt ends as "never left the client"
+    /// (`crate::retry`, the rule's case 1).
+    #[cfg(feature = "test-hooks")]
+    pub fn fail_next_sends(&self, n: u32) {
+        self.inner
+            .fail_sends
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Takes one send failure of [`Client::fail_next_sends`], if any is left.
+    pub(crate) fn hooked_send_failure(&self) -> Option<Status> {
+        #[cfg(feature = "test-hooks")]
+        {
+            let left = &self.inner.fail_sends;
+            if left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Some(Status::new(
+                    Code::Unavailable,
+                    "send failed before the wire (test hook)",
+                ));
+            }
+        }
+        None
     }
 
     /// Whether this connection's current link is closed (server gone, QP error); the next
@@ -395,7 +429,7 @@ impl Client {
     /// the call, setting up a new link included (DEADLINE_EXCEEDED when set-up outlasts it).
     pub async fn call(&self, req: Request) -> Result<Response, Status> {
         let t0 = std::time::Instant::now();
-        let plan = self.retry.plan(&req.method, req.timeout, false);
+        let plan = self.retry.plan(&req.method, req.timeout, None);
         let res = self
             .retry
             .run(&req.method, plan.deadline, |info| {
@@ -475,7 +509,11 @@ impl Client {
             key,
             armed: true,
         };
-        if let Err(e) = link.tx.send(out) {
+        let sent = match self.hooked_send_failure() {
+            Some(e) => Err(e),
+            None => link.tx.send(out),
+        };
+        if let Err(e) = sent {
             guard.armed = false;
             link.calls.pending.lock().remove(&key);
             // too large is final; anything else never left this process

@@ -45,8 +45,9 @@ pub struct Channel {
 pub(crate) enum Target {
     /// One address's logical connection.
     One(Client),
-    /// A replica set, and whether calls wait for a ready endpoint by default.
-    Set(byteexpress_rpc::ReplicaSet, bool),
+    /// A replica set, and the channel's wait-for-ready when set ([`Channel::wait_for_ready`];
+    /// `None`: the service config's per method, else off).
+    Set(byteexpress_rpc::ReplicaSet, Option<bool>),
 }
 
 impl Channel {
@@ -128,7 +129,7 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         match &self.target {
             Target::One(_) => Poll::Ready(Ok(())),
-            Target::Set(set, wait) => set.poll_ready(cx, !*wait).map(Ok),
+            Target::Set(set, wait) => set.poll_ready(cx, *wait != Some(true)).map(Ok),
         }
     }
 

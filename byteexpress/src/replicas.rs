@@ -13,7 +13,8 @@ use crate::channel::{Channel, Target, parse_uri};
 /// tonic user writes
 /// `let mut req = tonic::Request::new(msg); req.extensions_mut().insert(WaitForReady(true));`
 /// and calls the generated client with `req` (tonic carries extensions to the channel). It
-/// overrides the channel's default ([`Channel::wait_for_ready`]) for that call: `true` waits
+/// overrides the channel's default ([`Channel::wait_for_ready`]) and the service config's
+/// `waitForReady` ([`Channel::with_service_config`]) for that call: `true` waits
 /// for a ready endpoint until the call's deadline (`grpc-timeout`); `false` fails fast with
 /// UNAVAILABLE while every endpoint is in TRANSIENT_FAILURE. Source: gRPC's
 /// `doc/wait-for-ready.md`. A single-address channel ignores it.
@@ -74,12 +75,13 @@ impl Channel {
     /// stream), failing fast by default.
     pub fn from_replica_set(set: ReplicaSet) -> Channel {
         Channel {
-            target: Target::Set(set, false),
+            target: Target::Set(set, None),
         }
     }
 
     /// Sets this channel's default wait-for-ready (as grpc-java's `withWaitForReady` on a
-    /// stub); [`WaitForReady`] on a request overrides it per call. Since tonic's generated
+    /// stub); [`WaitForReady`] on a request overrides it per call. Once set, it wins over the
+    /// service config's `waitForReady`; a channel that never set it takes the config's. Since tonic's generated
     /// clients wait for `poll_ready` before each call, `poll_ready` follows it: with
     /// wait-for-ready it is Pending while no endpoint is ready; without (default) it is Pending
     /// while no endpoint is ready and some are still connecting for the first time, and Ready
@@ -88,7 +90,7 @@ impl Channel {
     pub fn wait_for_ready(self, on: bool) -> Channel {
         match self.target {
             Target::Set(set, _) => Channel {
-                target: Target::Set(set, on),
+                target: Target::Set(set, Some(on)),
             },
             one => Channel { target: one },
         }
@@ -108,9 +110,9 @@ impl Channel {
     /// is the [`ReplicaSet`]'s (shared with every channel and clone over that set); on a
     /// single-address channel, this channel's (clones made after share it). Calls are retried
     /// or hedged until they commit (the answer's headers or first message); request messages
-    /// of client- and bidirectional-streaming calls under a retry policy are kept for replay
-    /// up to 256 KiB (hedged ones commit when they open). Errors: `sc`
-    /// fails [`ServiceConfig::validate`].
+    /// of client- and bidirectional-streaming calls under a retry or hedging policy are kept
+    /// up to 256 KiB and sent to every attempt (replayed on a retry, sent to each hedged
+    /// attempt). Errors: `sc` fails [`ServiceConfig::validate`].
     pub fn with_service_config(self, sc: ServiceConfig) -> Result<Channel, ServiceConfigError> {
         let target = match self.target {
             Target::One(c) => Target::One(c.with_service_config(sc)?),

@@ -116,7 +116,7 @@ where
     let (mut tx, mut rx) = match target {
         Target::One(client) => client.open_stream(open).await?,
         Target::Set(set, wait) => {
-            let wait_for_ready = ext.get::<WaitForReady>().map_or(*wait, |w| w.0);
+            let wait_for_ready = ext.get::<WaitForReady>().map(|w| w.0).or(*wait);
             set.open_stream_with(open, CallOptions { wait_for_ready })
                 .await?
         }

@@ -763,3 +763,122 @@ async fn a_stream_without_initial_metadata_is_delivered_as_sent_not_held_to_its_
         );
     }
 }
+
+/// A Streams service whose Collect never answers (a stalled replica): counts the handlers
+/// started and dropped.
+#[derive(Clone, Default)]
+struct StalledCollect(Arc<(AtomicU64, AtomicU64)>);
+
+/// Counts a stalled handler dropped (the server stopped it).
+struct StalledDrop(Arc<(AtomicU64, AtomicU64)>);
+impl Drop for StalledDrop {
+    fn drop(&mut self) {
+        self.0.1.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tonic::async_trait]
+impl Streams for StalledCollect {
+    type PingPongStream = Out;
+    type ProduceStream = Out;
+
+    async fn ping_pong(&self, _: Request<Streaming<Msg>>) -> Result<Response<Out>, Status> {
+        Err(Status::unimplemented("stalled replica"))
+    }
+
+    async fn produce(&self, _: Request<ProduceRequest>) -> Result<Response<Out>, Status> {
+        Err(Status::unimplemented("stalled replica"))
+    }
+
+    async fn collect(&self, _: Request<Streaming<Msg>>) -> Result<Response<Msg>, Status> {
+        self.0.0.fetch_add(1, Ordering::SeqCst);
+        let _end = StalledDrop(self.0.clone());
+        std::future::pending().await
+    }
+}
+
+/// A6's hedging of a client-streaming call through the facade: over three replicas (round
+/// robin), one of which stalls in Collect, every Collect completes from a healthy replica,
+/// and each attempt the stalled replica got is cancelled (its handler dropped). Fails when
+/// hedged streams commit at open: the call stays on the stalled replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_collect_completes_past_a_stalled_replica_whose_attempt_is_cancelled() {
+    use byteexpress_rpc::{BalanceConfig, Policy, ServiceConfig};
+    let healthy_a = serve(Svc::default(), Config::default(), false).await;
+    let stalled = StalledCollect::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stalled_addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        Server::builder()
+            .add_service(StreamsServer::new(stalled.clone()))
+            .serve_with_listener(listener),
+    );
+    let healthy_b = serve(Svc::default(), Config::default(), false).await;
+    let uris = [healthy_a, stalled_addr, healthy_b].map(|a| format!("bx://{a}"));
+    let bal = BalanceConfig {
+        policy: Policy::RoundRobin,
+        ..BalanceConfig::default()
+    };
+    let sc = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "streams.Streams"}],
+            "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.05s",
+                              "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#,
+    )
+    .unwrap();
+    let ch = Channel::balance_list(&uris, &Config::default(), &bal)
+        .unwrap()
+        .with_service_config(sc)
+        .unwrap();
+    let set = ch.replica_set().unwrap().clone();
+    set.connect_now();
+    within("all three ready", async {
+        loop {
+            let changed = set.changed();
+            if set
+                .endpoints()
+                .iter()
+                .all(|e| e.state == byteexpress_rpc::balance::EndpointState::Ready)
+            {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await;
+    let mut client = StreamsClient::new(ch.clone());
+    // round robin: one of three calls opens its first attempt on the stalled replica
+    for _ in 0..3 {
+        let msg = |seq| Msg {
+            seq,
+            payload: Bytes::from_static(b"xyz"),
+        };
+        // the second message only once the call's first attempt started, so that the call
+        // opens with its request incomplete (a body complete at once opens half-closed)
+        let before = ch.retry_stats().attempts;
+        let stats = ch.clone();
+        let second = futures::stream::once(async move {
+            while stats.retry_stats().attempts == before {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            msg(1)
+        });
+        use futures::StreamExt;
+        let msgs = futures::stream::iter([msg(0)]).chain(second);
+        let got = within("a Collect past the stalled replica", async {
+            let mut req = Request::new(msgs);
+            req.set_timeout(Duration::from_secs(30));
+            client.collect(req).await
+        })
+        .await
+        .expect("answered by a healthy replica")
+        .into_inner();
+        assert_eq!((got.seq, &got.payload[..]), (2, &b"6"[..]));
+    }
+    let started = stalled.0.0.load(Ordering::SeqCst);
+    assert!(started >= 1, "the stalled replica got no attempt");
+    poll_until("the stalled replica's handlers dropped", || {
+        stalled.0.1.load(Ordering::SeqCst) >= started
+    })
+    .await;
+    assert!(ch.retry_stats().hedges >= 1, "{:?}", ch.retry_stats());
+}

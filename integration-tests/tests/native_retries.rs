@@ -172,3 +172,187 @@ async fn draining_refuses_new_calls_and_lets_running_ones_finish() {
         .await
         .expect("drained once the running call ended");
 }
+
+/// A6's transparent retry of a call that never left the client: the client's test hook fails
+/// its next 3 sends before any byte reaches the wire; the call (no service config, so no
+/// policy) is retried each time and succeeds, the handler runs once and sees no
+/// `grpc-previous-rpc-attempts` (no attempt reached a server before), and the client counts 3
+/// transparent retries. Another client of the same server is untouched by the hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_sends_fail_before_the_wire_is_retried_transparently_and_runs_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let runs = Arc::new(AtomicU64::new(0));
+    let with_previous = Arc::new(AtomicU64::new(0));
+    let (r, p) = (runs.clone(), with_previous.clone());
+    let server = Server::new(
+        move |req: ServerRequest| {
+            r.fetch_add(1, Ordering::SeqCst);
+            if req.metadata.get("grpc-previous-rpc-attempts").is_some() {
+                p.fetch_add(1, Ordering::SeqCst);
+            }
+            async move {
+                Ok::<_, Status>(Response {
+                    body: req.body,
+                    ..Response::default()
+                })
+            }
+        },
+        Config::default(),
+    );
+    tokio::spawn(server.serve(listener));
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
+    let other = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
+    let req = || byteexpress_rpc::Request {
+        method: "/t.T/Echo".into(),
+        body: Bytes::from_static(b"once"),
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    c.fail_next_sends(3);
+    let got = c.call(req()).await.expect("retried transparently");
+    assert_eq!(&got.body[..], b"once");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(with_previous.load(Ordering::SeqCst), 0);
+    let st = c.retry_stats();
+    assert_eq!((st.transparent_retries, st.attempts), (3, 4), "{st:?}");
+    // the hook belongs to `c` only
+    other.call(req()).await.unwrap();
+    assert_eq!(other.retry_stats().transparent_retries, 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// The same for a stream's opening frame: a client stream whose first 2 opens fail before
+/// the wire opens on the third, and its handler runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_open_fails_before_the_wire_is_retried_transparently() {
+    let (addr, attempts) = server(0).await;
+    let c = Client::connect_unshared(&addr, &Config::default())
+        .await
+        .unwrap();
+    c.fail_next_sends(2);
+    let (mut tx, mut rx) = c
+        .open_stream(open())
+        .await
+        .expect("opened on the third try");
+    tx.send(Bytes::from_static(b"b")).await.unwrap();
+    tx.finish().unwrap();
+    assert_eq!(rx.message().await.unwrap().as_deref(), Some(&b"ab"[..]));
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    assert_eq!(c.retry_stats().transparent_retries, 2);
+}
+
+const HEDGED: &str = r#"{"methodConfig": [{"name": [{"service": "t.T"}],
+   "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.05s",
+                     "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#;
+
+/// Counts a stalled handler's end when it is dropped (the server stopped it).
+struct Dropped(Arc<AtomicU64>);
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A replica serving Collect (the concatenation of the request messages, tagged with its id),
+/// or, stalled, never answering: `(addr, handlers started, handlers dropped)`.
+async fn replica(id: &'static str, stalled: bool) -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (started, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (s, d) = (started.clone(), dropped.clone());
+    let unary = |_req: ServerRequest| async { Ok::<_, Status>(Response::default()) };
+    let server = Server::new(unary, Config::default()).with_streams(
+        move |_req: StreamRequest, mut rx: RequestReceiver, mut tx: ResponseSender| {
+            let (s, d) = (s.clone(), d.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                let _end = Dropped(d);
+                if stalled {
+                    std::future::pending::<()>().await;
+                }
+                let mut all = id.as_bytes().to_vec();
+                while let Some(m) = rx.message().await? {
+                    all.extend_from_slice(&m);
+                }
+                tx.send_last(Bytes::from(all));
+                Ok::<_, Status>(Metadata::new())
+            }
+        },
+    );
+    tokio::spawn(server.serve(listener));
+    (addr, started, dropped)
+}
+
+/// A6's hedging applies to streams too: a client stream under a hedging policy, over three
+/// replicas of which one is stalled, completes from another (each hedged attempt is sent the
+/// request messages so far, and the first to answer commits), and the stalled replica's
+/// attempt is cancelled: its handler is dropped. Fails when hedged streams commit at open (the
+/// stream stays on the stalled replica until its deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_client_stream_completes_past_a_stalled_replica_whose_attempt_is_cancelled() {
+    use byteexpress_rpc::balance::EndpointState;
+    use byteexpress_rpc::{BalanceConfig, CallOptions, Policy, ReplicaSet};
+    let (a, _, _) = replica("A", false).await;
+    let (b, stalled_started, stalled_dropped) = replica("B", true).await;
+    let (c, _, _) = replica("C", false).await;
+    let bal = BalanceConfig {
+        policy: Policy::RoundRobin,
+        ..BalanceConfig::default()
+    };
+    let set = ReplicaSet::from_static([&a, &b, &c], &Config::default(), &bal)
+        .with_service_config(ServiceConfig::from_json(HEDGED).unwrap())
+        .unwrap();
+    set.connect_now();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let changed = set.changed();
+            if set
+                .endpoints()
+                .iter()
+                .all(|e| e.state == EndpointState::Ready)
+            {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("all three ready");
+    // round robin: one of three calls opens its first attempt on the stalled replica
+    for _ in 0..3 {
+        let (mut tx, mut rx) = set
+            .open_stream_with(open(), CallOptions::default())
+            .await
+            .unwrap();
+        for m in [b"b", b"c"] {
+            tx.send(Bytes::from_static(m)).await.unwrap();
+        }
+        tx.finish().unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.message())
+            .await
+            .expect("not stuck on the stalled replica")
+            .expect("answered by a healthy replica")
+            .expect("a message");
+        assert!(
+            &got[..] == b"Aabc" || &got[..] == b"Cabc",
+            "{:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert_eq!(rx.message().await.unwrap(), None);
+    }
+    let started = stalled_started.load(Ordering::SeqCst);
+    assert!(started >= 1, "the stalled replica got no attempt");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while stalled_dropped.load(Ordering::SeqCst) < started {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the stalled replica's attempts were cancelled and their handlers dropped");
+    assert!(set.retry_stats().hedges >= 1, "{:?}", set.retry_stats());
+}

@@ -104,7 +104,9 @@ async fn a_200ms_deadline_against_an_accept_and_hang_port_is_deadline_exceeded_w
         let err = set
             .call_with(
                 echo(Duration::from_millis(200)),
-                CallOptions { wait_for_ready },
+                CallOptions {
+                    wait_for_ready: Some(wait_for_ready),
+                },
             )
             .await
             .unwrap_err();
@@ -221,7 +223,7 @@ async fn lazy_set_before_its_server_fails_fast_without_wait_for_ready_and_waits_
             set.call_with(
                 echo(Duration::from_secs(20)),
                 CallOptions {
-                    wait_for_ready: true,
+                    wait_for_ready: Some(true),
                 },
             )
             .await
@@ -241,6 +243,55 @@ async fn lazy_set_before_its_server_fails_fast_without_wait_for_ready_and_waits_
     let e = &set.endpoints()[0];
     assert_eq!(e.state, EndpointState::Ready);
     assert!(e.transport.is_some(), "transport reported per endpoint");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_turns_wait_for_ready_off_fails_fast_despite_the_service_configs_wait_for_ready()
+ {
+    let addr = free_addr().await;
+    let bal = BalanceConfig {
+        backoff: fast_backoff(),
+        ..BalanceConfig::default()
+    };
+    let sc = byteexpress_rpc::ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "test.Test"}], "waitForReady": true}]}"#,
+    )
+    .unwrap();
+    let set = ReplicaSet::from_static([&addr], &tcp(), &bal)
+        .with_service_config(sc)
+        .unwrap();
+    // nobody listens: once the first attempt is refused the endpoint is in TRANSIENT_FAILURE
+    set.connect_now();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let changed = set.changed();
+            if set.endpoints()[0].state == EndpointState::TransientFailure {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("in TRANSIENT_FAILURE");
+    // the call's own `false` wins over the config's `true`: UNAVAILABLE at once
+    let t0 = Instant::now();
+    let err = set
+        .call_with(
+            echo(Duration::from_secs(10)),
+            CallOptions {
+                wait_for_ready: Some(false),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::Unavailable, "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // a call that set nothing takes the config's: it waits until its deadline
+    let err = set
+        .call_with(echo(Duration::from_millis(300)), CallOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::DeadlineExceeded, "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +332,24 @@ async fn reconnection_attempts_to_an_absent_server_back_off_by_the_multiplier_up
             "gaps {gaps:?}"
         );
     }
-    assert_eq!(set.endpoints()[0].state, EndpointState::TransientFailure);
+    // The loop above stops as soon as the 6th attempt has started, when the endpoint is
+    // still Connecting until the refusal arrives: wait for the state that attempt ends in
+    // (TransientFailure, held for the 400 ms backoff before the next one).
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let changed = set.changed();
+            if set.endpoints()[0].state == EndpointState::TransientFailure {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "never in TransientFailure: {:?}",
+        set.endpoints()[0].state
+    );
 }
 
 // ---- the facade: connect_lazy, poll_ready, WaitForReady ----
@@ -736,7 +804,7 @@ async fn the_system_resolver_makes_a_replica_of_every_record_of_localhost() {
         .call_with(
             echo(Duration::from_secs(10)),
             CallOptions {
-                wait_for_ready: true,
+                wait_for_ready: Some(true),
             },
         )
         .await

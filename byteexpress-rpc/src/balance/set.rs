@@ -28,8 +28,12 @@ pub struct CallOptions {
     /// with UNAVAILABLE while every endpoint is in TRANSIENT_FAILURE (its last connection
     /// attempt failed, or it is ejected); it still waits while endpoints are connecting for
     /// the first time. On: the call waits for a ready endpoint until its deadline
-    /// (DEADLINE_EXCEEDED then), without a deadline for as long as it takes.
-    pub wait_for_ready: bool,
+    /// (DEADLINE_EXCEEDED then), without a deadline for as long as it takes. `None`
+    /// (default): the method's `waitForReady` from the attached
+    /// [`ServiceConfig`](crate::ServiceConfig), off without one; `Some(_)` set on the call
+    /// wins over the config's either way (gRPC: a call's own setting overrides the service
+    /// config's).
+    pub wait_for_ready: Option<bool>,
 }
 
 /// gRPC connectivity state of one endpoint.
@@ -273,7 +277,7 @@ impl ReplicaSet {
         let t0 = std::time::Instant::now();
         let plan = retry.plan(&req.method, req.timeout, opts.wait_for_ready);
         let opts = CallOptions {
-            wait_for_ready: plan.wait_for_ready,
+            wait_for_ready: Some(plan.wait_for_ready),
         };
         let tried = Mutex::new(Vec::new());
         let res = retry
@@ -353,7 +357,7 @@ impl ReplicaSet {
             changed.as_mut().enable();
             match core.pick_avoiding(avoid) {
                 Pick::Ready(ep, c) => break (ep, c),
-                Pick::Fail(why) if !opts.wait_for_ready => {
+                Pick::Fail(why) if opts.wait_for_ready != Some(true) => {
                     return Err(Status::new(
                         Code::Unavailable,
                         format!("no ready endpoint: {why}"),

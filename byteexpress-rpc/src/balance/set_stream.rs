@@ -23,11 +23,11 @@ impl ReplicaSet {
     /// stream raises). Errors: as [`ReplicaSet::call_with`] before the stream opens.
     ///
     /// With a [`ServiceConfig`](crate::ServiceConfig) attached
-    /// ([`ReplicaSet::with_service_config`]), a stream whose request is complete at open
-    /// (`half_close`) is retried or hedged as a call, each attempt on an endpoint not tried
-    /// yet when one is ready, until it commits (the server's headers, first message or end:
-    /// waited for here); other streams commit when their opening frame is sent
-    /// (`crate::retry`).
+    /// ([`ReplicaSet::with_service_config`]), a stream is retried or hedged as a call, each
+    /// attempt on an endpoint not tried yet when one is ready, until it commits (the server's
+    /// headers, first message or end; waited for here when the request is complete at open,
+    /// `half_close`); the request messages of other streams are kept and sent to every
+    /// attempt until then (`crate::retry`, "Streams").
     pub async fn open_stream_with(
         &self,
         req: OpenStream,
@@ -36,7 +36,7 @@ impl ReplicaSet {
         let retry = self.retrier();
         let plan = retry.plan(&req.method, req.timeout, opts.wait_for_ready);
         let opts = CallOptions {
-            wait_for_ready: plan.wait_for_ready,
+            wait_for_ready: Some(plan.wait_for_ready),
         };
         let tried = Arc::new(parking_lot::Mutex::new(Vec::new()));
         if replays(&retry, &req) {

@@ -39,10 +39,15 @@
 //! `maxTokens / 2`.
 //!
 //! # Streams
-//! A stream is retried as a call until it **commits**: when the server's headers or first
-//! message (or its end) arrive, or when the request messages buffered for replay exceed
-//! [`PER_RPC_BUFFER_LIMIT`] (A6's per-RPC buffer limit). Before commit, request messages are
-//! kept and sent again on the next attempt; after it, whatever happens is the caller's.
+//! A stream (client, server or bidirectional streaming) is retried or hedged as a call until
+//! it **commits**: when the server's headers or first message (or its end) arrive on an
+//! attempt, or when the request messages buffered for replay exceed [`PER_RPC_BUFFER_LIMIT`]
+//! (A6's per-RPC buffer limit; the stream then commits to an attempt that has sent them all).
+//! Before commit, request messages are kept: a retry sends them again from the first; under
+//! a `hedgingPolicy` every attempt in flight is sent each of them, and the first attempt to
+//! reach its commit point with headers, a message, OK or a fatal status wins while the
+//! others are cancelled (CANCEL on the wire; the server drops their handlers). After the
+//! commit, whatever happens is the caller's.
 //!
 //! Counted in [`RetryStats`] and under the metric names of [`crate::metrics`]
 //! (`bx_client_retries_total`, ...); logged at debug (target `byteexpress_rpc::retry`).
@@ -204,8 +209,14 @@ impl Retrier {
     }
 
     /// The deadline (the caller's timeout or the method config's, whichever is shorter, from
-    /// now) and wait-for-ready (the caller's, or the method config's `waitForReady: true`).
-    pub(crate) fn plan(&self, method: &str, timeout: Option<Duration>, wfr: bool) -> CallPlan {
+    /// now) and wait-for-ready: the caller's when it set one (either way: a call's own
+    /// setting wins), else the method config's `waitForReady`, else off.
+    pub(crate) fn plan(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        wfr: Option<bool>,
+    ) -> CallPlan {
         let mc = self.cfg.method(method);
         let t = match (timeout, mc.and_then(|m| m.timeout)) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -213,7 +224,7 @@ impl Retrier {
         };
         CallPlan {
             deadline: t.map(|t| Instant::now() + t),
-            wait_for_ready: wfr || mc.and_then(|m| m.wait_for_ready) == Some(true),
+            wait_for_ready: wfr.or(mc.and_then(|m| m.wait_for_ready)).unwrap_or(false),
         }
     }
 

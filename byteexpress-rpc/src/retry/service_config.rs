@@ -30,8 +30,9 @@ pub struct MethodConfig {
     /// `timeout`: the call's deadline when shorter than the caller's own (or the caller has
     /// none); covers every attempt.
     pub timeout: Option<Duration>,
-    /// `waitForReady`: `Some(true)` makes calls wait for a ready endpoint (gRPC's
-    /// `doc/wait-for-ready.md`) unless the call asks for it itself.
+    /// `waitForReady`: whether calls wait for a ready endpoint (gRPC's
+    /// `doc/wait-for-ready.md`) when the call sets nothing itself; a call's own setting
+    /// ([`CallOptions::wait_for_ready`](crate::CallOptions::wait_for_ready)) wins either way.
     pub wait_for_ready: Option<bool>,
     /// `retryPolicy` or `hedgingPolicy` (never both, A6).
     pub policy: Option<AttemptPolicy>,

@@ -156,16 +156,18 @@ impl Client {
     /// [`Client::max_message`]).
     ///
     /// With a [`ServiceConfig`](crate::ServiceConfig) attached
-    /// ([`Client::with_service_config`]), a stream whose request is complete at open
-    /// (`half_close`) is retried or hedged as a call until it commits: until the server's
-    /// headers, first message or end arrive, which this method then waits for
-    /// (`crate::retry`, "Streams"). Other streams commit when the opening frame is sent.
+    /// ([`Client::with_service_config`]), a stream of a method with a policy is retried or
+    /// hedged as a call until it commits, when the server's headers, first message or end
+    /// arrive (`crate::retry`, "Streams"): a stream whose request is complete at open
+    /// (`half_close`) is waited for here until then; any other returns at once, and its
+    /// request messages are kept and sent to every attempt (replayed on a retry, sent to each
+    /// hedged attempt) until the commit or A6's per-RPC buffer limit.
     pub async fn open_stream(
         &self,
         req: OpenStream,
     ) -> Result<(RequestSender, ResponseReceiver), Status> {
         let retry = self.retrier().clone();
-        let plan = retry.plan(&req.method, req.timeout, false);
+        let plan = retry.plan(&req.method, req.timeout, None);
         if super::replay::replays(&retry, &req) {
             let c = self.clone();
             let r = req.clone();
@@ -237,7 +239,11 @@ impl Client {
             out.header.timeout_us = (left.as_micros() as u64).max(1);
         }
         slot.streams.map.lock().insert(slot.key, s.clone());
-        if let Err(e) = slot.link.send(out) {
+        let sent = match self.hooked_send_failure() {
+            Some(e) => Err(e),
+            None => slot.link.send(out),
+        };
+        if let Err(e) = sent {
             slot.streams.map.lock().remove(&slot.key);
             return Err(if e.code == Code::ResourceExhausted {
                 AttemptError::other(e)

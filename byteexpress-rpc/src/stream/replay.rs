@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::OpenStream;
 use super::client::{DirectReceiver, DirectSender};
-use crate::retry::{AttemptError, AttemptInfo, AttemptPolicy, PER_RPC_BUFFER_LIMIT, Retrier};
+use crate::retry::{AttemptError, AttemptInfo, PER_RPC_BUFFER_LIMIT, Retrier};
 use crate::{Code, Metadata, Status};
 
 /// The client's sending half of a stream (gRPC's request messages). Dropping it half-closes.
@@ -164,25 +164,83 @@ impl ResponseReceiver {
     }
 }
 
-/// Whether a stream is replayed: its method has a retry policy and its request is not complete
-/// at open. (Hedged request streams commit at open: their attempts would share one request
-/// source.)
+/// Whether a stream is replayed: its method has a retry or hedging policy and its request is
+/// not complete at open.
 pub(crate) fn replays(retry: &Retrier, req: &OpenStream) -> bool {
-    !req.half_close && matches!(retry.policy(&req.method), Some(AttemptPolicy::Retry(_)))
+    !req.half_close && retry.policy(&req.method).is_some()
 }
 
-/// What the attempts of a replayed stream share: the caller's messages and the replay buffer.
+/// What the attempts of a replayed stream share: the caller's request messages so far (after
+/// the first, which goes with each attempt's opening frame), kept until the stream commits.
+#[derive(Default)]
 struct Input {
-    rx: mpsc::Receiver<Bytes>,
-    finished: bool,
     buffer: Vec<Bytes>,
+    /// The caller half-closed after `buffer`.
+    finished: bool,
+    /// Bytes of the request so far (the first message included).
     bytes: usize,
-    /// The buffer passed the limit: the stream committed to its current attempt.
+    /// The request passed the limit: no more is read until an attempt has sent all of
+    /// `buffer` and commits.
     over: bool,
 }
 
+/// One attempt of a replayed stream: sends the request kept in `input` (from the start, then
+/// each message as it comes) until its commit point, or, once `input` is over the limit,
+/// until it has sent all of it. Returns the attempt and how much of `buffer` it sent.
+async fn attempt(
+    input: &parking_lot::Mutex<Input>,
+    changed: &tokio::sync::watch::Sender<()>,
+    tx: DirectSender,
+    mut rx: DirectReceiver,
+) -> Result<(Option<DirectSender>, DirectReceiver, usize), AttemptError> {
+    let mut tx = Some(tx);
+    let mut sent = 0usize;
+    let mut seen = changed.subscribe();
+    loop {
+        seen.borrow_and_update();
+        let (next, finished, over) = {
+            let inp = input.lock();
+            (inp.buffer.get(sent).cloned(), inp.finished, inp.over)
+        };
+        match next {
+            Some(m) => {
+                sent += 1;
+                let Some(t) = tx.as_mut() else { continue };
+                tokio::select! {
+                    r = rx.commit_point() => {
+                        r?;
+                        // committed with `m` unsent: it is sent after the commit
+                        sent -= 1;
+                        return Ok((tx, rx, sent));
+                    }
+                    r = t.send(m) => if r.is_err() {
+                        tx = None; // the stream ended: its outcome comes from `rx`
+                    },
+                }
+                continue;
+            }
+            None if finished => {
+                if let Some(t) = tx.take() {
+                    let _ = t.finish();
+                }
+            }
+            None if over => return Ok((tx, rx, sent)),
+            None => {}
+        }
+        tokio::select! {
+            r = rx.commit_point() => {
+                r?;
+                return Ok((tx, rx, sent));
+            }
+            _ = seen.changed(), if !finished => {}
+        }
+    }
+}
+
 /// A replayed stream: the caller's halves, and a task that runs its attempts (`open` opens
-/// one) under `retry`'s policy until one commits, then relays the rest of the request to it.
+/// one) under `retry`'s policy (retried one after another, or hedged side by side: each
+/// attempt gets every request message) until one commits, then relays the rest of the
+/// request to it.
 pub(crate) fn relayed<F, Fut>(
     retry: Arc<Retrier>,
     req: OpenStream,
@@ -193,77 +251,54 @@ where
     F: FnMut(AttemptInfo) -> Fut + std::marker::Send + 'static,
     Fut: Future<Output = Result<(DirectSender, DirectReceiver), AttemptError>> + std::marker::Send,
 {
-    let (in_tx, in_rx) = mpsc::channel::<Bytes>(1);
+    let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(1);
     let (out_tx, out_rx) = oneshot::channel();
     let method = req.method.clone();
     let first = req.first.map(|m| m.len()).unwrap_or(0);
     tokio::spawn(async move {
-        let input = tokio::sync::Mutex::new(Input {
-            rx: in_rx,
-            finished: false,
-            buffer: Vec::new(),
+        let input = parking_lot::Mutex::new(Input {
             bytes: first,
-            over: false,
+            ..Input::default()
         });
-        let res = retry
-            .run(&method, deadline, |info| {
-                let (input, retry, method) = (&input, &retry, &method);
-                let opened = open(info);
-                async move {
-                    let (tx, mut rx) = opened.await?;
-                    let mut tx = Some(tx);
-                    let mut inp = input.lock().await;
-                    for m in inp.buffer.clone() {
-                        if let Some(t) = tx.as_mut()
-                            && t.send(m).await.is_err()
-                        {
-                            tx = None; // the stream ended: its outcome comes from `rx`
-                        }
-                    }
-                    if inp.finished
-                        && let Some(t) = tx.take()
-                    {
-                        let _ = t.finish();
-                    }
-                    loop {
-                        if inp.over {
-                            return Ok((tx, rx));
-                        }
-                        let finished = inp.finished;
-                        tokio::select! {
-                            r = rx.commit_point() => {
-                                r?;
-                                return Ok((tx, rx));
+        let (changed, _) = tokio::sync::watch::channel(());
+        // reads the caller's messages into `input` until it is over the limit or finished
+        let pump = async {
+            loop {
+                let m = in_rx.recv().await;
+                let stop = {
+                    let mut inp = input.lock();
+                    match m {
+                        Some(m) => {
+                            inp.bytes += m.len();
+                            inp.buffer.push(m);
+                            if inp.bytes > PER_RPC_BUFFER_LIMIT {
+                                inp.over = true;
+                                retry.buffer_commit(&method);
                             }
-                            m = inp.rx.recv(), if !finished => match m {
-                                Some(m) => {
-                                    inp.bytes += m.len();
-                                    if inp.bytes > PER_RPC_BUFFER_LIMIT {
-                                        inp.over = true;
-                                        inp.buffer.clear();
-                                        retry.buffer_commit(method);
-                                    } else {
-                                        inp.buffer.push(m.clone());
-                                    }
-                                    if let Some(t) = tx.as_mut()
-                                        && t.send(m).await.is_err()
-                                    {
-                                        tx = None;
-                                    }
-                                }
-                                None => {
-                                    inp.finished = true;
-                                    if let Some(t) = tx.take() {
-                                        let _ = t.finish();
-                                    }
-                                }
-                            },
                         }
+                        None => inp.finished = true,
                     }
+                    inp.over || inp.finished
+                };
+                changed.send_replace(());
+                if stop {
+                    return std::future::pending::<()>().await;
                 }
-            })
-            .await;
-        let (tx, rx) = match res {
+            }
+        };
+        let run = retry.run(&method, deadline, |info| {
+            let (input, changed) = (&input, &changed);
+            let opened = open(info);
+            async move {
+                let (tx, rx) = opened.await?;
+                attempt(input, changed, tx, rx).await
+            }
+        });
+        let res = tokio::select! {
+            r = run => r,
+            () = pump => unreachable!("the pump never ends"),
+        };
+        let (tx, rx, sent) = match res {
             Ok(v) => v,
             Err(s) => {
                 let _ = out_tx.send(Err(s));
@@ -273,15 +308,19 @@ where
         if out_tx.send(Ok(rx)).is_err() {
             return; // the caller dropped its receiver: dropping `tx` and the stream cancels
         }
-        // committed: relay the rest of the request
-        let mut inp = input.into_inner();
+        // committed: the rest of the request goes to this attempt alone
+        let inp = input.into_inner();
         let Some(mut tx) = tx else { return };
-        if inp.finished {
-            return;
-        }
-        while let Some(m) = inp.rx.recv().await {
+        for m in inp.buffer.into_iter().skip(sent) {
             if tx.send(m).await.is_err() {
                 return;
+            }
+        }
+        if !inp.finished {
+            while let Some(m) = in_rx.recv().await {
+                if tx.send(m).await.is_err() {
+                    return;
+                }
             }
         }
         let _ = tx.finish();
