@@ -123,8 +123,9 @@ pub struct BenchArgs {
     pub deadline_ms: Option<u64>,
     /// Attempt policy of a fleet's Pull calls on its rdma and tcp rows (a gRPC service config,
     /// A6; see `--service-config`): none; retries (the retry policy of issue 19's first
-    /// document: 4 attempts, backoff 0.1 s ×2 up to 1 s, on UNAVAILABLE, with its
-    /// retryThrottling of 10 tokens, ratio 0.1); hedging (up to 3 attempts in flight, the next
+    /// document: 4 attempts, backoff 0.1 s ×2 up to 1 s, on UNAVAILABLE; its retryThrottling
+    /// ratio 0.1 but 100 tokens, not 10: a killed replica fails every call in flight on it at
+    /// once, up to --in-flight of them, and 10 tokens stop retrying after 5); hedging (up to 3 attempts in flight, the next
     /// after `--hedging-delay-ms`, UNAVAILABLE non-fatal). Push has no policy (not idempotent).
     /// h2 rows ignore it: tonic does not implement A6.
     #[arg(long, value_enum, default_value = "none", requires = "servers")]
@@ -176,7 +177,7 @@ impl BenchArgs {
                 .map_err(|e| format!("--service-config {}: {e}", path.display()))?,
             (None, Policy::None) => return Ok(None),
             (None, Policy::Retries) => format!(
-                r#"{{"methodConfig": [{{"name": {PULL_NAME}, "retryPolicy": {{"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}}}], "retryThrottling": {{"maxTokens": 10, "tokenRatio": 0.1}}}}"#
+                r#"{{"methodConfig": [{{"name": {PULL_NAME}, "retryPolicy": {{"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}}}], "retryThrottling": {{"maxTokens": 100, "tokenRatio": 0.1}}}}"#
             ),
             (None, Policy::Hedging) => format!(
                 r#"{{"methodConfig": [{{"name": {PULL_NAME}, "hedgingPolicy": {{"maxAttempts": 3, "hedgingDelay": "{}s", "nonFatalStatusCodes": ["UNAVAILABLE"]}}}}]}}"#,
@@ -208,6 +209,8 @@ pub struct Row {
     pub p50_us: u64,
     /// 99th percentile latency, µs.
     pub p99_us: u64,
+    /// 95th percentile latency, µs (JSON only: e.g. a hedging delay at the healthy p95).
+    pub p95_us: u64,
     /// 99.9th percentile latency, µs.
     pub p999_us: u64,
     /// Throughput, calls per second.
@@ -752,6 +755,7 @@ async fn run_transport(
         mean_us: hist.mean(),
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
+        p95_us: hist.value_at_quantile(0.95),
         p999_us: hist.value_at_quantile(0.999),
         calls_per_sec: calls as f64 / took.as_secs_f64(),
         client_cpu_us: per_call(c1 - c0),
@@ -1023,11 +1027,12 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
                 )
             });
             format!(
-                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}{fleet}}}",
+                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}{fleet}}}",
                 json_str(&r.transport),
                 r.calls,
                 finite(r.mean_us),
                 r.p50_us,
+                r.p95_us,
                 r.p99_us,
                 r.p999_us,
                 finite(r.calls_per_sec),
@@ -1123,6 +1128,7 @@ mod tests {
             mean_us: 12.5,
             p50_us: 11,
             p99_us: 20,
+            p95_us: 15,
             p999_us: 30,
             calls_per_sec: 1000.0,
             client_cpu_us: 5.0,
