@@ -1,6 +1,7 @@
 //! One memory budget for the bytes that peers make this process hold before a message is
 //! whole: partly received TCP frames and RDMA reassembly buffers, across all links of a
-//! [`Server`](crate::Server) (or, for clients, of the process).
+//! [`Server`](crate::Server) (or, for clients, of the process: one budget per distinct
+//! `memory_budget` value, shared by the client links set up with it).
 //!
 //! A TCP frame larger than [`UNCHARGED`], and every message reassembled from RDMA chunks, is
 //! charged its whole announced size when its first bytes arrive, before any memory is set

@@ -74,12 +74,17 @@ impl Calls {
     }
 }
 
-/// The process's budget for answers in transit ([`Config::memory_budget`] of the first link
-/// set up).
+/// The process's budget for answers in transit under `cfg.memory_budget`: one budget per
+/// distinct [`Config::memory_budget`] value, shared by every client link set up with it. Each
+/// client's own setting holds, whichever link of the process came first.
 fn client_budget(cfg: &Config) -> MemoryBudget {
-    static BUDGET: std::sync::OnceLock<MemoryBudget> = std::sync::OnceLock::new();
-    BUDGET
-        .get_or_init(|| MemoryBudget::new(cfg.memory_budget))
+    static BUDGETS: std::sync::OnceLock<Mutex<HashMap<usize, MemoryBudget>>> =
+        std::sync::OnceLock::new();
+    BUDGETS
+        .get_or_init(Default::default)
+        .lock()
+        .entry(cfg.memory_budget)
+        .or_insert_with(|| MemoryBudget::new(cfg.memory_budget))
         .clone()
 }
 
@@ -223,7 +228,7 @@ async fn open_conn(
         return Ok((link, conn_id));
     }
     let key = format!(
-        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}",
         cfg.transport,
         cfg.allow_soft,
         cfg.grant,
@@ -234,7 +239,8 @@ async fn open_conn(
         cfg.window_bytes,
         cfg.sched,
         cfg.window_target_delay,
-        cfg.busy_poll
+        cfg.busy_poll,
+        cfg.memory_budget
     );
     let mut links = registry().lock().await;
     let link = match links.get(&key).and_then(Weak::upgrade) {
@@ -623,5 +629,33 @@ impl Drop for CancelOnDrop<'_> {
             );
             let _ = self.link.tx.send(cancel);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: the client budget was one per process, sized by the first link's
+    /// `memory_budget`, so a client with a larger setting set up later (e.g. another test in
+    /// the same process) had its answers over the first setting refused RESOURCE_EXHAUSTED.
+    #[test]
+    fn each_clients_memory_budget_holds_whichever_link_came_first() {
+        let small = Config {
+            memory_budget: (1 << 20) + 7,
+            ..Config::default()
+        };
+        let large = Config {
+            memory_budget: (32 << 20) + 7,
+            ..Config::default()
+        };
+        assert_eq!(client_budget(&small).limit(), small.memory_budget);
+        assert_eq!(client_budget(&large).limit(), large.memory_budget);
+        // links with the same setting share one budget across the process
+        let a = client_budget(&large);
+        let b = client_budget(&large);
+        let charge = a.try_take(1 << 20).expect("fits");
+        assert!(b.used() >= 1 << 20, "one shared budget");
+        drop(charge);
     }
 }

@@ -75,7 +75,8 @@ pub struct Config {
     /// project's tests open up to 500 from 127.0.0.1). Beyond it, closed when accepted.
     pub max_connections_per_addr: usize,
     /// Bytes that messages still in transit may hold, across all links of a server (for
-    /// clients: of the process, fixed by the first link's setting): partly received TCP frames
+    /// clients: of the process, one budget per distinct value, shared by the client links set
+    /// up with it): partly received TCP frames
     /// larger than 64 KiB and the buffers of messages reassembled from RDMA chunks, charged
     /// their whole size when their first bytes arrive (default 256 MiB). A message that does not fit is never
     /// buffered: its bytes are dropped as they arrive and the call fails RESOURCE_EXHAUSTED.

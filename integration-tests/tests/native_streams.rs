@@ -439,6 +439,46 @@ async fn the_server_ending_a_stream_stops_the_clients_sender() {
     }
 }
 
+/// Regression: the client memory budget was one per process, sized by the first client link
+/// set up, so a client with a larger `memory_budget` set up after one with 1 MiB (here, or
+/// another test of this process) had its 4 MiB answers refused RESOURCE_EXHAUSTED. Both
+/// settings must hold at once, so this fails whichever link the old code sized by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_clients_memory_budget_holds_whichever_client_of_the_process_came_first() {
+    let (addr, _) = serve(Config::default()).await;
+    for t in BOTH {
+        let small = client(
+            &addr,
+            t,
+            &Config {
+                memory_budget: (1 << 20) + 3,
+                ..Config::default()
+            },
+        )
+        .await;
+        let large = client(
+            &addr,
+            t,
+            &Config {
+                memory_budget: (64 << 20) + 3,
+                ..Config::default()
+            },
+        )
+        .await;
+        let m = Bytes::from(vec![7; 4 << 20]);
+        let (mut tx, mut rx) = large.open_stream(open("/echo", &[])).await.unwrap();
+        within("send", tx.send(m.clone())).await.unwrap();
+        let got = within("echo", rx.message()).await.unwrap().unwrap();
+        assert!(got == m, "{t:?}: the 64 MiB client takes a 4 MiB answer");
+        let (mut tx, mut rx) = small.open_stream(open("/echo", &[])).await.unwrap();
+        within("send", tx.send(Bytes::from(vec![7; 2 << 20])))
+            .await
+            .unwrap();
+        let err = within("refused", rx.message()).await.unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted, "{t:?}: {err:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_message_over_the_servers_memory_budget_fails_that_stream_only() {
     let cfg = Config {
