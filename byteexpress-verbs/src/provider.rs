@@ -46,7 +46,8 @@ pub(crate) trait ContextImpl: Send + Sync + std::fmt::Debug {
 
 /// A protection domain (`ibv_pd`).
 pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
-    fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>>;
+    /// `access`: the widest access its MRs will have (the soft provider's exposure class).
+    fn alloc_shared(&self, len: usize, access: Access) -> Result<Arc<dyn SharedMemImpl>>;
     /// Registers `[offset, offset + len)` of `mem`; the caller checked that the range is not
     /// empty and lies inside `mem`.
     fn reg_shared(
