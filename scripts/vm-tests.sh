@@ -32,6 +32,9 @@ fi
 #   RDMA link can only be rxe0; every native and facade stream test (issue 21), the same way;
 # - memory the pool did not allocate, through byteexpress-mem's MR cache on rxe0 (MAP_FIXED:
 #   a region unmapped and mapped again at the same address is registered anew);
+# - least access on rxe0 (issue 22): an RDMA WRITE into a link's receive buffer with its
+#   address and leaked rkey fails IBV_WC_REM_ACCESS_ERR, as does a READ of a send buffer; a
+#   message lent for READ (Pool::lend_for_read) is readable for that message only;
 # - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0;
 # - device choice with soft0 visible: BX_TRANSPORT=rdma links on rxe0, never moved to soft0; an
 #   invalid BX_GID_INDEX is an error naming the index, rxe0 and its valid entries.
@@ -43,6 +46,7 @@ targets=(
   "integration-tests:facade_streams::BX_SOFT=0:"
   "bx:pingpong_vm:vm-tests"
   "byteexpress-mem:user_memory_vm:"
+  "byteexpress-mem:least_access:"
   "integration-tests:device_choice_vm:vm-tests"
 )
 bins=()

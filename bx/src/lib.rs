@@ -8,7 +8,8 @@
 //! - `bx ps serve [--addr 127.0.0.1:0] [--dim 64]`: the parameter server (ByteExpress and
 //!   HTTP/2 on one port), printing `LISTENING <addr>` first;
 //! - `bx ps bench`: the parameter-server workload over each transport, side by side, against
-//!   a server it starts (and stops with itself) or one at `--server ADDR`.
+//!   a server it starts (and stops with itself), one at `--server ADDR`, or a fleet of
+//!   `--servers N` shards of `--replicas R` processes each, optionally with a `--fault`.
 //!
 //! Every command logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`: one
 //! line per link set up, with its peer, transport, device, and why a faster path was not
@@ -59,7 +60,8 @@ enum PsCmd {
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
     },
-    /// Start a server process (or use --server) and measure Pull/Push over rdma, tcp and HTTP/2.
+    /// Start a server process (or use --server, or a sharded, replicated fleet with --servers)
+    /// and measure Pull/Push over rdma, tcp and HTTP/2.
     Bench(BenchArgs),
 }
 
@@ -148,7 +150,7 @@ pub fn main() -> ExitCode {
             let rows = match outcome {
                 Ok(rows) => rows,
                 Err(bench::BenchError::Signal(name, code)) => {
-                    eprintln!("bx ps bench: stopped by {name}; its server was stopped too");
+                    eprintln!("bx ps bench: stopped by {name}; its servers were stopped too");
                     return ExitCode::from(code);
                 }
                 Err(bench::BenchError::Failed(e)) => {

@@ -8,8 +8,6 @@ mod pingpong_common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::Child;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -21,36 +19,6 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// Bench flags for a small, quick workload.
 const SMALL: &[&str] = &["--keys", "1000", "--workers", "1", "--in-flight", "4"];
 
-/// Forwards `child`'s stderr lines to a channel (and keeps them), so a test can wait for one
-/// line and still see everything at the end.
-fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    let err = child.stderr.take().expect("piped stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits (at most `limit`) for a line containing `needle`; returns it and the lines seen.
-fn wait_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> (String, Vec<String>) {
-    let t0 = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let left = limit.saturating_sub(t0.elapsed());
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains(needle) => return (l, seen),
-            Ok(l) => seen.push(l),
-            Err(_) => panic!("no line with {needle:?} within {limit:?}; saw {seen:#?}"),
-        }
-    }
-}
-
 /// The pid in `bx ps bench: server pid N at ...`.
 fn server_pid(line: &str) -> u32 {
     line.split("server pid ")
@@ -58,20 +26,6 @@ fn server_pid(line: &str) -> u32 {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {line:?}"))
-}
-
-/// True while `pid` is a live process (not gone, not a zombie).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z")
-        }
-        Err(_) => false,
-    }
 }
 
 fn cmdline(pid: u32) -> String {

@@ -3,8 +3,9 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
-use byteexpress_verbs::{Access, Pd};
+use byteexpress_verbs::{Access, Mr, Pd, SharedMem};
 
 use crate::MemError;
 
@@ -36,7 +37,9 @@ pub(crate) struct Chunk {
     len: usize,
     span: usize,
     keys: Vec<Keys>,
-    _hold: Box<dyn Any + Send + Sync>,
+    /// The memory and its MRs (what the backend made); shared so that a registration of part of
+    /// the chunk ([`Backend::register`]) can run without the pool's lock.
+    hold: Arc<dyn Any + Send + Sync>,
 }
 
 // SAFETY: the chunk owns its mapping through `_hold` (Send + Sync); `base` only names it.
@@ -60,7 +63,7 @@ impl Chunk {
         len: usize,
         span: usize,
         keys: Vec<Keys>,
-        hold: Box<dyn Any + Send + Sync>,
+        hold: Arc<dyn Any + Send + Sync>,
     ) -> Self {
         crate::registry::add(base.as_ptr() as usize, len);
         Chunk {
@@ -68,8 +71,13 @@ impl Chunk {
             len,
             span,
             keys,
-            _hold: hold,
+            hold,
         }
+    }
+
+    /// What the backend keeps the memory alive with (for [`Backend::register`]).
+    pub(crate) fn hold(&self) -> Arc<dyn Any + Send + Sync> {
+        self.hold.clone()
     }
 
     /// Address of the first byte.
@@ -113,11 +121,36 @@ impl Drop for Chunk {
     }
 }
 
+/// An extra registration of part of a chunk ([`crate::ReadLoan`]): its keys, and the MR that is
+/// deregistered when this is dropped.
+pub(crate) struct Extra {
+    pub keys: Keys,
+    pub _mr: Box<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for Extra {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Extra").field("keys", &self.keys).finish()
+    }
+}
+
 /// A source of registered chunks.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// Allocates `len` bytes and registers them in MRs of `span` bytes. `registered` is what the
     /// pool holds already (for the RLIMIT_MEMLOCK diagnosis).
     fn grow(&self, len: usize, span: usize, registered: u64) -> Result<Chunk, MemError>;
+
+    /// Registers `[off, off + len)` of the chunk held by `hold` ([`Chunk::hold`]) once more, as
+    /// its own MR with `access` (`ibv_reg_mr(3)` allows overlapping MRs). `registered` as for
+    /// `grow`.
+    fn register(
+        &self,
+        hold: &(dyn Any + Send + Sync),
+        off: usize,
+        len: usize,
+        access: Access,
+        registered: u64,
+    ) -> Result<Extra, MemError>;
 }
 
 /// Chunks from [`Pd::alloc_shared_for`] (the pool's access as the hint), registered with
@@ -170,7 +203,31 @@ impl Backend for VerbsBackend {
         let base = NonNull::new(mem.as_ptr()).ok_or_else(|| {
             MemError::InvalidConfig("alloc_shared returned a null mapping".into())
         })?;
-        Ok(Chunk::new(base, len, span, keys, Box::new((mem, mrs))))
+        Ok(Chunk::new(base, len, span, keys, Arc::new((mem, mrs))))
+    }
+
+    fn register(
+        &self,
+        hold: &(dyn Any + Send + Sync),
+        off: usize,
+        len: usize,
+        access: Access,
+        registered: u64,
+    ) -> Result<Extra, MemError> {
+        let (mem, _) = hold
+            .downcast_ref::<(SharedMem, Vec<Mr>)>()
+            .expect("VerbsBackend chunks hold (SharedMem, Vec<Mr>)");
+        let mr = self
+            .pd
+            .reg_shared(mem, off, len, access)
+            .map_err(|e| crate::error::registration_error(e, registered, len as u64))?;
+        Ok(Extra {
+            keys: Keys {
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            },
+            _mr: Box::new(mr),
+        })
     }
 }
 
@@ -225,7 +282,23 @@ impl Backend for HeapBackend {
             len,
             span,
             keys,
-            Box::new(HeapMem { ptr, layout }),
+            Arc::new(HeapMem { ptr, layout }),
         ))
+    }
+
+    fn register(
+        &self,
+        _hold: &(dyn Any + Send + Sync),
+        _off: usize,
+        _len: usize,
+        _access: Access,
+        _registered: u64,
+    ) -> Result<Extra, MemError> {
+        use std::sync::atomic::Ordering;
+        let k = self.next_key.fetch_add(1, Ordering::Relaxed);
+        Ok(Extra {
+            keys: Keys { lkey: k, rkey: k },
+            _mr: Box::new(()),
+        })
     }
 }

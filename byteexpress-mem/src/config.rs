@@ -33,7 +33,9 @@ pub struct PoolConfig {
     /// Largest single MR, bytes: a chunk above it is registered as several MRs. Default
     /// `u64::MAX`; [`PoolConfig::for_device`] takes the device's `max_mr_size`.
     pub max_mr_size: u64,
-    /// Access flags of the MRs. Default [`Access::ALL`].
+    /// Access flags of the MRs. Default LOCAL_WRITE: the device may write (receives, READ
+    /// responses), no peer may touch the memory by address. Grant remote access only where a
+    /// peer must have it; for one message's READ, lend instead ([`crate::Pool::lend_for_read`]).
     pub access: Access,
     /// Ask for transparent huge pages on chunks (`madvise(MADV_HUGEPAGE)`), silently doing
     /// without when the kernel refuses. Explicit `MAP_HUGETLB` pages need a verbs-level
@@ -51,7 +53,7 @@ impl Default for PoolConfig {
             batch: 32,
             batch_bytes: 256 << 10,
             max_mr_size: u64::MAX,
-            access: Access::ALL,
+            access: Access::LOCAL_WRITE,
             huge_pages: true,
         }
     }

@@ -17,6 +17,14 @@ pub enum MemError {
         /// The pool's limit in bytes.
         limit: u64,
     },
+    /// The memory named is not (all) inside one chunk of this pool.
+    #[error("{len} bytes at {addr:#x} are not memory of this pool")]
+    NotPoolMemory {
+        /// First byte named.
+        addr: u64,
+        /// Bytes named.
+        len: usize,
+    },
     /// Every buffer of a receive reserve (or [`crate::BufPool`]) is in use.
     #[error("buffer reserve exhausted ({count} buffers of {buf_size} bytes in use)")]
     ReserveEmpty {

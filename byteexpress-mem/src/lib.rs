@@ -25,6 +25,11 @@
 //!   `Vec`, `Bytes`, [`AnonMap`] …): interval lookup keyed by address and owner, LRU bounded in
 //!   bytes and entries, in-use entries pinned by [`CachedMr`] handles, `invalidate(range)`.
 //! - [`BufPool`]: a fixed number of equal buffers, a thin layer over one pool and reserve.
+//! - Least access (DESIGN.md 3.2): pools grant LOCAL_WRITE by default ([`PoolConfig::access`]),
+//!   a link's receive ring LOCAL_WRITE ([`BufPool::for_receives`]) and its send ring nothing
+//!   ([`BufPool::for_sends`]); no peer reaches them by address. Bytes a peer must RDMA READ are
+//!   lent for one message ([`Pool::lend_for_read`] → [`ReadLoan`]: their own REMOTE_READ MR,
+//!   deregistered when the loan ends).
 //!
 //! Invariant (DESIGN.md): memory named in a posted WR belongs to that WR until its completion.
 //! Upper layers keep the buffer inside the record of the posted WR and take it back only from
@@ -37,6 +42,7 @@ mod class;
 mod config;
 mod error;
 mod fixed;
+mod loan;
 mod mmap;
 mod mr_cache;
 mod pool;
@@ -53,6 +59,7 @@ pub use buf::RegisteredBuf;
 pub use config::{MAX_CLASS_LIMIT, PoolConfig};
 pub use error::{MemError, memlock_limit};
 pub use fixed::{BufPool, PoolBuf};
+pub use loan::ReadLoan;
 pub use mmap::AnonMap;
 pub use mr_cache::{CachedMr, MrCache, MrCacheConfig, MrCacheStats};
 pub use pool::Pool;

@@ -10,7 +10,7 @@ use crate::backing::{Backend, VerbsBackend};
 use crate::buf::{Home, RegisteredBuf};
 use crate::shared::Shared;
 use crate::stats::bump_shared;
-use crate::{MemError, PoolConfig, PoolStats, RecvReserve};
+use crate::{MemError, PoolConfig, PoolStats, ReadLoan, RecvReserve};
 
 /// Registered memory in power-of-two size classes, carved from chunks registered once and grown
 /// on demand up to [`PoolConfig::limit`] bytes, with thread-local caches in front (see the crate
@@ -215,6 +215,27 @@ impl Pool {
     /// (for a thread about to idle; thread exit does it anyway).
     pub fn flush_thread_cache(&self) {
         crate::cache::flush(&self.shared);
+    }
+
+    /// Lends the filled bytes of `buf` (a buffer of this pool) to a peer for RDMA READs of one
+    /// message: registers exactly `[buf.addr(), buf.addr() + buf.len())` as an MR of its own with
+    /// REMOTE_READ only, whatever the pool's [`PoolConfig::access`]; the [`ReadLoan`] carries its
+    /// rkey and deregisters it when dropped, before the buffer returns (module `loan`; the base
+    /// of the rendezvous issue). Errors: [`MemError::InvalidConfig`] for an empty buffer,
+    /// [`MemError::NotPoolMemory`] for a buffer of another pool, [`MemError::Memlock`] /
+    /// [`MemError::Verbs`] when the device refuses the registration.
+    pub fn lend_for_read(&self, buf: RegisteredBuf) -> Result<ReadLoan, MemError> {
+        if buf.is_empty() {
+            return Err(MemError::InvalidConfig(
+                "nothing to lend: the buffer is empty".into(),
+            ));
+        }
+        let mr = self.shared.register_range(
+            buf.addr(),
+            buf.len(),
+            byteexpress_verbs::Access::REMOTE_READ,
+        )?;
+        Ok(ReadLoan::new(mr, buf))
     }
 
     /// True when `ptr` lies in this pool's memory.

@@ -182,6 +182,34 @@ impl Shared {
         )
     }
 
+    /// Registers `[addr, addr + len)`, which must lie in one chunk of this pool, once more as its
+    /// own MR with `access` ([`crate::ReadLoan`]). The registration runs without the pool's
+    /// lock. Errors: [`MemError::NotPoolMemory`], registration errors.
+    pub(crate) fn register_range(
+        &self,
+        addr: u64,
+        len: usize,
+        access: byteexpress_verbs::Access,
+    ) -> Result<crate::backing::Extra, MemError> {
+        let outside = MemError::NotPoolMemory { addr, len };
+        let (hold, off) = {
+            let chunks = self.chunks.lock();
+            let e = chunks
+                .iter()
+                .find(|e| {
+                    let base = e.chunk.base() as u64;
+                    addr >= base
+                        && addr
+                            .checked_add(len as u64)
+                            .is_some_and(|end| end <= base + e.chunk.len() as u64)
+                })
+                .ok_or(outside)?;
+            (e.chunk.hold(), (addr - e.chunk.base() as u64) as usize)
+        };
+        self.backend
+            .register(&*hold, off, len, access, self.registered())
+    }
+
     /// True when `ptr` lies in one of this pool's chunks.
     pub(crate) fn contains(&self, ptr: *const u8) -> bool {
         let Some(p) = std::ptr::NonNull::new(ptr.cast_mut()) else {

@@ -12,7 +12,7 @@ fn pd() -> Pd {
 
 #[test]
 fn exhaustion_is_a_typed_error_and_a_drop_makes_room() {
-    let pool = BufPool::new(&pd(), 4096, 2).unwrap();
+    let pool = BufPool::for_receives(&pd(), 4096, 2).unwrap();
     let a = pool.alloc().unwrap();
     let _b = pool.alloc().unwrap();
     assert!(matches!(
@@ -29,7 +29,7 @@ fn exhaustion_is_a_typed_error_and_a_drop_makes_room() {
 
 #[test]
 fn frozen_bytes_stay_in_the_pool_and_return_it_on_the_last_drop() {
-    let pool = BufPool::new(&pd(), 4096, 1).unwrap();
+    let pool = BufPool::for_receives(&pd(), 4096, 1).unwrap();
     let mut buf = pool.alloc().unwrap();
     buf.put_slice(b"hello registered world");
     let addr = buf.addr();
@@ -47,7 +47,7 @@ fn frozen_bytes_stay_in_the_pool_and_return_it_on_the_last_drop() {
 
 #[test]
 fn bufmut_writes_stop_at_the_capacity_and_sges_name_the_filled_bytes() {
-    let pool = BufPool::new(&pd(), 64, 1).unwrap();
+    let pool = BufPool::for_receives(&pd(), 64, 1).unwrap();
     let mut buf = pool.alloc().unwrap();
     assert_eq!(buf.remaining_mut(), 64);
     buf.put_bytes(7, 60);
@@ -63,7 +63,7 @@ fn bufmut_writes_stop_at_the_capacity_and_sges_name_the_filled_bytes() {
 
 #[test]
 fn buffers_never_overlap_and_memory_outside_pools_is_not_pool_memory() {
-    let pool = BufPool::new(&pd(), 256, 16).unwrap();
+    let pool = BufPool::for_receives(&pd(), 256, 16).unwrap();
     let bufs: Vec<_> = (0..16).map(|_| pool.alloc().unwrap()).collect();
     let mut addrs: Vec<u64> = bufs.iter().map(|b| b.addr()).collect();
     addrs.sort();
@@ -75,18 +75,18 @@ fn buffers_never_overlap_and_memory_outside_pools_is_not_pool_memory() {
 #[test]
 fn zero_sized_pools_are_refused() {
     assert!(matches!(
-        BufPool::new(&pd(), 0, 4),
+        BufPool::for_receives(&pd(), 0, 4),
         Err(MemError::InvalidConfig(_))
     ));
     assert!(matches!(
-        BufPool::new(&pd(), 4096, 0),
+        BufPool::for_receives(&pd(), 4096, 0),
         Err(MemError::InvalidConfig(_))
     ));
 }
 
 #[test]
 fn buffers_of_an_odd_size_keep_that_capacity_and_the_pool_registers_once() {
-    let pool = BufPool::new(&pd(), 3000, 5).unwrap();
+    let pool = BufPool::for_receives(&pd(), 3000, 5).unwrap();
     let bufs: Vec<_> = (0..5).map(|_| pool.alloc().unwrap()).collect();
     assert!(
         bufs.iter()

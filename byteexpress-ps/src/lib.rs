@@ -4,6 +4,7 @@
 //! - [`Store`]: embedding tables of `dim` f32 values per `u64` key, sharded by key, rows created
 //!   on first touch with deterministic values ([`init_value`]);
 //! - [`PsService`]: the `ps.ParameterServer` tonic service (Pull, Push) over a [`Store`];
+//! - [`shard`]: the table split over the shards of a fleet, by a hash clients and servers share;
 //! - [`workload`]: the calls a client makes: keys drawn from a Zipf law, a share of Pushes;
 //! - [`cpu`]: CPU time of a process from `/proc/<pid>/stat`, for CPU per call;
 //! - [`echo`]: the `echo.Echo` test service of the integration tests;
@@ -14,10 +15,12 @@
 pub mod cpu;
 pub mod echo;
 pub mod service;
+pub mod shard;
 pub mod store;
 pub mod workload;
 
-pub use service::PsService;
+pub use service::{Lateness, PsService};
+pub use shard::{ShardError, ShardSpec, shard_of};
 pub use store::{Store, decode_f32s, init_value};
 pub use workload::{Call, Workload, WorkloadError};
 

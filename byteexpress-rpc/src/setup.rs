@@ -166,9 +166,13 @@ async fn recv(r: &mut Reader) -> Result<Hello, Status> {
 /// this hold from the first SEND: each side posts its receives right after `connect`, the
 /// server before it sends RDMA_ACCEPT, the client before its first request (and the server
 /// sends nothing but answers). timeout 14 (≈ 67 ms) × (retry_cnt 7 + 1) ≈ 0.5 s to declare a
-/// silent peer dead; the TCP control connection usually reports it sooner.
+/// silent peer dead; the TCP control connection usually reports it sooner. `access` none
+/// (`qp_access_flags` 0): a link carries SENDs only, so the QP refuses every peer RDMA WRITE and
+/// READ on top of the MRs' own flags (least access, DESIGN.md 3.5); the rendezvous issue grants
+/// REMOTE_READ here for its [`byteexpress_mem::ReadLoan`]s.
 fn connect_attr() -> ConnectAttr {
     ConnectAttr {
+        access: Access(0),
         min_rnr_timer: 1,
         timeout: 14,
         retry_cnt: 7,
@@ -213,18 +217,12 @@ fn build_rdma(
     pd.finish_qps();
     let queues = QueueConfig::new(qp.cap().max_send_wr, cfg.grant + 1, cq_size)
         .map_err(|e| Status::new(Code::InvalidArgument, format!("RDMA queues: {e}")))?;
-    let recv_pool = BufPool::new(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
-    let send_pool = BufPool::new(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
-    let reassembly_pool = Pool::new(
-        &pd,
-        PoolConfig {
-            limit: rdma::REASSEMBLY_POOL_BYTES,
-            // Only this process's CPU writes and reads it: no remote access.
-            access: Access::LOCAL_WRITE,
-            ..PoolConfig::for_device(ctx)
-        },
-    )
-    .map_err(m)?;
+    // Least access (DESIGN.md 3.2): no pool of a link grants a peer anything by address.
+    // Receive buffers LOCAL_WRITE (the device writes SENDs into them), send buffers none.
+    let recv_pool = BufPool::for_receives(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
+    let send_pool =
+        BufPool::for_sends(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
+    let reassembly_pool = Pool::new(&pd, reassembly_config(ctx)).map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
     if chunk <= HEADER_LEN {
         return Err(Status::new(
@@ -248,6 +246,16 @@ fn build_rdma(
         sched: cfg.sched,
         device: ctx.name(),
     })
+}
+
+/// The reassembly pool of a link: at most [`rdma::REASSEMBLY_POOL_BYTES`], LOCAL_WRITE only
+/// (only this process's CPU writes and reads it; a peer reaches none of it by address).
+fn reassembly_config(ctx: &Context) -> PoolConfig {
+    PoolConfig {
+        limit: rdma::REASSEMBLY_POOL_BYTES,
+        access: Access::LOCAL_WRITE,
+        ..PoolConfig::for_device(ctx)
+    }
 }
 
 /// The QP window of an RDMA link sending chunks of at most `chunk` bytes: fixed at
@@ -652,5 +660,52 @@ pub(crate) async fn accept(
         )),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(unavailable("set-up timed out")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Least access (issue 22, DESIGN.md 3.2): a link's receive ring LOCAL_WRITE, its send ring
+    /// nothing, its reassembly pool LOCAL_WRITE, its QP nothing; none grants REMOTE_WRITE or
+    /// REMOTE_READ (the rings and the QP were `Access::ALL`, so a peer with a leaked rkey could
+    /// WRITE into a receive buffer).
+    #[test]
+    fn a_links_pools_and_qp_grant_no_remote_access() {
+        let ctx: &'static Context = Box::leak(Box::new(
+            byteexpress_verbs::soft_device()
+                .expect("the soft device is always listed")
+                .open()
+                .unwrap(),
+        ));
+        let cfg = Config::default();
+        let parts = build_rdma(ctx, &cfg, cfg.recv_buf_size).unwrap();
+        assert_eq!(
+            parts.recv_pool.access(),
+            Access::LOCAL_WRITE,
+            "receive ring"
+        );
+        assert_eq!(parts.send_pool.access(), Access(0), "send ring");
+        assert_eq!(
+            parts.reassembly_pool.config().access,
+            Access::LOCAL_WRITE,
+            "reassembly pool"
+        );
+        assert_eq!(
+            connect_attr().access,
+            Access(0),
+            "the QP grants remote access"
+        );
+        for (what, a) in [
+            ("receive", parts.recv_pool.access()),
+            ("send", parts.send_pool.access()),
+            ("reassembly", parts.reassembly_pool.config().access),
+        ] {
+            assert!(
+                a.0 & (Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0) == 0,
+                "{what} pool grants remote access: {a:?}"
+            );
+        }
     }
 }

@@ -12,29 +12,40 @@
 //! The child server dies with the bench: SIGINT and SIGTERM stop the bench, which kills the
 //! child before it exits ([`run_until_signal`]); for SIGKILL, which no process can handle, the
 //! child asked the kernel for SIGKILL when its parent dies (`--parent-pid`, `PR_SET_PDEATHSIG`).
+//!
+//! Fleet mode (`--servers N --replicas R`): each row starts a fleet of its own, N shards of R
+//! replicas, each a `bx ps serve` child ([`super::fleet`]). Each call is split over its keys'
+//! shards ([`byteexpress_ps::shard`]) into concurrent sub-calls, one per shard, to that
+//! shard's replica set; the call succeeds when all of them do. Calls run under a deadline
+//! (`--deadline-ms`); a failed call is counted, not fatal. `--fault` strikes replica 0 of
+//! shard 0 during the measured phase. The channels of a fleet are built in one place,
+//! [`shard_channel`], and its counters read in one, [`FleetCounts::of`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use byteexpress::{Channel, Config, TransportPref};
+use byteexpress::{BalanceConfig, Channel, Config, EndpointState, ReplicaSet, TransportPref};
 use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
 use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
+use byteexpress_ps::shard::{merge_rows, split_keys};
 use byteexpress_ps::{Call, Workload, cpu, decode_f32s, init_value};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
+
+pub use super::fleet::Fault;
+use super::fleet::Servers;
 
 /// Table the bench uses (the server's default table).
 const TABLE: &str = "emb";
 /// Keys checked against the init before measuring; taken above `--keys`, which the workload
 /// never reaches.
 const CHECK_KEYS: u64 = 64;
+/// Per-call deadline of a fleet bench unless `--deadline-ms` says otherwise.
+const FLEET_DEADLINE: Duration = Duration::from_millis(1000);
 
 /// Settings of `bx ps bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -51,7 +62,8 @@ pub struct BenchArgs {
     /// Zipf exponent of key popularity.
     #[arg(long, default_value_t = 1.05)]
     pub skew: f64,
-    /// Client connections (each a logical connection, or an HTTP/2 connection for tonic).
+    /// Client connections (each a logical connection, or an HTTP/2 connection for tonic); a
+    /// fleet has one replica set per shard instead, shared by all calls.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Calls in flight in total, spread over the workers.
@@ -83,6 +95,46 @@ pub struct BenchArgs {
     /// Serve this process's metrics in Prometheus text format at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// Fleet mode: each row starts N shards (`bx ps serve --shard I --shards N`) of
+    /// --replicas processes each, and splits every call over its keys' shards, one concurrent
+    /// sub-call per shard to that shard's replica set; a call succeeds when all its sub-calls
+    /// do, and a failed call is counted, not fatal. rdma and tcp rows balance each shard over
+    /// a byteexpress replica set (power of two choices, outlier ejection); h2 rows over
+    /// tonic's `Channel::balance_list` (no ejection: its ejections column is `-`).
+    #[arg(long, value_name = "N", conflicts_with = "server", value_parser = clap::value_parser!(u32).range(1..))]
+    pub servers: Option<u32>,
+    /// Replicas per shard in fleet mode, each its own `bx ps serve` process.
+    #[arg(long, value_name = "R", default_value_t = 1, requires = "servers", value_parser = clap::value_parser!(u32).range(1..))]
+    pub replicas: u32,
+    /// Fault injected into replica 0 of shard 0 during each row's measured phase: kill
+    /// (SIGKILL), stall (SIGSTOP, SIGCONT 2 s later) or slow (answers 20 ms late from then on).
+    #[arg(long, value_enum, requires = "servers")]
+    pub fault: Option<Fault>,
+    /// Seconds into the measured phase when the fault strikes (default: a third of
+    /// --duration).
+    #[arg(long, value_name = "SECS", requires = "fault")]
+    pub fault_at: Option<f64>,
+    /// Deadline of every call, ms (gRPC's, sent as `grpc-timeout`); a call past it fails
+    /// DEADLINE_EXCEEDED (counted in fleet mode, ending the bench otherwise). Default: 1000
+    /// in fleet mode, none otherwise.
+    #[arg(long, value_name = "MS")]
+    pub deadline_ms: Option<u64>,
+}
+
+impl BenchArgs {
+    /// The per-call deadline: `--deadline-ms`, else 1 s for a fleet, else none.
+    fn deadline(&self) -> Option<Duration> {
+        match (self.deadline_ms, self.servers) {
+            (Some(ms), _) => Some(Duration::from_millis(ms)),
+            (None, Some(_)) => Some(FLEET_DEADLINE),
+            (None, None) => None,
+        }
+    }
+
+    /// When the fault strikes, from the start of the measured phase.
+    fn fault_at(&self) -> Duration {
+        Duration::from_secs_f64(self.fault_at.unwrap_or(self.duration / 3.0).max(0.0))
+    }
 }
 
 /// One transport's results.
@@ -105,10 +157,46 @@ pub struct Row {
     pub calls_per_sec: f64,
     /// Client process CPU time (user + system) per call, µs.
     pub client_cpu_us: f64,
-    /// Server process CPU time per call, µs; `None` for a server the bench did not start.
+    /// Server process CPU time per call, µs (a fleet's: all its processes together); `None`
+    /// for a server the bench did not start.
     pub server_cpu_us: Option<f64>,
     /// Latency CDF: (latency µs, fraction of calls at or below it), rising in both.
     pub cdf: Vec<(f64, f64)>,
+    /// A fleet's counters; `None` for a single server (the table and JSON then have no
+    /// fleet columns). In fleet mode the latencies are those of every call that ended, failed
+    /// ones included (a failed call's caller waited that long too); `calls` and `calls/s`
+    /// count only the successful ones.
+    pub fleet: Option<FleetCounts>,
+}
+
+/// What a fleet's row counts besides its calls ([`FleetCounts::of`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FleetCounts {
+    /// Calls that failed in the measured phase (a sub-call's status, or the deadline).
+    pub failed: u64,
+    /// Ejections by outlier detection during the measured phase, summed over the shards' replica sets;
+    /// `None` for an h2 row (tonic's balancer has none).
+    pub ejections: Option<u64>,
+}
+
+impl FleetCounts {
+    /// The counters of the shards' replica `sets` now (`ejections` `None` without sets: an
+    /// h2 row; `failed` 0: the call loops count those): the one place a fleet's counters are
+    /// read.
+    fn of(sets: &[ReplicaSet]) -> FleetCounts {
+        FleetCounts {
+            failed: 0,
+            ejections: (!sets.is_empty()).then(|| sets.iter().map(|s| s.stats().ejections).sum()),
+        }
+    }
+
+    /// What was counted from `before` to `self`.
+    fn since(self, before: FleetCounts) -> FleetCounts {
+        FleetCounts {
+            failed: self.failed - before.failed,
+            ejections: self.ejections.zip(before.ejections).map(|(b, a)| b - a),
+        }
+    }
 }
 
 /// Why [`run_until_signal`] ended without rows.
@@ -127,12 +215,28 @@ enum PsClient {
     H2(ParameterServerClient<tonic::transport::Channel>),
 }
 
+/// `msg` as a request carrying `deadline` (`grpc-timeout`).
+fn request<T>(msg: T, deadline: Option<Duration>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(d) = deadline {
+        req.set_timeout(d);
+    }
+    req
+}
+
 impl PsClient {
-    async fn pull(&mut self, keys: Vec<u64>) -> Result<(u32, Bytes), tonic::Status> {
-        let req = PullRequest {
-            table: TABLE.into(),
-            keys,
-        };
+    async fn pull(
+        &mut self,
+        keys: Vec<u64>,
+        deadline: Option<Duration>,
+    ) -> Result<(u32, Bytes), tonic::Status> {
+        let req = request(
+            PullRequest {
+                table: TABLE.into(),
+                keys,
+            },
+            deadline,
+        );
         let r = match self {
             PsClient::Bx(c) => c.pull(req).await?,
             PsClient::H2(c) => c.pull(req).await?,
@@ -141,13 +245,21 @@ impl PsClient {
         Ok((r.dim, r.values))
     }
 
-    async fn push(&mut self, keys: Vec<u64>, grads: Bytes) -> Result<(), tonic::Status> {
-        let req = PushRequest {
-            table: TABLE.into(),
-            keys,
-            grads,
-            lr: 0.01,
-        };
+    async fn push(
+        &mut self,
+        keys: Vec<u64>,
+        grads: Bytes,
+        deadline: Option<Duration>,
+    ) -> Result<(), tonic::Status> {
+        let req = request(
+            PushRequest {
+                table: TABLE.into(),
+                keys,
+                grads,
+                lr: 0.01,
+            },
+            deadline,
+        );
         match self {
             PsClient::Bx(c) => c.push(req).await.map(drop),
             PsClient::H2(c) => c.push(req).await.map(drop),
@@ -155,69 +267,220 @@ impl PsClient {
     }
 }
 
-/// The server under test: a `bx ps serve` child (killed on drop) or one at `--server`.
+/// Why a call failed.
 #[derive(Debug)]
-struct ServerChild {
-    child: Option<Child>,
-    addr: String,
-    /// The child's pid, for its CPU time; `None` for a server started elsewhere.
-    pid: Option<u32>,
+enum Failure {
+    /// A (sub-)call's status, or the deadline: counted in a fleet, fatal otherwise.
+    Status(tonic::Status),
+    /// An answer of the wrong shape: always fatal, so broken calls are never measured.
+    Malformed(String),
 }
 
-async fn start_server(dim: usize) -> Result<ServerChild, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating bx: {e}"))?;
-    let mut child = Command::new(exe)
-        .args([
-            "ps",
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--dim",
-            &dim.to_string(),
-            "--parent-pid",
-            &std::process::id().to_string(),
-        ])
-        .env_remove("BX_TRANSPORT") // the server accepts both transports
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("starting bx ps serve: {e}"))?;
-    let pid = child.id().ok_or("server exited at once")?;
-    let mut lines = BufReader::new(child.stdout.take().ok_or("no server stdout")?).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .map_err(|_| "server did not start within 30 s")?
-        .map_err(|e| format!("reading server stdout: {e}"))?
-        .ok_or("server exited before listening")?;
-    let addr = line
-        .strip_prefix("LISTENING ")
-        .ok_or_else(|| format!("unexpected server line {line:?}"))?
-        .to_string();
-    Ok(ServerChild {
-        child: Some(child),
-        addr,
-        pid: Some(pid),
-    })
+/// The table as the call loops see it: one client per shard (one shard for a single
+/// server), the deadline of every call, the rows' dim.
+#[derive(Debug, Clone)]
+struct TableClient {
+    shards: Vec<PsClient>,
+    deadline: Option<Duration>,
+    dim: usize,
 }
 
-/// Connects `n` clients for `transport`; returns them and the negotiated transport's label.
-async fn connect(transport: &str, addr: &str, n: usize) -> Result<(Vec<PsClient>, String), String> {
+impl TableClient {
+    /// Runs `f` under the call's deadline (the whole call, all its sub-calls).
+    async fn bounded<T>(&self, f: impl Future<Output = Result<T, Failure>>) -> Result<T, Failure> {
+        match self.deadline {
+            None => f.await,
+            Some(d) => tokio::time::timeout(d, f).await.unwrap_or_else(|_| {
+                Err(Failure::Status(tonic::Status::deadline_exceeded(format!(
+                    "call deadline of {d:?}"
+                ))))
+            }),
+        }
+    }
+
+    /// The rows of `keys` in key order (keys × dim × 4 bytes), checked for shape.
+    async fn pull(&self, keys: Vec<u64>) -> Result<Bytes, Failure> {
+        let row = self.dim * 4;
+        let n = keys.len();
+        let parts = split_keys(&keys, self.shards.len() as u32);
+        let calls = parts.iter().map(|p| {
+            let mut c = self.shards[p.shard as usize].clone();
+            let keys = p.keys.clone();
+            async move {
+                let (dim, values) = c.pull(keys, self.deadline).await.map_err(Failure::Status)?;
+                if dim as usize != self.dim {
+                    return Err(Failure::Malformed(format!(
+                        "pull: dim {dim} from shard {}, bench dim {}",
+                        p.shard, self.dim
+                    )));
+                }
+                Ok(values)
+            }
+        });
+        let values = self
+            .bounded(async {
+                let mut answers = futures::future::try_join_all(calls).await?;
+                if answers.len() == 1 {
+                    return Ok(answers.pop().unwrap_or_default());
+                }
+                merge_rows(&parts, &answers, row)
+                    .map_err(|e| Failure::Malformed(format!("pull: {e}")))
+            })
+            .await?;
+        if values.len() != n * row {
+            return Err(Failure::Malformed(format!(
+                "pull: {} bytes for {n} keys x dim {}",
+                values.len(),
+                self.dim
+            )));
+        }
+        Ok(values)
+    }
+
+    /// Pushes `grads` (keys × dim × 4 bytes) for `keys`.
+    async fn push(&self, keys: Vec<u64>, grads: &Bytes) -> Result<(), Failure> {
+        let row = self.dim * 4;
+        let parts = split_keys(&keys, self.shards.len() as u32);
+        let one = parts.len() == 1;
+        let calls = parts.iter().map(|p| {
+            let mut c = self.shards[p.shard as usize].clone();
+            let grads = if one {
+                grads.clone()
+            } else {
+                p.gather(grads, row)
+            };
+            let keys = p.keys.clone();
+            async move {
+                c.push(keys, grads, self.deadline)
+                    .await
+                    .map_err(Failure::Status)
+            }
+        });
+        self.bounded(async { futures::future::try_join_all(calls).await.map(drop) })
+            .await
+    }
+}
+
+/// The rpc settings of an rdma or tcp row.
+fn bx_config(transport: &str) -> Config {
+    let transport = if transport == "rdma" {
+        TransportPref::Rdma
+    } else {
+        TransportPref::Tcp
+    };
+    Config {
+        transport,
+        ..Config::default()
+    }
+}
+
+/// The channel to one shard's replicas at `addrs` for `transport`, with the replica set of
+/// an rdma or tcp row: the one place where a fleet's channels are built (per-method service
+/// config, e.g. retries or hedging, goes here).
+fn shard_channel(
+    transport: &str,
+    addrs: &[String],
+    bal: &BalanceConfig,
+) -> Result<(PsClient, Option<ReplicaSet>), String> {
+    match transport {
+        "rdma" | "tcp" => {
+            let uris = addrs.iter().map(|a| format!("bx://{a}"));
+            let ch = Channel::balance_list(uris, &bx_config(transport), bal)
+                .map_err(|e| format!("{transport}: {e}"))?;
+            let set = ch.replica_set().cloned();
+            Ok((PsClient::Bx(ParameterServerClient::new(ch)), set))
+        }
+        "h2" => {
+            let mut eps = Vec::new();
+            for a in addrs {
+                eps.push(
+                    tonic::transport::Endpoint::from_shared(format!("http://{a}"))
+                        .map_err(|e| e.to_string())?
+                        .tcp_nodelay(true),
+                );
+            }
+            let ch = tonic::transport::Channel::balance_list(eps.into_iter());
+            Ok((PsClient::H2(ParameterServerClient::new(ch)), None))
+        }
+        other => Err(format!("unknown transport {other:?} (rdma, tcp or h2)")),
+    }
+}
+
+/// Connects every endpoint of `set` now and waits (at most 30 s) until all are READY.
+/// Errors, prefixed `"{transport}: "` (a row that cannot be set up): an endpoint went to
+/// TRANSIENT_FAILURE, or time ran out.
+async fn all_ready(set: &ReplicaSet, transport: &str) -> Result<(), String> {
+    set.connect_now();
+    let limit = Instant::now() + Duration::from_secs(30);
+    loop {
+        let changed = set.changed();
+        let eps = set.endpoints();
+        if let Some(e) = eps
+            .iter()
+            .find(|e| e.state == EndpointState::TransientFailure)
+        {
+            return Err(format!(
+                "{transport}: --transports {transport}: replica {} failed to connect",
+                e.addr
+            ));
+        }
+        if eps.iter().all(|e| e.state == EndpointState::Ready) {
+            return Ok(());
+        }
+        tokio::time::timeout_at(limit, changed)
+            .await
+            .map_err(|_| format!("{transport}: replicas not ready within 30 s"))?;
+    }
+}
+
+/// Connects a fleet's table for `transport`: one channel per shard over its replicas,
+/// every replica connected. Returns the table, the shards' replica sets (none for h2) and
+/// the row's label.
+async fn connect_fleet(
+    transport: &str,
+    servers: &Servers,
+    args: &BenchArgs,
+) -> Result<(TableClient, Vec<ReplicaSet>, String), String> {
+    let bal = BalanceConfig::default();
+    let (mut shards, mut sets) = (Vec::new(), Vec::new());
+    for replicas in &servers.shards {
+        let addrs: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
+        let (client, set) = shard_channel(transport, &addrs, &bal)?;
+        if let Some(set) = set {
+            all_ready(&set, transport).await?;
+            sets.push(set);
+        }
+        shards.push(client);
+    }
+    let label = match sets
+        .first()
+        .and_then(|s| s.endpoints().first()?.transport.clone())
+    {
+        Some(t) => format!("bx/{t}"),
+        None => "grpc/h2".into(),
+    };
+    let table = TableClient {
+        shards,
+        deadline: args.deadline(),
+        dim: args.dim,
+    };
+    Ok((table, sets, label))
+}
+
+/// Connects `n` clients of one server for `transport`; returns them and the negotiated
+/// transport's label.
+async fn connect(
+    transport: &str,
+    addr: &str,
+    n: usize,
+    args: &BenchArgs,
+) -> Result<(Vec<TableClient>, String), String> {
     let mut clients = Vec::with_capacity(n);
     let mut label = String::new();
     for _ in 0..n.max(1) {
         let c = match transport {
             "rdma" | "tcp" => {
-                let pref = if transport == "rdma" {
-                    TransportPref::Rdma
-                } else {
-                    TransportPref::Tcp
-                };
-                let cfg = Config {
-                    transport: pref,
-                    ..Config::default()
-                };
-                let ch = Channel::connect_with(&format!("bx://{addr}"), &cfg)
+                let ch = Channel::connect_with(&format!("bx://{addr}"), &bx_config(transport))
                     .await
                     .map_err(|e| format!("{transport}: --transports {transport}: {e}"))?;
                 label = format!("bx/{}", ch.transport());
@@ -235,33 +498,23 @@ async fn connect(transport: &str, addr: &str, n: usize) -> Result<(Vec<PsClient>
             }
             other => return Err(format!("unknown transport {other:?} (rdma, tcp or h2)")),
         };
-        clients.push(c);
+        clients.push(TableClient {
+            shards: vec![c],
+            deadline: args.deadline(),
+            dim: args.dim,
+        });
     }
     Ok((clients, label))
 }
 
 /// Pulls keys the workload never touches and compares every value with the init.
-async fn check(client: &mut PsClient, args: &BenchArgs) -> Result<(), String> {
+async fn check(client: &TableClient, args: &BenchArgs) -> Result<(), String> {
     let keys: Vec<u64> = (0..CHECK_KEYS).map(|i| args.keys + i * 7919).collect();
-    let (dim, values) = client
-        .pull(keys.clone())
-        .await
-        .map_err(|e| format!("check pull: {e}"))?;
-    if dim as usize != args.dim {
-        return Err(format!(
-            "check pull: server dim {dim}, bench dim {}",
-            args.dim
-        ));
-    }
+    let values = client.pull(keys.clone()).await.map_err(|e| match e {
+        Failure::Status(e) => format!("check pull: {e}"),
+        Failure::Malformed(e) => format!("check {e}"),
+    })?;
     let v = decode_f32s(&values);
-    if v.len() != keys.len() * args.dim {
-        return Err(format!(
-            "check pull: {} values for {} keys x dim {}",
-            v.len(),
-            keys.len(),
-            args.dim
-        ));
-    }
     for (j, &k) in keys.iter().enumerate() {
         for i in 0..args.dim {
             let want = init_value(TABLE, k, i as u32);
@@ -276,57 +529,67 @@ async fn check(client: &mut PsClient, args: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// One loop of sequential calls until `until`; latencies go to `hist` when given.
+/// What a phase (or one of its loops) did.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Calls that succeeded.
+    calls: u64,
+    /// Calls that failed (in fleet mode; otherwise a failure ends the bench).
+    failed: u64,
+}
+
+/// One loop of sequential calls until `until`; latencies go to `hist` when given. A failed
+/// call is counted when `tolerate` (a fleet), else it ends the bench; a malformed answer
+/// always does.
 async fn call_loop(
-    mut client: PsClient,
+    client: TableClient,
     args: &BenchArgs,
     workload: Workload,
     seed: u64,
     until: Instant,
     mut hist: Option<&mut Histogram<u64>>,
-) -> Result<u64, String> {
+) -> Result<Outcome, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let n = workload.keys_per_call();
     let grads = workload.grads(args.dim);
-    let mut calls = 0;
+    let tolerate = args.servers.is_some();
+    let mut out = Outcome::default();
     while Instant::now() < until {
         let call = workload.next_call(&mut rng);
         let t0 = Instant::now();
-        match call {
-            Call::Push(keys) => client
-                .push(keys, grads.clone())
-                .await
-                .map_err(|e| format!("push: {e}"))?,
-            Call::Pull(keys) => {
-                let (dim, values) = client.pull(keys).await.map_err(|e| format!("pull: {e}"))?;
-                if dim as usize != args.dim || values.len() != n * args.dim * 4 {
-                    return Err(format!(
-                        "pull: dim {dim} and {} bytes for {n} keys",
-                        values.len()
-                    ));
-                }
+        let (what, res) = match call {
+            Call::Push(keys) => ("push", client.push(keys, &grads).await),
+            Call::Pull(keys) => ("pull", client.pull(keys).await.map(drop)),
+        };
+        match res {
+            Ok(()) => out.calls += 1,
+            Err(Failure::Status(e)) if tolerate => {
+                tracing::debug!(code = ?e.code(), message = e.message(), "{what} failed");
+                out.failed += 1;
             }
+            Err(Failure::Status(e)) => return Err(format!("{what}: {e}")),
+            Err(Failure::Malformed(e)) => return Err(e),
         }
         let us = t0.elapsed().as_micros() as u64;
         if let Some(h) = hist.as_deref_mut() {
             h.saturating_record(us.max(1));
         }
-        calls += 1;
     }
-    Ok(calls)
+    Ok(out)
 }
 
-/// Runs `in_flight` call loops over `clients` for `secs`; returns calls and latencies.
+/// Runs `in_flight` call loops over `clients` for `secs`; returns what they did, latencies
+/// and the time taken.
 async fn phase(
-    clients: &[PsClient],
+    clients: &[TableClient],
     args: &BenchArgs,
     secs: f64,
     record: bool,
     seed: u64,
-) -> Result<(u64, Histogram<u64>), String> {
+) -> Result<(Outcome, Histogram<u64>, Duration), String> {
     let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
         .map_err(|e| e.to_string())?;
-    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs_f64(secs);
     let loops = args.in_flight.max(1);
     let mut hists: Vec<Histogram<u64>> = (0..loops)
         .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds"))
@@ -342,44 +605,68 @@ async fn phase(
             record.then_some(h),
         )
     });
-    let calls = futures::future::try_join_all(runs).await?.into_iter().sum();
+    let outcome =
+        futures::future::try_join_all(runs)
+            .await?
+            .into_iter()
+            .fold(Outcome::default(), |a, b| Outcome {
+                calls: a.calls + b.calls,
+                failed: a.failed + b.failed,
+            });
+    let took = t0.elapsed();
     let mut total = Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
     for h in &hists {
         total.add(h).map_err(|e| e.to_string())?;
     }
-    Ok((calls, total))
+    Ok((outcome, total, took))
 }
 
 async fn run_transport(
     transport: &str,
-    server: &ServerChild,
+    servers: &mut Servers,
     args: &BenchArgs,
     seed: u64,
 ) -> Result<Row, String> {
-    let (mut clients, label) = connect(transport, &server.addr, args.workers).await?;
-    check(&mut clients[0], args).await?;
+    let (clients, sets, label) = if servers.is_fleet() {
+        let (table, sets, label) = connect_fleet(transport, servers, args).await?;
+        (vec![table], sets, label)
+    } else {
+        let (clients, label) =
+            connect(transport, &servers.first().addr, args.workers, args).await?;
+        (clients, Vec::new(), label)
+    };
+    check(&clients[0], args).await?;
     phase(&clients, args, args.warmup, false, seed).await?;
     let per_sec = cpu::clock_ticks_per_sec();
-    let server_ticks = || -> Result<Option<u64>, String> {
-        server
-            .pid
-            .map(|pid| cpu::cpu_ticks(Some(pid)).map_err(|e| e.to_string()))
-            .transpose()
-    };
+    let counted0 = FleetCounts::of(&sets);
     let (c0, s0) = (
         cpu::cpu_ticks(None).map_err(|e| e.to_string())?,
-        server_ticks()?,
+        servers.cpu_ticks(None)?,
     );
-    let t0 = Instant::now();
-    let (calls, hist) = phase(&clients, args, args.duration, true, seed + 1).await?;
-    let elapsed = t0.elapsed().as_secs_f64();
+    let measured = phase(&clients, args, args.duration, true, seed + 1);
+    let ((outcome, hist, took), injected) = match args.fault {
+        Some(f) if servers.is_fleet() => {
+            let (m, i) = tokio::join!(measured, servers.inject(f, args.fault_at()));
+            (m?, Some(i?))
+        }
+        _ => (measured.await?, None),
+    };
     let (c1, s1) = (
         cpu::cpu_ticks(None).map_err(|e| e.to_string())?,
-        server_ticks()?,
+        servers.cpu_ticks(injected.as_ref().and_then(|i| i.killed()))?,
     );
+    if let Some(i) = &injected {
+        let line = servers.report(i).await;
+        eprintln!("bx ps bench: {transport}: {line}");
+    }
+    let calls = outcome.calls;
     let per_call = |ticks: u64| {
         cpu::ticks_to_duration(ticks, per_sec).as_secs_f64() * 1e6 / calls.max(1) as f64
     };
+    let fleet = servers.is_fleet().then(|| FleetCounts {
+        failed: outcome.failed,
+        ..FleetCounts::of(&sets).since(counted0)
+    });
     Ok(Row {
         transport: label,
         calls,
@@ -387,10 +674,11 @@ async fn run_transport(
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
-        calls_per_sec: calls as f64 / elapsed,
+        calls_per_sec: calls as f64 / took.as_secs_f64(),
         client_cpu_us: per_call(c1 - c0),
         server_cpu_us: s0.zip(s1).map(|(a, b)| per_call(b - a)),
         cdf: cdf(&hist),
+        fleet,
     })
 }
 
@@ -431,21 +719,33 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
             "--keys and --keys-per-call must be positive, --push-ratio within 0..=1".into(),
         );
     }
-    let mut server = match &args.server {
-        Some(addr) => ServerChild {
-            child: None,
-            addr: addr.clone(),
-            pid: None,
-        },
-        None => start_server(args.dim).await?,
+    if args.fault.is_some() && args.fault_at() >= Duration::from_secs_f64(args.duration) {
+        return Err("--fault-at must fall within the measured phase (--duration)".into());
+    }
+    // a single server serves every row; a fleet is started afresh for each row
+    let mut single = match args.servers {
+        Some(_) => None,
+        None => Some(Servers::single(args).await?),
     };
-    let who = match server.pid {
-        Some(pid) => format!("server pid {pid}"),
-        None => "server (started elsewhere)".into(),
+    let who = match (&single, args.servers) {
+        (Some(s), _) => match s.first().pid {
+            Some(pid) => format!("server pid {pid} at {}", s.first().addr),
+            None => format!("server (started elsewhere) at {}", s.first().addr),
+        },
+        (None, n) => format!(
+            "a fleet of {} shards x {} replicas per transport{}, deadline {:?}",
+            n.unwrap_or(1),
+            args.replicas,
+            args.fault.map_or_else(String::new, |f| format!(
+                ", fault {} at {:.2} s",
+                f.name(),
+                args.fault_at().as_secs_f64()
+            )),
+            args.deadline().unwrap_or_default()
+        ),
     };
     eprintln!(
-        "bx ps bench: {who} at {}; {} keys, dim {}, {} keys/call, zipf {}, {} workers, {} in flight, {:.1}+{:.1} s per transport, push ratio {}",
-        server.addr,
+        "bx ps bench: {who}; {} keys, dim {}, {} keys/call, zipf {}, {} workers, {} in flight, {:.1}+{:.1} s per transport, push ratio {}",
         args.keys,
         args.dim,
         args.keys_per_call,
@@ -471,7 +771,23 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     let mut failed = None;
     for (i, t) in args.transports.iter().enumerate() {
         bar.set_message(t.clone());
-        match run_transport(t, &server, args, i as u64 * 7 + 1).await {
+        let mut fleet = None;
+        let servers = match (&mut single, args.servers) {
+            (Some(s), _) => s,
+            (None, n) => {
+                match Servers::fleet(args, n.unwrap_or(1), args.replicas, args.fault).await {
+                    Ok(f) => {
+                        bar.suspend(|| eprintln!("bx ps bench: {t}: fleet {}", f.describe()));
+                        fleet.insert(f)
+                    }
+                    Err(e) => {
+                        failed = Some(format!("{t}: {e}"));
+                        break;
+                    }
+                }
+            }
+        };
+        match run_transport(t, servers, args, i as u64 * 7 + 1).await {
             Ok(row) => rows.push(row),
             Err(e) if e.starts_with(&format!("{t}: ")) => bar.suspend(|| {
                 eprintln!(
@@ -487,9 +803,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     }
     ticker.abort();
     bar.finish_and_clear();
-    if let Some(child) = server.child.as_mut() {
-        let _ = child.kill().await;
-    }
+    drop(single); // kills a child server
     match failed {
         Some(e) => Err(e),
         None => Ok(rows),
@@ -512,10 +826,12 @@ fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
     bar
 }
 
-/// The rows as an aligned text table.
+/// The rows as an aligned text table; rows of a fleet add the columns `failed` and
+/// `ejections`.
 pub fn table(rows: &[Row]) -> String {
+    let fleet = rows.iter().any(|r| r.fleet.is_some());
     let mut s = format!(
-        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}\n",
+        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
         "transport",
         "calls",
         "mean µs",
@@ -526,12 +842,16 @@ pub fn table(rows: &[Row]) -> String {
         "client CPU µs",
         "server CPU µs"
     );
+    if fleet {
+        s += &format!(" {:>8} {:>9}", "failed", "ejections");
+    }
+    s += "\n";
     for r in rows {
         let server_cpu = r
             .server_cpu_us
             .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         s += &format!(
-            "{:<16} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}\n",
+            "{:<16} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}",
             r.transport,
             r.calls,
             r.mean_us,
@@ -542,17 +862,40 @@ pub fn table(rows: &[Row]) -> String {
             r.client_cpu_us,
             server_cpu
         );
+        if fleet {
+            let f = r.fleet.unwrap_or_default();
+            s += &format!(" {:>8} {:>9}", f.failed, or_dash(f.ejections));
+        }
+        s += "\n";
     }
     s
 }
 
+/// `v`, or `-` for none.
+fn or_dash(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
 /// The settings and every row as one JSON object: `{"settings": {...}, "rows": [...]}`, row
 /// fields named as in [`Row`] (without the CDF), `server_cpu_us` null for a server the bench
-/// did not start.
+/// did not start. A fleet bench adds the settings `servers`, `replicas`, `fault` (null
+/// without), `fault_at_s` and `deadline_ms`, and the row fields of [`FleetCounts`]
+/// (`ejections` null for h2).
 pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
     let transports: Vec<String> = args.transports.iter().map(|t| json_str(t)).collect();
+    let fleet = match args.servers {
+        None => String::new(),
+        Some(n) => format!(
+            ", \"servers\": {n}, \"replicas\": {}, \"fault\": {}, \"fault_at_s\": {}, \"deadline_ms\": {}",
+            args.replicas,
+            args.fault
+                .map_or_else(|| "null".to_string(), |f| json_str(f.name())),
+            finite(args.fault_at().as_secs_f64()),
+            args.deadline().unwrap_or_default().as_millis()
+        ),
+    };
     let settings = format!(
-        "{{\"keys\": {}, \"dim\": {}, \"keys_per_call\": {}, \"skew\": {}, \"workers\": {}, \"in_flight\": {}, \"duration_s\": {}, \"warmup_s\": {}, \"push_ratio\": {}, \"transports\": [{}], \"server\": {}}}",
+        "{{\"keys\": {}, \"dim\": {}, \"keys_per_call\": {}, \"skew\": {}, \"workers\": {}, \"in_flight\": {}, \"duration_s\": {}, \"warmup_s\": {}, \"push_ratio\": {}, \"transports\": [{}], \"server\": {}{fleet}}}",
         args.keys,
         args.dim,
         args.keys_per_call,
@@ -570,8 +913,16 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
     let objs: Vec<String> = rows
         .iter()
         .map(|r| {
+            let fleet = r.fleet.map_or_else(String::new, |f| {
+                format!(
+                    ", \"failed\": {}, \"ejections\": {}",
+                    f.failed,
+                    f.ejections
+                        .map_or_else(|| "null".to_string(), |e| e.to_string())
+                )
+            });
             format!(
-                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}}}",
+                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}{fleet}}}",
                 json_str(&r.transport),
                 r.calls,
                 finite(r.mean_us),
@@ -676,6 +1027,7 @@ mod tests {
             client_cpu_us: 5.0,
             server_cpu_us: Some(f64::NAN),
             cdf: vec![(10.0, 0.0), (11.0, 0.5), (30.0, 1.0)],
+            fleet: None,
         }
     }
 
@@ -716,6 +1068,50 @@ mod tests {
         // settings, and one object per row
         assert_eq!(j.matches('{').count(), 4);
         assert_eq!(json_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+
+    #[test]
+    fn fleet_rows_add_failed_and_ejections_to_the_table_and_json() {
+        let fleet = |ejections| Row {
+            fleet: Some(FleetCounts {
+                failed: 7,
+                ejections,
+            }),
+            ..row()
+        };
+        let t = table(&[fleet(Some(2)), fleet(None)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].ends_with("   failed ejections"), "{t}");
+        assert!(lines[1].ends_with("        7         2"), "{t}");
+        assert!(lines[2].ends_with("        7         -"), "{t}");
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct A {
+            #[command(flatten)]
+            b: BenchArgs,
+        }
+        let a = A::parse_from([
+            "bench",
+            "--servers",
+            "2",
+            "--replicas",
+            "3",
+            "--fault",
+            "kill",
+        ])
+        .b;
+        let j = json(&a, &[fleet(Some(2)), fleet(None)]);
+        assert!(
+            j.contains("\"servers\": 2, \"replicas\": 3, \"fault\": \"kill\", \"fault_at_s\": 2.666666667, \"deadline_ms\": 1000}"),
+            "{j}"
+        );
+        assert!(j.contains("\"failed\": 7, \"ejections\": 2}"), "{j}");
+        assert!(j.contains("\"failed\": 7, \"ejections\": null}"), "{j}");
+        assert_eq!(j.matches('{').count(), 4);
+        // flags that make no sense without a fleet are refused
+        assert!(A::try_parse_from(["bench", "--fault", "kill"]).is_err());
+        assert!(A::try_parse_from(["bench", "--servers", "2", "--server", "h:1"]).is_err());
+        assert!(A::try_parse_from(["bench", "--servers", "0"]).is_err());
     }
 
     #[test]

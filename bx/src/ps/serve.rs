@@ -1,13 +1,19 @@
 //! `bx ps serve`: the parameter server (and the echo test service) on one port, ByteExpress
 //! and HTTP/2 side by side. Prints `LISTENING <addr>` on stdout once it accepts.
+//!
+//! In a fleet, `--shard I --shards N` serves shard I of a table split over N shards
+//! ([`byteexpress_ps::shard`]); a call naming a key of another shard fails
+//! FAILED_PRECONDITION. Replicas of a shard are processes started with the same flags: their
+//! rows start equal (deterministic init); Pushes are not copied between them.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use byteexpress::Server;
 use byteexpress_ps::echo::EchoService;
-use byteexpress_ps::{PsService, Store};
+use byteexpress_ps::{Lateness, PsService, ShardSpec, Store};
 
 /// Settings of `bx ps serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -21,9 +27,21 @@ pub struct ServeArgs {
     /// Table names, comma-separated; other tables are INVALID_ARGUMENT.
     #[arg(long, default_value = "emb", value_delimiter = ',')]
     pub tables: Vec<String>,
-    /// Lock shards per table.
+    /// Lock shards per table (within this process).
     #[arg(long, default_value_t = 64)]
-    pub shards: usize,
+    pub lock_shards: usize,
+    /// The shard of the table this server serves, in 0..--shards.
+    #[arg(long, default_value_t = 0)]
+    pub shard: u32,
+    /// Shards the table is split over (keys by `byteexpress_ps::shard_of`); a call naming a
+    /// key of another shard fails FAILED_PRECONDITION.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+    /// Answer every Pull and Push this many ms late once the process gets SIGUSR1 (`bx ps
+    /// bench --fault slow` sends it to its victim at the fault time); without it SIGUSR1 is
+    /// not handled.
+    #[arg(long, value_name = "MS", hide = true)]
+    pub delay_ms: Option<u64>,
     /// Time a connection has to send its protocol preface, in ms (`Config::detect_timeout`;
     /// default: the library's).
     #[arg(long)]
@@ -56,19 +74,47 @@ pub fn die_with_parent(args: &ServeArgs) -> Result<(), String> {
 /// Runs the server until the process is stopped. The `LISTENING` line is flushed before the
 /// first accept, so a parent can connect as soon as it reads it.
 pub async fn run(args: ServeArgs) -> std::io::Result<()> {
+    let shard = ShardSpec::new(args.shard, args.shards)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut ps = PsService::new(Arc::new(Store::new(
+        args.dim,
+        &args.tables,
+        args.lock_shards,
+    )));
+    if args.shards > 1 {
+        ps = ps.serving(shard);
+    }
+    if let Some(ms) = args.delay_ms {
+        ps = ps.late(late_from_sigusr1(Duration::from_millis(ms))?);
+    }
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
-    let store = Arc::new(Store::new(args.dim, &args.tables, args.shards));
     let mut cfg = byteexpress::Config::default();
     if let Some(ms) = args.detect_timeout_ms {
         cfg.detect_timeout = std::time::Duration::from_millis(ms);
     }
     let server = Server::builder()
         .config(cfg)
-        .add_service(PsService::new(store).server())
+        .add_service(ps.server())
         .add_service(EchoService::default().server());
     let mut out = std::io::stdout().lock();
     writeln!(out, "LISTENING {}", listener.local_addr()?)?;
     out.flush()?;
     drop(out);
     server.serve_with_listener(listener).await
+}
+
+/// A [`Lateness`] set to `delay` when the process gets SIGUSR1 (the handler is in place when
+/// this returns). Errors: the handler could not be installed.
+fn late_from_sigusr1(delay: Duration) -> std::io::Result<Arc<Lateness>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let late = Arc::new(Lateness::default());
+    let set = late.clone();
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            tracing::info!(?delay, "SIGUSR1: answering late from now on");
+            set.set(delay);
+        }
+    });
+    Ok(late)
 }

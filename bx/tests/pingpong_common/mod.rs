@@ -3,8 +3,9 @@
 //! connection), and free ports.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The `bx` binary of this package.
@@ -125,4 +126,52 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Forwards `child`'s stderr lines to a channel (and keeps them), so a test can wait for one
+/// line and still see everything at the end.
+pub fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().expect("piped stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (at most `limit`) for a line containing `needle`; returns it and the lines seen.
+pub fn wait_line(
+    rx: &mpsc::Receiver<String>,
+    needle: &str,
+    limit: Duration,
+) -> (String, Vec<String>) {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let left = limit.saturating_sub(t0.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains(needle) => return (l, seen),
+            Ok(l) => seen.push(l),
+            Err(_) => panic!("no line with {needle:?} within {limit:?}; saw {seen:#?}"),
+        }
+    }
+}
+
+/// True while `pid` is a live process (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            state != Some("Z")
+        }
+        Err(_) => false,
+    }
 }
