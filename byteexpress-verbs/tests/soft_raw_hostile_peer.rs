@@ -40,6 +40,7 @@ fn child_entry() {
     match role.as_str() {
         "hostile" => child_hostile(&mut s),
         "inspector" => child_inspector(&mut s),
+        "liar" => child_liar(&mut s),
         other => panic!("unknown role {other}"),
     }
 }
@@ -161,11 +162,11 @@ fn recv_msg(sock: RawFd) -> (Vec<u8>, Vec<OwnedFd>) {
 }
 
 /// `Connect` as soft/wire.rs encodes it (tag 3).
-fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8]) -> Vec<u8> {
+fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<u8> {
     let mut v = vec![3u8];
     v.extend_from_slice(&1u16.to_le_bytes());
     v.extend_from_slice(&0xBAD_u64.to_le_bytes());
-    for x in [src_qpn, dst_qpn, CAP, SGE, 0] {
+    for x in [src_qpn, dst_qpn, CAP, SGE, access] {
         v.extend_from_slice(&x.to_le_bytes());
     }
     v.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -187,6 +188,11 @@ struct Attached {
 /// Steps 1–3 of the hostile peer: probe, attach a QP of ours to the victim QP, take the
 /// victim's ring when it connects back.
 fn attach(s: &mut TcpStream) -> Attached {
+    attach_granting(s, 0)
+}
+
+/// As [`attach`], our QP granting the victim's `access` (its `Connect`'s access flags).
+fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
     let dev_name = get(s);
     let nonce = u64::from_le_bytes(get(s).try_into().unwrap());
     let victim_qpn = u32::from_le_bytes(get(s).try_into().unwrap());
@@ -220,7 +226,7 @@ fn attach(s: &mut TcpStream) -> Attached {
     let c = dial(&dev_name);
     send_msg(
         c.as_raw_fd(),
-        &connect_msg(0x4242, victim_qpn, &my_name),
+        &connect_msg(0x4242, victim_qpn, &my_name, access),
         &[ring, bell],
     );
     let (reply, _) = recv_msg(c.as_raw_fd());
@@ -551,4 +557,87 @@ fn a_raw_peer_gets_read_only_grants_it_cannot_upgrade_and_nothing_of_local_only_
         );
     }
     drop((local, ro));
+}
+
+/// The liar: grants the victim's QP every access, then announces a region of its own as an
+/// `O_RDONLY` fd with an MR over it that claims REMOTE_WRITE. The victim must refuse that MR
+/// rather than store through its read-only mapping (which would kill it with SIGSEGV).
+fn child_liar(s: &mut TcpStream) {
+    let at = attach_granting(s, 7);
+    // SAFETY: valid name and flags; our own memfd, grown, sealed, reopened read-only.
+    let ro = unsafe {
+        let m = libc::memfd_create(
+            c"liar".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(m >= 0);
+        assert_eq!(libc::ftruncate(m, 4096), 0);
+        assert_eq!(libc::fcntl(m, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{m}")).unwrap();
+        let ro = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        assert!(ro >= 0);
+        OwnedFd::from_raw_fd(ro)
+    };
+    let mut region = vec![5u8];
+    for x in [1u64, 0, 4096] {
+        region.extend_from_slice(&x.to_le_bytes());
+    }
+    send_msg(at.chan.as_raw_fd(), &region, &[ro.as_raw_fd()]);
+    let mut mr = vec![6u8];
+    mr.extend_from_slice(&0x777u32.to_le_bytes());
+    for x in [1u64, 0, 4096, 0x10_0000] {
+        mr.extend_from_slice(&x.to_le_bytes());
+    }
+    mr.extend_from_slice(&7u32.to_le_bytes());
+    send_msg(at.chan.as_raw_fd(), &mr, &[]);
+    put(s, b"announced");
+    assert_eq!(get(s), b"done");
+    drop(at);
+}
+
+#[test]
+fn a_peer_mr_claiming_write_access_over_a_read_only_grant_is_refused() {
+    if peer::peer_role().is_some() {
+        return;
+    }
+    let ctx = soft();
+    let victim = soft_side(QpCap::default(), 4096);
+    let nonce = 0x11A2_u64 ^ u64::from(std::process::id());
+    ctx.expect_probe(nonce);
+    let (mut child, mut s) = peer::spawn_peer("child_entry", "liar", T);
+    let info = ctx.device_info().to_bytes();
+    put(&mut s, &info[3 + 8..]);
+    put(&mut s, &nonce.to_le_bytes());
+    put(&mut s, &victim.qp.qp_num().to_le_bytes());
+    let name = get(&mut s);
+    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
+    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
+    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    ep.extend_from_slice(&name);
+    victim
+        .qp
+        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
+        .expect("victim connects to the liar");
+    assert_eq!(get(&mut s), b"announced");
+    victim.write(0, b"would be stored");
+    victim
+        .send(
+            1,
+            WrOp::Write {
+                remote_addr: 0x10_0000,
+                rkey: 0x777,
+            },
+            0,
+            15,
+            true,
+        )
+        .unwrap();
+    let wc = poll_n(&victim.send_cq, 1, T);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (1, WcStatus::RemAccessErr),
+        "the MR is unknown to the victim: never written through a read-only mapping"
+    );
+    put(&mut s, b"done");
+    assert!(child.wait().unwrap().success(), "the liar ran to the end");
 }
