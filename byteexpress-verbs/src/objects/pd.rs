@@ -138,6 +138,7 @@ impl Pd {
             self.inner
                 .create_qp(&send_cq.inner, &recv_cq.inner, srq.map(|s| &s.inner), cap)?;
         Ok(Qp {
+            _destroy: Arc::new(super::qp::DestroyOnDrop(inner.clone())),
             inner,
             _pd: self.clone(),
             _cqs: [send_cq.clone(), recv_cq.clone()],
