@@ -9,12 +9,13 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct Qp {
     pub(crate) inner: Arc<dyn QpImpl>,
+    /// Shared by the clones of this handle: when the last goes, the QP is destroyed
+    /// ([`QpImpl::destroy`]), before this handle's PD and CQ handles (fields drop in order)
+    /// and the MRs the application drops after it.
+    pub(crate) _destroy: Arc<DestroyOnDrop>,
     pub(crate) _pd: Pd,
     pub(crate) _cqs: [Cq; 2],
     pub(crate) _srq: Option<crate::Srq>,
-    /// Shared by the clones of this handle: when the last goes, the QP is destroyed
-    /// ([`QpImpl::destroy`]), before the PD, CQs and MRs the application drops after it.
-    pub(crate) _destroy: Arc<DestroyOnDrop>,
 }
 
 /// Calls [`QpImpl::destroy`] when the application's last [`Qp`] handle is dropped. Provider
