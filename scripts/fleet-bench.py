@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The fleet benchmark of issue 19: `bx ps bench --servers 2 --replicas 3` with each fault
+"""The fleet benchmark: `bx ps bench --servers 2 --replicas 3` with each fault
 (none, kill, stall, slow) and each attempt policy (none, retries, hedging), in interleaved
 rounds, printing the median over the rounds of calls failed, p99 and calls/s as a Markdown table.
 
-Usage: scripts/fleet-bench.py [--rounds 5] [--duration 4] [--transport rdma] [--bx PATH]
+Usage: scripts/fleet-bench.py [--rounds 5] [--duration 6] [--transport rdma] [--bx PATH]
            [--hedging-delay-ms MS]
 
 The hedging delay is the healthy p95 (the issue's setting): the median p95 of the no-fault,
@@ -40,12 +40,19 @@ def run(bx, transport, duration, fault, policy, delay_ms):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--duration", type=float, default=4)
-    ap.add_argument("--transport", default="rdma")
-    ap.add_argument("--hedging-delay-ms", type=int)
-    ap.add_argument("--bx", default=os.path.join(os.path.dirname(__file__), "..", "target",
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds; the table shows their medians")
+    ap.add_argument("--duration", type=float, default=6,
+                    help="measured seconds per run (the fault strikes at a third; a stall "
+                         "lasts 2 s, so keep this >= 4)")
+    ap.add_argument("--transport", default="rdma",
+                    help="the one bx transport each run benches: rdma or tcp")
+    ap.add_argument("--hedging-delay-ms", type=int,
+                    help="hedging delay; default: the healthy p95 of 3 calibration runs")
+    ap.add_argument("--bx", help="the bx binary", default=os.path.join(os.path.dirname(__file__), "..", "target",
                                                   "release", "bx"))
     a = ap.parse_args()
     delay = a.hedging_delay_ms

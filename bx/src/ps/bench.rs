@@ -113,7 +113,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, requires = "servers")]
     pub fault: Option<Fault>,
     /// Seconds into the measured phase when the fault strikes (default: a third of
-    /// --duration).
+    /// --duration). A stall lasts 2 s from then: keep it inside --duration.
     #[arg(long, value_name = "SECS", requires = "fault")]
     pub fault_at: Option<f64>,
     /// Deadline of every call, ms (gRPC's, sent as `grpc-timeout`); a call past it fails
@@ -122,10 +122,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MS")]
     pub deadline_ms: Option<u64>,
     /// Attempt policy of a fleet's Pull calls on its rdma and tcp rows (a gRPC service config,
-    /// A6; see `--service-config`): none; retries (the retry policy of issue 19's first
-    /// document: 4 attempts, backoff 0.1 s ×2 up to 1 s, on UNAVAILABLE; its retryThrottling
-    /// ratio 0.1 but 100 tokens, not 10: a killed replica fails every call in flight on it at
-    /// once, up to --in-flight of them, and 10 tokens stop retrying after 5); hedging (up to 3 attempts in flight, the next
+    /// A6; see `--service-config`): none; retries (4 attempts, backoff 0.1 s ×2 up to 1 s, on
+    /// UNAVAILABLE; retryThrottling 100 tokens, ratio 0.1: a killed replica fails every call in
+    /// flight on it at once, up to --in-flight of them, and A6's example of 10 tokens stops
+    /// retrying after 5); hedging (up to 3 attempts in flight, the next
     /// after `--hedging-delay-ms`, UNAVAILABLE non-fatal). Push has no policy (not idempotent).
     /// h2 rows ignore it: tonic does not implement A6.
     #[arg(long, value_enum, default_value = "none", requires = "servers")]
