@@ -503,3 +503,28 @@ fn with_previous(md: &crate::Metadata, n: u32) -> crate::Metadata {
     out.push_unchecked(PREVIOUS_ATTEMPTS.to_string(), n.to_string().into());
     out
 }
+
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+
+    /// Review of issue 19: proto3 JSON durations stop at 315,576,000,000 s; a service config
+    /// with a larger `timeout` (or `hedgingDelay`, `maxBackoff`) must be refused, not accepted
+    /// and then overflow `Instant + Duration` (a panic) on every call of the method.
+    #[test]
+    fn a_timeout_beyond_proto3s_duration_range_is_refused_not_a_panic_per_call() {
+        let json = r#"{"methodConfig": [{"name": [{"service": "t.T"}],
+            "timeout": "18446744073709551615s"}]}"#;
+        let Ok(sc) = ServiceConfig::from_json(json) else {
+            return; // refused: the fix
+        };
+        let r = Retrier::new(sc).expect("validated");
+        let plan = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            r.plan("/t.T/M", None, None).deadline
+        }));
+        assert!(
+            plan.is_ok(),
+            "accepted a timeout of u64::MAX s, and planning a call of the method panicked"
+        );
+    }
+}
