@@ -153,7 +153,8 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<Extra, MemError>;
 }
 
-/// Chunks from [`Pd::alloc_shared`], registered with [`Pd::reg_shared`].
+/// Chunks from [`Pd::alloc_shared_for`] (the pool's access as the hint), registered with
+/// [`Pd::reg_shared`].
 #[derive(Debug)]
 pub(crate) struct VerbsBackend {
     pub pd: Pd,
@@ -163,7 +164,17 @@ pub(crate) struct VerbsBackend {
 
 impl Backend for VerbsBackend {
     fn grow(&self, len: usize, span: usize, registered: u64) -> Result<Chunk, MemError> {
-        let mem = self.pd.alloc_shared(len)?;
+        // The provider's exposure hint (the soft provider maps memory to a peer by it). Memory
+        // the pool's MRs never let anyone write is still a SEND source and may be lent for an
+        // RDMA READ of one message (an MR of its own, REMOTE_READ): hint REMOTE_READ for it, so
+        // a peer may at most read it. Writable memory is hinted as registered.
+        let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let hint = if self.access.0 & writes.0 == 0 {
+            self.access | Access::REMOTE_READ
+        } else {
+            self.access
+        };
+        let mem = self.pd.alloc_shared_for(len, hint)?;
         if self.huge_pages {
             // SAFETY: the range is the whole live mapping we just got; MADV_HUGEPAGE only changes
             // how the kernel backs it. Refusals (EINVAL where THP is off) are ignored on purpose.

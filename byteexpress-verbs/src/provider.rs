@@ -46,7 +46,8 @@ pub(crate) trait ContextImpl: Send + Sync + std::fmt::Debug {
 
 /// A protection domain (`ibv_pd`).
 pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
-    fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>>;
+    /// `access`: the widest access its MRs will have (the soft provider's exposure class).
+    fn alloc_shared(&self, len: usize, access: Access) -> Result<Arc<dyn SharedMemImpl>>;
     /// Registers `[offset, offset + len)` of `mem`; the caller checked that the range is not
     /// empty and lies inside `mem`.
     fn reg_shared(
@@ -153,4 +154,10 @@ pub(crate) trait QpImpl: Send + Sync + std::fmt::Debug {
     fn to_rts(&self) -> Result<()>;
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+    /// The application's last [`crate::Qp`] handle is gone (`ibv_destroy_qp(3)`): from now on
+    /// the QP answers no peer, even while the provider's own threads still hold it for a
+    /// moment. As the IB responder of a destroyed QP, it drops inbound requests silently, so
+    /// the peer's requester times out with `RETRY_EXC_ERR` (IBTA 9.7.5: no response, no NAK).
+    /// Nothing to do for rdma-core, whose QP is destroyed when its last reference goes.
+    fn destroy(&self) {}
 }

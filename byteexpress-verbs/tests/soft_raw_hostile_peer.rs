@@ -14,7 +14,7 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use byteexpress_verbs::{ConnectAttr, Endpoint, QpCap, QpState, WcStatus, WrOp};
+use byteexpress_verbs::{Access, ConnectAttr, Endpoint, QpCap, QpState, WcStatus, WrOp};
 use common::peer::{self, get, put};
 use common::*;
 
@@ -39,6 +39,8 @@ fn child_entry() {
     };
     match role.as_str() {
         "hostile" => child_hostile(&mut s),
+        "inspector" => child_inspector(&mut s),
+        "liar" => child_liar(&mut s),
         other => panic!("unknown role {other}"),
     }
 }
@@ -160,11 +162,11 @@ fn recv_msg(sock: RawFd) -> (Vec<u8>, Vec<OwnedFd>) {
 }
 
 /// `Connect` as soft/wire.rs encodes it (tag 3).
-fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8]) -> Vec<u8> {
+fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<u8> {
     let mut v = vec![3u8];
     v.extend_from_slice(&1u16.to_le_bytes());
     v.extend_from_slice(&0xBAD_u64.to_le_bytes());
-    for x in [src_qpn, dst_qpn, CAP, SGE, 0] {
+    for x in [src_qpn, dst_qpn, CAP, SGE, access] {
         v.extend_from_slice(&x.to_le_bytes());
     }
     v.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -175,7 +177,22 @@ fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8]) -> Vec<u8> {
 /// `ConnectReply { ok: true }` (tag 4, ok, empty reason).
 const CONNECT_OK: [u8; 4] = [4, 1, 0, 0];
 
-fn child_hostile(s: &mut TcpStream) {
+/// What the hostile peer holds once attached: the control channel (one socket per QP pair),
+/// the victim's ring (mapped read-write, as the protocol has it) and its doorbell.
+struct Attached {
+    chan: OwnedFd,
+    victim_ring: *mut libc::c_void,
+    victim_fds: Vec<OwnedFd>,
+}
+
+/// Steps 1–3 of the hostile peer: probe, attach a QP of ours to the victim QP, take the
+/// victim's ring when it connects back.
+fn attach(s: &mut TcpStream) -> Attached {
+    attach_granting(s, 0)
+}
+
+/// As [`attach`], our QP granting the victim's `access` (its `Connect`'s access flags).
+fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
     let dev_name = get(s);
     let nonce = u64::from_le_bytes(get(s).try_into().unwrap());
     let victim_qpn = u32::from_le_bytes(get(s).try_into().unwrap());
@@ -209,7 +226,7 @@ fn child_hostile(s: &mut TcpStream) {
     let c = dial(&dev_name);
     send_msg(
         c.as_raw_fd(),
-        &connect_msg(0x4242, victim_qpn, &my_name),
+        &connect_msg(0x4242, victim_qpn, &my_name, access),
         &[ring, bell],
     );
     let (reply, _) = recv_msg(c.as_raw_fd());
@@ -237,6 +254,19 @@ fn child_hostile(s: &mut TcpStream) {
         )
     };
     assert_ne!(victim_ring, libc::MAP_FAILED);
+    Attached {
+        chan: c,
+        victim_ring,
+        victim_fds: fds,
+    }
+}
+
+fn child_hostile(s: &mut TcpStream) {
+    let Attached {
+        victim_ring,
+        victim_fds: fds,
+        chan: _chan, // open to the end: its close would be our death
+    } = attach(s);
     assert_eq!(get(s), b"corrupt");
     // 4. An impossible completion producer index, and the doorbell.
     // SAFETY: offset 128 is inside the mapped header, 8-aligned.
@@ -304,4 +334,310 @@ fn a_raw_peer_writing_impossible_ring_indices_fails_only_its_own_qp() {
         child.wait().unwrap().success(),
         "the hostile peer ran to the end"
     );
+}
+
+/// `announced` in a ring's header: control messages the owner sent after its `Connect`.
+const OFF_ANNOUNCED: usize = 320;
+
+/// Whether `hay` contains `needle`.
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The inspector: attaches as the hostile peer does, reads every announcement the victim sent
+/// (regions with their fds, MRs), and reports what it could do with them, one line per fact.
+fn child_inspector(s: &mut TcpStream) {
+    let at = attach(s);
+    let local_key = u32::from_le_bytes(get(s).try_into().unwrap());
+    let ro_key = u32::from_le_bytes(get(s).try_into().unwrap());
+    let local_mark = get(s);
+    let ro_mark = get(s);
+    assert_eq!(get(s), b"inspect");
+    // SAFETY: offset 320 is inside the mapped header, 8-aligned.
+    let n = unsafe {
+        std::ptr::read_volatile(at.victim_ring.cast::<u8>().add(OFF_ANNOUNCED).cast::<u64>())
+    };
+    let mut regions: Vec<(u64, OwnedFd)> = Vec::new();
+    let mut mrs: Vec<(u32, u64)> = Vec::new(); // (key, region)
+    for _ in 0..n {
+        let (m, mut fds) = recv_msg(at.chan.as_raw_fd());
+        match m[0] {
+            5 => regions.push((
+                u64::from_le_bytes(m[1..9].try_into().unwrap()),
+                fds.remove(0),
+            )),
+            6 => mrs.push((
+                u32::from_le_bytes(m[1..5].try_into().unwrap()),
+                u64::from_le_bytes(m[5..13].try_into().unwrap()),
+            )),
+            _ => {}
+        }
+    }
+    let mut facts = Vec::new();
+    facts.push(format!(
+        "local MR announced: {}",
+        mrs.iter().any(|(k, _)| *k == local_key)
+    ));
+    // Every fd we were sent, mapped whole (read-only): local-only bytes must be in none.
+    let mut local_seen = false;
+    for (_, fd) in &regions {
+        // SAFETY: fstat into a zeroed stat; a fresh read-only shared mapping of the whole
+        // file, read as bytes and unmapped before the next.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(fd.as_raw_fd(), &mut st), 0);
+            let len = st.st_size as usize;
+            if len == 0 {
+                continue;
+            }
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            local_seen |= contains(std::slice::from_raw_parts(p.cast::<u8>(), len), &local_mark);
+            libc::munmap(p, len);
+        }
+    }
+    facts.push(format!("local bytes in a sent fd: {local_seen}"));
+    let ro_region = mrs.iter().find(|(k, _)| *k == ro_key).map(|(_, r)| *r);
+    let ro_fd = regions
+        .iter()
+        .find(|(id, _)| Some(*id) == ro_region)
+        .map(|(_, fd)| fd.as_raw_fd())
+        .expect("the REMOTE_READ MR and its region were announced");
+    // SAFETY: mappings of the fd we were sent (each checked, unmapped); an fd of our own
+    // reopened through /proc and closed; a pwrite of 1 byte from a local.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        assert_eq!(libc::fstat(ro_fd, &mut st), 0);
+        let len = st.st_size as usize;
+        let r = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            ro_fd,
+            0,
+        );
+        assert_ne!(r, libc::MAP_FAILED);
+        let bytes = std::slice::from_raw_parts(r.cast::<u8>(), len);
+        facts.push(format!(
+            "read-only grant readable: {}",
+            contains(bytes, &ro_mark)
+        ));
+        facts.push(format!(
+            "read-only grant mprotect writable: {}",
+            libc::mprotect(r, len, libc::PROT_READ | libc::PROT_WRITE) == 0
+        ));
+        libc::munmap(r, len);
+        let w = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            ro_fd,
+            0,
+        );
+        facts.push(format!(
+            "read-only grant mapped writable: {}",
+            w != libc::MAP_FAILED
+        ));
+        if w != libc::MAP_FAILED {
+            libc::munmap(w, len);
+        }
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{ro_fd}")).unwrap();
+        let rw = libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        let mut upgraded = false;
+        if rw >= 0 {
+            let w = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                rw,
+                0,
+            );
+            if w != libc::MAP_FAILED {
+                upgraded = true;
+                libc::munmap(w, len);
+            }
+            let b = 0u8;
+            upgraded |= libc::pwrite(rw, (&raw const b).cast(), 1, 0) == 1;
+            libc::close(rw);
+        }
+        facts.push(format!("read-only grant reopened writable: {upgraded}"));
+    }
+    put(s, facts.join("\n").as_bytes());
+    assert_eq!(get(s), b"done");
+    drop(at);
+}
+
+#[test]
+fn a_raw_peer_gets_read_only_grants_it_cannot_upgrade_and_nothing_of_local_only_memory() {
+    if peer::peer_role().is_some() {
+        return;
+    }
+    let ctx = soft();
+    let victim = soft_side(QpCap::default(), 4096);
+    let pid = std::process::id();
+    let local_mark = format!("bx-local-only-{pid}-a1b2c3d4e5f6").into_bytes();
+    let ro_mark = format!("bx-read-only-{pid}-f6e5d4c3b2a1").into_bytes();
+    // Memory of each class, made before the connect (announced by it) and after the side's
+    // own region (a receive buffer, writable class), in the same PD.
+    let ro = victim
+        .pd
+        .alloc_shared_for(4096, Access::REMOTE_READ)
+        .unwrap();
+    // SAFETY: writes inside memory we own and nothing else touches yet.
+    unsafe { std::ptr::copy(ro_mark.as_ptr(), ro.as_ptr().add(100), ro_mark.len()) };
+    let ro_mr = victim
+        .pd
+        .reg_shared(&ro, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert!(
+        victim
+            .pd
+            .reg_shared(&ro, 0, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .is_err(),
+        "memory allocated for REMOTE_READ cannot be registered writable"
+    );
+    let local = victim.pd.alloc_shared_for(4096, Access(0)).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        std::ptr::copy(
+            local_mark.as_ptr(),
+            local.as_ptr().add(200),
+            local_mark.len(),
+        )
+    };
+    let local_mr = victim.pd.reg_shared(&local, 0, 4096, Access(0)).unwrap();
+    let nonce = 0x1D5EC7_u64 ^ u64::from(pid);
+    ctx.expect_probe(nonce);
+    let (mut child, mut s) = peer::spawn_peer("child_entry", "inspector", T);
+    let info = ctx.device_info().to_bytes();
+    put(&mut s, &info[3 + 8..]);
+    put(&mut s, &nonce.to_le_bytes());
+    put(&mut s, &victim.qp.qp_num().to_le_bytes());
+    let name = get(&mut s);
+    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
+    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
+    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    ep.extend_from_slice(&name);
+    victim
+        .qp
+        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
+        .expect("victim connects to the inspector");
+    put(&mut s, &local_mr.lkey().to_le_bytes());
+    put(&mut s, &ro_mr.rkey().to_le_bytes());
+    put(&mut s, &local_mark);
+    put(&mut s, &ro_mark);
+    put(&mut s, b"inspect");
+    let facts = String::from_utf8(get(&mut s)).unwrap();
+    put(&mut s, b"done");
+    assert!(
+        child.wait().unwrap().success(),
+        "the inspector ran to the end"
+    );
+    for want in [
+        "local MR announced: false",
+        "local bytes in a sent fd: false",
+        "read-only grant readable: true",
+        "read-only grant mprotect writable: false",
+        "read-only grant mapped writable: false",
+        "read-only grant reopened writable: false",
+    ] {
+        assert!(
+            facts.lines().any(|l| l == want),
+            "want {want:?}; the peer saw:\n{facts}"
+        );
+    }
+    drop((local, ro));
+}
+
+/// The liar: grants the victim's QP every access, then announces a region of its own as an
+/// `O_RDONLY` fd with an MR over it that claims REMOTE_WRITE. The victim must refuse that MR
+/// rather than store through its read-only mapping (which would kill it with SIGSEGV).
+fn child_liar(s: &mut TcpStream) {
+    let at = attach_granting(s, 7);
+    // SAFETY: valid name and flags; our own memfd, grown, sealed, reopened read-only.
+    let ro = unsafe {
+        let m = libc::memfd_create(
+            c"liar".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(m >= 0);
+        assert_eq!(libc::ftruncate(m, 4096), 0);
+        assert_eq!(libc::fcntl(m, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{m}")).unwrap();
+        let ro = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        assert!(ro >= 0);
+        OwnedFd::from_raw_fd(ro)
+    };
+    let mut region = vec![5u8];
+    for x in [1u64, 0, 4096] {
+        region.extend_from_slice(&x.to_le_bytes());
+    }
+    send_msg(at.chan.as_raw_fd(), &region, &[ro.as_raw_fd()]);
+    let mut mr = vec![6u8];
+    mr.extend_from_slice(&0x777u32.to_le_bytes());
+    for x in [1u64, 0, 4096, 0x10_0000] {
+        mr.extend_from_slice(&x.to_le_bytes());
+    }
+    mr.extend_from_slice(&7u32.to_le_bytes());
+    send_msg(at.chan.as_raw_fd(), &mr, &[]);
+    put(s, b"announced");
+    assert_eq!(get(s), b"done");
+    drop(at);
+}
+
+#[test]
+fn a_peer_mr_claiming_write_access_over_a_read_only_grant_is_refused() {
+    if peer::peer_role().is_some() {
+        return;
+    }
+    let ctx = soft();
+    let victim = soft_side(QpCap::default(), 4096);
+    let nonce = 0x11A2_u64 ^ u64::from(std::process::id());
+    ctx.expect_probe(nonce);
+    let (mut child, mut s) = peer::spawn_peer("child_entry", "liar", T);
+    let info = ctx.device_info().to_bytes();
+    put(&mut s, &info[3 + 8..]);
+    put(&mut s, &nonce.to_le_bytes());
+    put(&mut s, &victim.qp.qp_num().to_le_bytes());
+    let name = get(&mut s);
+    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
+    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
+    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    ep.extend_from_slice(&name);
+    victim
+        .qp
+        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
+        .expect("victim connects to the liar");
+    assert_eq!(get(&mut s), b"announced");
+    victim.write(0, b"would be stored");
+    victim
+        .send(
+            1,
+            WrOp::Write {
+                remote_addr: 0x10_0000,
+                rkey: 0x777,
+            },
+            0,
+            15,
+            true,
+        )
+        .unwrap();
+    let wc = poll_n(&victim.send_cq, 1, T);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (1, WcStatus::RemAccessErr),
+        "the MR is unknown to the victim: never written through a read-only mapping"
+    );
+    put(&mut s, b"done");
+    assert!(child.wait().unwrap().success(), "the liar ran to the end");
 }

@@ -846,8 +846,13 @@ async fn a_hedged_collect_completes_past_a_stalled_replica_whose_attempt_is_canc
     })
     .await;
     let mut client = StreamsClient::new(ch.clone());
-    // round robin: one of three calls opens its first attempt on the stalled replica
-    for _ in 0..3 {
+    // round robin: one of three calls opens its first attempt on the stalled replica; a
+    // slow host (the VM) may answer a call before its hedge reaches the stalled replica's
+    // handler, so calls go on (at most 12) until that handler has started once
+    for i in 0..12 {
+        if i >= 3 && stalled.0.0.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
         let msg = |seq| Msg {
             seq,
             payload: Bytes::from_static(b"xyz"),

@@ -71,7 +71,8 @@ impl PdImpl for IbvPd {
         self.qps_finished.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>> {
+    /// The access hint changes nothing here: a NIC checks each MR's flags itself.
+    fn alloc_shared(&self, len: usize, _access: Access) -> Result<Arc<dyn SharedMemImpl>> {
         Ok(Arc::new(AnonMem::new(len)?))
     }
 

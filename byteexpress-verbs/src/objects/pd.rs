@@ -17,8 +17,19 @@ impl Pd {
     /// that may back receive buffers on every provider (a memfd mapping on the soft provider,
     /// anonymous memory on NICs). Zero-filled.
     pub fn alloc_shared(&self, len: usize) -> Result<SharedMem> {
+        self.alloc_shared_for(len, Access::ALL)
+    }
+
+    /// As [`Pd::alloc_shared`], for memory whose MRs will have at most `access` (the widest
+    /// set of flags any MR over it will be registered with). A NIC ignores the hint. The soft
+    /// provider exposes the memory to peers by it, so a peer can map no more than the flags
+    /// allow (issue 22; DESIGN.md 3.1): nothing of memory without LOCAL_WRITE or a remote
+    /// flag, a read-only grant of REMOTE_READ memory, read-write only memory with
+    /// REMOTE_WRITE or LOCAL_WRITE (a receive buffer). There, `reg_shared` with flags beyond
+    /// the hint's class fails with `InvalidArgument`.
+    pub fn alloc_shared_for(&self, len: usize, access: Access) -> Result<SharedMem> {
         Ok(SharedMem {
-            inner: self.inner.alloc_shared(len)?,
+            inner: self.inner.alloc_shared(len, access)?,
         })
     }
 
@@ -127,6 +138,7 @@ impl Pd {
             self.inner
                 .create_qp(&send_cq.inner, &recv_cq.inner, srq.map(|s| &s.inner), cap)?;
         Ok(Qp {
+            _destroy: Arc::new(super::qp::DestroyOnDrop(inner.clone())),
             inner,
             _pd: self.clone(),
             _cqs: [send_cq.clone(), recv_cq.clone()],

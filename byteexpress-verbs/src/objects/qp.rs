@@ -12,6 +12,20 @@ pub struct Qp {
     pub(crate) _pd: Pd,
     pub(crate) _cqs: [Cq; 2],
     pub(crate) _srq: Option<crate::Srq>,
+    /// Shared by the clones of this handle: when the last goes, the QP is destroyed
+    /// ([`QpImpl::destroy`]), before the PD, CQs and MRs the application drops after it.
+    pub(crate) _destroy: Arc<DestroyOnDrop>,
+}
+
+/// Calls [`QpImpl::destroy`] when the application's last [`Qp`] handle is dropped. Provider
+/// threads hold the QP itself (not this), so their short-lived references do not delay it.
+#[derive(Debug)]
+pub(crate) struct DestroyOnDrop(pub(crate) Arc<dyn QpImpl>);
+
+impl Drop for DestroyOnDrop {
+    fn drop(&mut self) {
+        self.0.destroy();
+    }
 }
 
 impl Qp {

@@ -3,6 +3,12 @@
 //! An MR's region (memfd) and the MR itself are announced to every peer connected to a QP of the
 //! MR's PD: at connect time for MRs that exist then, at registration time (before `reg_shared`
 //! returns) for later ones, and deregistration is announced on drop.
+//!
+//! Mappings follow access (issue 22, item 1): `alloc_shared` memory belongs to one
+//! [`Exposure`] class, chosen from the widest access it will be registered with, and one memfd
+//! never holds regions of two classes. Local-only memory is never sent to a peer; read-only
+//! memory goes in arenas sealed `F_SEAL_FUTURE_WRITE` and passed as `O_RDONLY` fds; only
+//! writable memory is passed read-write.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -75,10 +81,14 @@ impl Conn {
 
     /// Sends `mr` (and its region's memfd, the first time).
     /// User memory ([`Backing::User`]) is never announced: peers cannot reach it.
+    /// Local-only memory ([`Exposure::Local`]) is not announced either.
     pub(crate) fn announce(&self, mr: &SoftMr) -> std::io::Result<()> {
         let Backing::Shared(map) = &mr.backing else {
             return Ok(());
         };
+        if mr.exposure == Exposure::Local {
+            return Ok(());
+        }
         let mut sent = self.sent.lock();
         if !sent.contains(&mr.region) {
             let m = Msg::Region {
@@ -99,7 +109,9 @@ impl Conn {
                         exposed.push(a.clone());
                     }
                     drop(exposed);
-                    a.pass(|fd| self.send(&m, &[fd])).ok_or_else(closed)??;
+                    a.pass(|fd| self.send(&m, &[fd]))
+                        .ok_or_else(closed)?
+                        .map_err(std::io::Error::other)??;
                 }
                 None => {
                     let fd = map.fd().ok_or_else(closed)?;
@@ -120,6 +132,34 @@ impl Conn {
     }
 }
 
+/// What a peer may do with a region of `alloc_shared` memory, from the widest access it
+/// will be registered with (the hint given to `alloc_shared`). One memfd never holds two
+/// classes, so an fd never grants more than its class (issue 22, item 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Exposure {
+    /// No flag that lets the peer touch it: never sent to a peer (its own memfd, closed once
+    /// mapped here).
+    Local,
+    /// REMOTE_READ: passed sealed `F_SEAL_FUTURE_WRITE` as an `O_RDONLY` fd.
+    ReadOnly,
+    /// REMOTE_WRITE, or LOCAL_WRITE (a receive buffer, which the peer's sender still writes
+    /// into: the SEND copy is the initiator's, DESIGN.md 3.1): passed read-write.
+    Writable,
+}
+
+impl Exposure {
+    /// The class registration with `access` needs.
+    pub(crate) fn of(access: Access) -> Exposure {
+        if access.contains(Access::REMOTE_WRITE) || access.contains(Access::LOCAL_WRITE) {
+            Exposure::Writable
+        } else if access.contains(Access::REMOTE_READ) {
+            Exposure::ReadOnly
+        } else {
+            Exposure::Local
+        }
+    }
+}
+
 /// A region carved from an arena: its id (`SoftShm::id`) and its mapping.
 type Carved = (u64, Weak<Mapping>);
 
@@ -132,6 +172,9 @@ pub(crate) struct PdState {
     /// many), replaced by a fresh one once a peer that was sent it is gone, or once it is
     /// closed.
     arena: Option<Arc<Arena>>,
+    /// As `arena`, for read-only memory ([`Exposure::ReadOnly`]); replaced once sealed (at
+    /// its first pass to a peer).
+    ro_arena: Option<Arc<Arena>>,
     /// The PD's arenas, each with the regions carved from it.
     arenas: Vec<(Weak<Arena>, Vec<Carved>)>,
     /// No QP will be created in the PD any more (`Pd::finish_qps`).
@@ -238,6 +281,8 @@ impl SoftPd {
 pub(crate) struct SoftShm {
     pub(crate) id: u64,
     pub(crate) map: Arc<Mapping>,
+    /// Its class: MRs over it need no more ([`Exposure::of`]).
+    pub(crate) exposure: Exposure,
 }
 
 impl SharedMemImpl for SoftShm {
@@ -405,6 +450,8 @@ pub(crate) struct SoftMr {
     /// Virtual address in this process (= mapping start + offset).
     pub(crate) addr: u64,
     pub(crate) access: Access,
+    /// Its memory's class (`Local` for user memory).
+    pub(crate) exposure: Exposure,
 }
 
 impl SoftMr {
@@ -451,27 +498,52 @@ impl Drop for SoftMr {
 }
 
 impl PdImpl for SoftPd {
-    fn alloc_shared(&self, len: usize) -> Result<Arc<dyn SharedMemImpl>> {
+    fn alloc_shared(&self, len: usize, access: Access) -> Result<Arc<dyn SharedMemImpl>> {
         if len as u64 > limits::MAX_MR_SIZE {
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes exceed max_mr_size {}",
                 limits::MAX_MR_SIZE
             )));
         }
+        let exposure = Exposure::of(access);
+        let id = self.dev.alloc_id();
+        if exposure == Exposure::Local {
+            // Never sent: a memfd of its own, closed at once (no fd held).
+            let map = Mapping::create(len, c"bx-soft-local")?;
+            map.close_fd();
+            return Ok(Arc::new(SoftShm {
+                id,
+                map: Arc::new(map),
+                exposure,
+            }));
+        }
         // Carved under the PD's lock, so no arena is closed between its choice and the carving,
-        // and the region is on its arena's list before any close decision.
+        // and the region is on its arena's list before any close decision. A read-only arena
+        // sealed meanwhile (by a pass, under its own lock) refuses: a fresh one takes over.
         let mut st = self.state.lock();
-        let arena = match &st.arena {
-            Some(a) if !a.is_retired() => a.clone(),
-            _ => {
-                let a = Arena::create(c"bx-soft-pd")?;
-                st.arena = Some(a.clone());
-                st.arenas.push((Arc::downgrade(&a), Vec::new()));
-                a
+        let mut tries = 0;
+        let (arena, map) = loop {
+            tries += 1;
+            let current = match exposure {
+                Exposure::ReadOnly => &mut st.ro_arena,
+                _ => &mut st.arena,
+            };
+            let arena = match current {
+                Some(a) if !a.is_retired() => a.clone(),
+                _ => {
+                    let ro = exposure == Exposure::ReadOnly;
+                    let a = Arena::create(if ro { c"bx-soft-pd-ro" } else { c"bx-soft-pd" }, ro)?;
+                    *current = Some(a.clone());
+                    st.arenas.push((Arc::downgrade(&a), Vec::new()));
+                    a
+                }
+            };
+            match arena.alloc(len) {
+                Ok(m) => break (arena, Arc::new(m)),
+                Err(Error::InvalidState(_)) if tries < 3 => continue,
+                Err(e) => return Err(e),
             }
         };
-        let map = Arc::new(arena.alloc(len)?);
-        let id = self.dev.alloc_id();
         if let Some((_, regions)) = st
             .arenas
             .iter_mut()
@@ -480,7 +552,7 @@ impl PdImpl for SoftPd {
             regions.push((id, Arc::downgrade(&map)));
         }
         drop(st);
-        Ok(Arc::new(SoftShm { id, map }))
+        Ok(Arc::new(SoftShm { id, map, exposure }))
     }
 
     fn reg_shared(
@@ -510,6 +582,13 @@ impl PdImpl for SoftPd {
                 "REMOTE_WRITE needs LOCAL_WRITE (ibv_reg_mr(3))".into(),
             ));
         }
+        if Exposure::of(access) > shm.exposure {
+            return Err(Error::InvalidArgument(format!(
+                "soft device: access {access:?} exceeds what the memory was allocated for \
+                 ({:?} exposure; Pd::alloc_shared_for's access hint)",
+                shm.exposure
+            )));
+        }
         let pd = self.me.upgrade().expect("a PD in use is alive");
         let mut st = self.state.lock();
         let mr = Arc::new(SoftMr {
@@ -521,6 +600,7 @@ impl PdImpl for SoftPd {
             len,
             addr: shm.map.ptr() as u64 + offset as u64,
             access,
+            exposure: shm.exposure,
         });
         self.dev.mrs.write().insert(mr.key, Arc::downgrade(&mr));
         st.mrs.retain(|w| w.strong_count() > 0);
@@ -569,6 +649,7 @@ impl PdImpl for SoftPd {
             len,
             addr: region.as_ptr() as u64,
             access,
+            exposure: Exposure::Local,
         });
         self.dev.user_mrs.fetch_add(1, Ordering::AcqRel);
         self.dev.mrs.write().insert(mr.key, Arc::downgrade(&mr));

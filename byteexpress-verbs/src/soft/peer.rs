@@ -183,6 +183,16 @@ impl Peer {
                     tracing::warn!("soft: peer MR {key:#x} refused (range or limits)");
                     return;
                 }
+                // A read-only grant backs no MR we would write into (a receive buffer or a
+                // WRITE target): we never store through a read-only mapping.
+                if !map.writable()
+                    && Access(access).0 & (Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0) != 0
+                {
+                    tracing::warn!(
+                        "soft: peer MR {key:#x} refused (writable over a read-only grant)"
+                    );
+                    return;
+                }
                 self.mrs.insert(
                     key,
                     RemoteMr {

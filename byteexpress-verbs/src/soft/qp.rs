@@ -752,6 +752,14 @@ impl QpImpl for SoftQp {
         Ok(())
     }
 
+    fn destroy(&self) {
+        // A peer claims no more receive WQEs (its sends see no answer and time out): set here
+        // and not only in `Drop`, which a CQ poll or the progress thread holding the QP for a
+        // moment would delay past the application's next drops (its MRs: a peer sending
+        // meanwhile would fail on a deregistered receive buffer, REM_OP_ERR).
+        self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+    }
+
     fn to_err(&self) -> Result<()> {
         let mut send = self.send.lock();
         self.fail_locked(&mut send, None);

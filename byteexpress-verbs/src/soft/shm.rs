@@ -33,6 +33,8 @@ pub(crate) struct Mapping {
     fd: parking_lot::Mutex<Option<OwnedFd>>,
     /// The arena the mapping was carved from, whose memfd it shares.
     arena: Option<Arc<Arena>>,
+    /// Mapped `PROT_WRITE` too (false for a peer's read-only grant).
+    writable: bool,
 }
 
 /// One growable memfd that holds several regions at page-aligned offsets (a PD's shared
@@ -45,17 +47,27 @@ pub(crate) struct Arena {
     passed: AtomicBool,
     /// Bytes handed out so far (the file's size).
     end: parking_lot::Mutex<u64>,
-    /// No more regions are carved from it (a peer that was sent its fd is gone).
+    /// No more regions are carved from it (a peer that was sent its fd is gone, or it was
+    /// sealed read-only).
     retired: AtomicBool,
+    /// A read-only grant: passed to peers sealed `F_SEAL_FUTURE_WRITE` as an `O_RDONLY` fd.
+    read_only: bool,
 }
 
 impl Arena {
-    /// A fresh, empty arena.
-    pub(crate) fn create(name: &CStr) -> Result<Arc<Arena>> {
+    /// A fresh, empty arena. A `read_only` one is passed to peers as a read-only grant
+    /// ([`Arena::pass`]): sealed against writes through any new mapping or fd the first time,
+    /// which also ends its carving (a region carved later could not be mapped writable here).
+    pub(crate) fn create(name: &CStr, read_only: bool) -> Result<Arc<Arena>> {
         let fd = new_memfd(name)?;
-        const ARENA_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // A read-only arena keeps F_SEAL_SEAL off until it is sealed for good in `pass`.
+        let seals = if read_only {
+            libc::F_SEAL_SHRINK
+        } else {
+            libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL
+        };
         // SAFETY: `fd` is an open memfd created with MFD_ALLOW_SEALING.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, ARENA_SEALS) } != 0 {
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(Error::last_os("fcntl(F_ADD_SEALS)"));
         }
         Ok(Arc::new(Arena {
@@ -63,6 +75,7 @@ impl Arena {
             passed: AtomicBool::new(false),
             end: parking_lot::Mutex::new(0),
             retired: AtomicBool::new(false),
+            read_only,
         }))
     }
 
@@ -75,6 +88,10 @@ impl Arena {
         let fd = fd
             .as_ref()
             .ok_or_else(|| Error::InvalidState("the arena's memfd is closed".into()))?;
+        if self.read_only && self.is_retired() {
+            // Sealed (under this lock, in `pass`): no new writable mapping of it is possible.
+            return Err(Error::InvalidState("the arena is sealed read-only".into()));
+        }
         let mut end = self.end.lock();
         let offset = *end;
         let size = offset
@@ -101,13 +118,37 @@ impl Arena {
         self.retired.load(Ordering::Acquire)
     }
 
-    /// Runs `send` with the memfd while it is open (it cannot be closed meanwhile) and marks
-    /// the arena as passed; `None` once closed.
-    pub(crate) fn pass<R>(&self, send: impl FnOnce(RawFd) -> R) -> Option<R> {
+    /// Runs `send` with the fd to pass while the memfd is open (it cannot be closed
+    /// meanwhile) and marks the arena as passed; `None` once closed. A read-only arena is
+    /// first sealed `F_SEAL_FUTURE_WRITE | F_SEAL_GROW | F_SEAL_SEAL` (memfd_create(2), Linux
+    /// ≥ 5.1: no new writable mapping, no `write`, through any fd, while the owner's existing
+    /// mappings stay writable) and retired; `send` then gets a fresh `O_RDONLY` fd of it,
+    /// closed after the call, so the grant cannot be upgraded by the peer.
+    pub(crate) fn pass<R>(&self, send: impl FnOnce(RawFd) -> R) -> Option<Result<R>> {
         let fd = self.fd.lock();
         let raw = fd.as_ref()?.as_raw_fd();
+        if !self.read_only {
+            self.passed.store(true, Ordering::Release);
+            return Some(Ok(send(raw)));
+        }
+        if !self.is_retired() {
+            const RO_SEALS: libc::c_int =
+                libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            self.retire();
+            // SAFETY: `raw` is our open memfd (under its lock), created with
+            // MFD_ALLOW_SEALING and without F_SEAL_SEAL so far.
+            if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, RO_SEALS) } != 0 {
+                return Some(Err(Error::last_os(
+                    "fcntl(F_ADD_SEALS, F_SEAL_FUTURE_WRITE)",
+                )));
+            }
+        }
+        let ro = match reopen_read_only(raw) {
+            Ok(fd) => fd,
+            Err(e) => return Some(Err(e)),
+        };
         self.passed.store(true, Ordering::Release);
-        Some(send(raw))
+        Some(Ok(send(ro.as_raw_fd())))
     }
 
     /// Whether its fd went to a peer.
@@ -126,6 +167,20 @@ impl Arena {
         self.retire();
         self.fd.lock().take();
     }
+}
+
+/// A new `O_RDONLY` open file description of our memfd `fd` (through `/proc/self/fd`, as
+/// memfds have no other name), to grant a peer read access only.
+fn reopen_read_only(fd: RawFd) -> Result<OwnedFd> {
+    let path =
+        std::ffi::CString::new(format!("/proc/self/fd/{fd}")).expect("a path of digits has no NUL");
+    // SAFETY: a valid NUL-terminated path; the flags are valid.
+    let ro = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if ro < 0 {
+        return Err(Error::last_os("open(/proc/self/fd, O_RDONLY)"));
+    }
+    // SAFETY: `open` just returned this fd, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ro) })
 }
 
 /// `len` (at least 1) rounded up to the page size.
@@ -199,8 +254,16 @@ impl Mapping {
         if end.is_none_or(|e| u64::try_from(st.st_size).unwrap_or(0) < e) {
             return Err(Error::Peer("peer memory shorter than announced".into()));
         }
+        // A read-only grant (an `O_RDONLY` fd) is mapped read-only; anything else (an
+        // `O_RDWR` fd) writable.
+        // SAFETY: `fd` is open; F_GETFL only reads its status flags.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(Error::last_os("fcntl(F_GETFL)"));
+        }
+        let writable = flags & libc::O_ACCMODE == libc::O_RDWR;
         // never passed on: the mapping alone keeps the memory, and `fd` closes here
-        Self::map_at(fd.as_raw_fd(), offset, len)
+        Self::map_prot(fd.as_raw_fd(), offset, len, writable)
     }
 
     fn map(fd: OwnedFd, len: usize) -> Result<Mapping> {
@@ -210,8 +273,13 @@ impl Mapping {
         })
     }
 
-    /// Maps `len` bytes at `offset` of `fd` (which the mapping does not keep).
+    /// Maps `len` bytes at `offset` of `fd` (which the mapping does not keep), writable.
     fn map_at(fd: RawFd, offset: u64, len: usize) -> Result<Mapping> {
+        Self::map_prot(fd, offset, len, true)
+    }
+
+    /// As [`Mapping::map_at`], read-only unless `writable`.
+    fn map_prot(fd: RawFd, offset: u64, len: usize, writable: bool) -> Result<Mapping> {
         let off = libc::off_t::try_from(offset)
             .map_err(|_| Error::InvalidArgument("offset too large".into()))?;
         // SAFETY: a fresh shared mapping of an open fd; the kernel picks the address, so no
@@ -220,7 +288,11 @@ impl Mapping {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                if writable {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                },
                 libc::MAP_SHARED,
                 fd,
                 off,
@@ -235,7 +307,14 @@ impl Mapping {
             offset,
             fd: parking_lot::Mutex::new(None),
             arena: None,
+            writable,
         })
+    }
+
+    /// Whether the mapping may be written (false for a peer's read-only grant).
+    #[inline]
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
     }
 
     /// Closes the memfd; the mapping stays valid. Later [`Mapping::fd`] calls return `None`.
@@ -381,7 +460,7 @@ mod tests {
 
     #[test]
     fn arena_regions_share_one_fd_at_page_offsets_and_free_their_pages_on_drop() {
-        let arena = Arena::create(c"t").unwrap();
+        let arena = Arena::create(c"t", false).unwrap();
         let a = arena.alloc(100).unwrap();
         let b = arena.alloc(3 * page_size()).unwrap();
         assert_eq!(a.fd(), b.fd(), "one memfd for both");
@@ -419,7 +498,7 @@ mod tests {
 
     #[test]
     fn a_closed_arena_keeps_its_regions_mapped_frees_their_pages_on_drop_and_carves_no_more() {
-        let arena = Arena::create(c"t").unwrap();
+        let arena = Arena::create(c"t", false).unwrap();
         let a = arena.alloc(page_size()).unwrap();
         let view = peer_view(&a);
         assert!(arena.pass(|_| ()).is_some() && arena.is_passed());
@@ -444,5 +523,50 @@ mod tests {
         // SAFETY: `view` is still mapped.
         let after = unsafe { view.ptr().add(7).read() };
         assert_eq!(after, 0, "pages punched out on drop without the arena's fd");
+    }
+
+    #[test]
+    fn a_read_only_arena_is_passed_sealed_as_an_o_rdonly_fd_and_carves_no_more() {
+        let arena = Arena::create(c"t", true).unwrap();
+        let mine = arena.alloc(100).unwrap();
+        let (offset, len) = (mine.offset(), mine.len());
+        let got = arena
+            .pass(|fd| {
+                // SAFETY: `fd` is open for the duration of the call; dup returns a new fd or -1.
+                let dup = unsafe { libc::dup(fd) };
+                assert!(dup >= 0);
+                // SAFETY: dup just returned this fd, which nothing else owns.
+                unsafe { OwnedFd::from_raw_fd(dup) }
+            })
+            .expect("open")
+            .expect("sealed and reopened");
+        // SAFETY: F_GETFL/F_GET_SEALS only read the fd's flags.
+        let (flags, seals) = unsafe {
+            (
+                libc::fcntl(got.as_raw_fd(), libc::F_GETFL),
+                libc::fcntl(got.as_raw_fd(), libc::F_GET_SEALS),
+            )
+        };
+        assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY, "an O_RDONLY grant");
+        assert_ne!(
+            seals & libc::F_SEAL_FUTURE_WRITE,
+            0,
+            "sealed against new writers"
+        );
+        let view = Mapping::open(got, offset, len).expect("the peer maps it");
+        assert!(!view.writable(), "mapped read-only by the peer");
+        // SAFETY: both pointers are inside their live mappings.
+        unsafe {
+            mine.ptr().add(7).write(0x5A);
+            assert_eq!(
+                view.ptr().add(7).read(),
+                0x5A,
+                "the owner still writes; the peer reads"
+            );
+        }
+        assert!(
+            matches!(arena.alloc(100), Err(Error::InvalidState(_))),
+            "a sealed arena carves no more (no new writable mapping is possible)"
+        );
     }
 }

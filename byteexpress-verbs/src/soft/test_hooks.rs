@@ -35,3 +35,20 @@ pub fn corrupt_ring_index(qp: &Qp, which: RingIndex, value: u64) -> bool {
     word.store(value, Ordering::Release);
     true
 }
+
+/// The provider's QP behind `qp`, held alive as a CQ poll or the device's progress thread
+/// holds it for a moment; dropping the guard releases it.
+#[derive(Debug)]
+pub struct ProviderHold(#[allow(dead_code)] std::sync::Arc<super::qp::SoftQp>);
+
+/// Holds `qp`'s provider QP past the drop of every [`Qp`] handle (see [`ProviderHold`]).
+/// `None` when `qp` is not a soft QP of this process.
+pub fn hold_provider_qp(qp: &Qp) -> Option<ProviderHold> {
+    let dev = super::device::opened()?;
+    let q = dev
+        .qps
+        .lock()
+        .get(&qp.qp_num())
+        .and_then(std::sync::Weak::upgrade)?;
+    Some(ProviderHold(q))
+}
