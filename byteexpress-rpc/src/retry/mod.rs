@@ -223,7 +223,8 @@ impl Retrier {
             (a, b) => a.or(b),
         };
         CallPlan {
-            deadline: t.map(|t| Instant::now() + t),
+            // a timeout past what an Instant can hold is no deadline (never a panic)
+            deadline: t.and_then(|t| Instant::now().checked_add(t)),
             wait_for_ready: wfr.or(mc.and_then(|m| m.wait_for_ready)).unwrap_or(false),
         }
     }
@@ -333,7 +334,7 @@ impl Retrier {
                         tracing::debug!(target: "byteexpress_rpc::retry", method, "retry throttled");
                         return Err(err.status);
                     }
-                    let at = Instant::now() + wait;
+                    let at = later(wait);
                     if deadline.is_some_and(|d| at >= d) {
                         if let Some(d) = deadline {
                             tokio::time::sleep_until(d).await;
@@ -376,7 +377,7 @@ impl Retrier {
         inflight.push(attempt(previous));
         started += 1;
         previous += 1;
-        let mut next_at = Instant::now() + p.hedging_delay;
+        let mut next_at = later(p.hedging_delay);
         loop {
             let can_start = !stop && started < max;
             if inflight.is_empty() && !can_start {
@@ -424,7 +425,7 @@ impl Retrier {
                     }
                     match pushback(&err.status) {
                         Pushback::None => next_at = Instant::now(),
-                        Pushback::After(d) => next_at = Instant::now() + d,
+                        Pushback::After(d) => next_at = later(d),
                         Pushback::Stop => stop = true,
                     }
                     last = Some(err.status);
@@ -448,7 +449,7 @@ impl Retrier {
                     inflight.push(attempt(previous));
                     started += 1;
                     previous += 1;
-                    next_at = Instant::now() + p.hedging_delay;
+                    next_at = later(p.hedging_delay);
                 }
             }
         }
@@ -504,6 +505,15 @@ fn with_previous(md: &crate::Metadata, n: u32) -> crate::Metadata {
     out
 }
 
+/// `d` from now, or a far future (30 years) when that is past what an `Instant` can hold:
+/// a huge backoff, pushback or hedging delay waits "forever" (the deadline still ends the
+/// call) instead of panicking on overflow.
+fn later(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
+
 #[cfg(test)]
 mod review_tests {
     use super::*;
@@ -526,5 +536,19 @@ mod review_tests {
             plan.is_ok(),
             "accepted a timeout of u64::MAX s, and planning a call of the method panicked"
         );
+    }
+
+    /// proto3's maximum itself is accepted; a caller's own timeout past what an `Instant`
+    /// holds is planned as no deadline, not a panic.
+    #[test]
+    fn proto3s_maximum_duration_is_accepted_and_a_huge_caller_timeout_is_no_deadline() {
+        assert_eq!(
+            service_config::parse_duration("315576000000.999999999s"),
+            Some(service_config::MAX_DURATION)
+        );
+        assert_eq!(service_config::parse_duration("315576000001s"), None);
+        let r = Retrier::new(ServiceConfig::default()).unwrap();
+        assert_eq!(r.plan("/t.T/M", Some(Duration::MAX), None).deadline, None);
+        assert!(later(Duration::MAX) > Instant::now());
     }
 }
