@@ -290,7 +290,7 @@ where
                 }
             }
         };
-        let run = retry.run(&method, deadline, |info| {
+        let run = retry.run_committable(&method, deadline, || input.lock().over, |info| {
             let (input, changed) = (&input, &changed);
             let opened = open(info);
             async move {
