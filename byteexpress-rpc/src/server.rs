@@ -390,6 +390,20 @@ fn reused_call_id(link: &LinkTx, key: (u32, u64)) {
 }
 
 impl Handlers {
+    /// Refuses a call or stream before dispatch: the link runs `max_calls` handlers already.
+    fn refuse_over_concurrency(&self, link: &LinkTx, key: (u32, u64)) {
+        refuse_before_dispatch(
+            link,
+            key,
+            Code::ResourceExhausted,
+            &format!(
+                "more than the {} concurrent calls this server runs per link",
+                self.max_calls
+            ),
+            "concurrency_limit",
+        );
+    }
+
     /// Starts a stream's handler, counted as one call against the link's limit.
     fn start_stream(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
         let refuse = |code: Code, why: String| {
@@ -411,16 +425,7 @@ impl Handlers {
         if map.len() >= self.max_calls {
             drop(map);
             self.streams.refused_open(key);
-            return refuse_before_dispatch(
-                link,
-                key,
-                Code::ResourceExhausted,
-                &format!(
-                    "more than the {} concurrent calls this server runs per link",
-                    self.max_calls
-                ),
-                "concurrency_limit",
-            );
+            return self.refuse_over_concurrency(link, key);
         }
         let running = self.running.clone();
         let counted = self.drain.enter();
@@ -469,16 +474,7 @@ impl Handlers {
         }
         if map.len() >= self.max_calls {
             drop(map);
-            return refuse_before_dispatch(
-                link,
-                key,
-                Code::ResourceExhausted,
-                &format!(
-                    "more than the {} concurrent calls this server runs per link",
-                    self.max_calls
-                ),
-                "concurrency_limit",
-            );
+            return self.refuse_over_concurrency(link, key);
         }
         if self.drain.is_draining() {
             drop(map);
