@@ -442,13 +442,7 @@ impl Client {
                 self.call_attempt(&req, info)
             })
             .await;
-        let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
-        crate::metrics::record_call(
-            crate::metrics::Side::Client,
-            &req.method,
-            code,
-            t0.elapsed(),
-        );
+        crate::metrics::record_client_call(&req.method, &res, t0);
         res
     }
 

@@ -133,6 +133,17 @@ pub fn record_call(side: Side, method: &str, code: Code, elapsed: Duration) {
     .increment(1);
 }
 
+/// Records one finished client call from its result (every attempt and wait included in
+/// `started`'s elapsed time): [`record_call`] with the result's code.
+pub(crate) fn record_client_call<T>(
+    method: &str,
+    res: &Result<T, crate::Status>,
+    started: std::time::Instant,
+) {
+    let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
+    record_call(Side::Client, method, code, started.elapsed());
+}
+
 /// The code's name as the gRPC spec spells it in `doc/statuscodes.md`, in CamelCase
 /// (`Ok`, `DeadlineExceeded`): a static label value.
 fn code_name(code: Code) -> &'static str {

@@ -359,6 +359,11 @@ impl Dispatch for Handlers {
         if self.streams.refused((h.conn_id, h.call_id), why.clone()) {
             return;
         }
+        if h.kind == Kind::StreamOpen {
+            // as the drain and concurrency refusals: the stream's early and later frames are
+            // dropped, not held (charged to the budget) until the link closes
+            self.streams.refused_open((h.conn_id, h.call_id));
+        }
         if matches!(h.kind, Kind::Request | Kind::StreamOpen) {
             // refused unread: no handler ran
             refuse_before_dispatch(
@@ -385,6 +390,20 @@ fn reused_call_id(link: &LinkTx, key: (u32, u64)) {
 }
 
 impl Handlers {
+    /// Refuses a call or stream before dispatch: the link runs `max_calls` handlers already.
+    fn refuse_over_concurrency(&self, link: &LinkTx, key: (u32, u64)) {
+        refuse_before_dispatch(
+            link,
+            key,
+            Code::ResourceExhausted,
+            &format!(
+                "more than the {} concurrent calls this server runs per link",
+                self.max_calls
+            ),
+            "concurrency_limit",
+        );
+    }
+
     /// Starts a stream's handler, counted as one call against the link's limit.
     fn start_stream(&self, link: &LinkTx, key: (u32, u64), msg: Incoming) {
         let refuse = |code: Code, why: String| {
@@ -406,16 +425,7 @@ impl Handlers {
         if map.len() >= self.max_calls {
             drop(map);
             self.streams.refused_open(key);
-            return refuse_before_dispatch(
-                link,
-                key,
-                Code::ResourceExhausted,
-                &format!(
-                    "more than the {} concurrent calls this server runs per link",
-                    self.max_calls
-                ),
-                "concurrency_limit",
-            );
+            return self.refuse_over_concurrency(link, key);
         }
         let running = self.running.clone();
         let counted = self.drain.enter();
@@ -464,16 +474,7 @@ impl Handlers {
         }
         if map.len() >= self.max_calls {
             drop(map);
-            return refuse_before_dispatch(
-                link,
-                key,
-                Code::ResourceExhausted,
-                &format!(
-                    "more than the {} concurrent calls this server runs per link",
-                    self.max_calls
-                ),
-                "concurrency_limit",
-            );
+            return self.refuse_over_concurrency(link, key);
         }
         if self.drain.is_draining() {
             drop(map);
@@ -517,5 +518,58 @@ impl Handlers {
             }
         });
         map.insert(key, handle.abort_handle());
+    }
+}
+
+#[cfg(test)]
+mod budget_refusal_tests {
+    use super::*;
+    use crate::wire::header::Header;
+
+    fn handlers(budget: usize) -> Handlers {
+        let svc = |_req: ServerRequest| async { Ok::<_, Status>(Response::default()) };
+        Handlers {
+            service: Arc::new(svc),
+            running: Arc::default(),
+            max_calls: 8,
+            budget: MemoryBudget::new(budget),
+            _slot: None,
+            stream_service: None,
+            streams: Arc::default(),
+            stream_window: 1 << 20,
+            peer_stream_window: AtomicU64::new(1 << 20),
+            drain: Drain::new(),
+        }
+    }
+
+    /// Review of issue 19: a STREAM_OPEN refused unread for the memory budget must end the
+    /// stream here as the drain and concurrency refusals do; its later STREAM_MESSAGE frames
+    /// were kept as "early" frames charged to the budget until the link closed.
+    #[test]
+    fn a_stream_refused_for_budget_at_open_holds_none_of_its_later_frames() {
+        let h = handlers(64 << 20);
+        let (tx, _out) = tokio::sync::mpsc::unbounded_channel();
+        let link = LinkTx::new(tx, Transport::Tcp, 16 << 20);
+        let mut open = Header::new(Kind::StreamOpen);
+        open.call_id = 7;
+        let before = h.budget.used();
+        h.refused(&link, &open, h.budget.refusal(128 << 20));
+        for _ in 0..4 {
+            let mut m = Header::new(Kind::StreamMessage);
+            m.call_id = 7;
+            h.incoming(
+                &link,
+                Incoming {
+                    header: m,
+                    meta: Bytes::new(),
+                    body: Bytes::from(vec![0u8; 100_000]),
+                },
+            );
+        }
+        assert_eq!(
+            h.budget.used(),
+            before,
+            "later frames of a stream refused at open are held against the memory budget"
+        );
     }
 }

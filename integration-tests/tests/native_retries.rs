@@ -356,3 +356,46 @@ async fn a_hedged_client_stream_completes_past_a_stalled_replica_whose_attempt_i
     .expect("the stalled replica's attempts were cancelled and their handlers dropped");
     assert!(set.retry_stats().hedges >= 1, "{:?}", set.retry_stats());
 }
+
+/// Review of issue 19: a client stream under a retry policy that the caller cancels before it
+/// commits (both halves dropped while the server has not answered) must cancel its attempt, as
+/// a stream without a policy does: the server's handler is dropped. Fails while the relay task
+/// keeps running the attempt (and would retry it) after the caller has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_stream_dropped_before_commit_cancels_its_attempt() {
+    for policy in [None, Some(POLICY)] {
+        let (addr, started, dropped) = replica("B", true).await;
+        let mut c = Client::connect_unshared(&addr, &Config::default())
+            .await
+            .unwrap();
+        if let Some(p) = policy {
+            c = c
+                .with_service_config(ServiceConfig::from_json(p).unwrap())
+                .unwrap();
+        }
+        let mut o = open();
+        o.timeout = Some(Duration::from_secs(60));
+        let (mut tx, rx) = c.open_stream(o).await.unwrap();
+        tx.send(Bytes::from_static(b"b")).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while started.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the handler started");
+        drop(rx);
+        drop(tx);
+        let r = tokio::time::timeout(Duration::from_secs(5), async {
+            while dropped.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            r.is_ok(),
+            "policy {:?}: the handler still runs 5 s after the caller dropped the stream",
+            policy.is_some()
+        );
+    }
+}

@@ -457,3 +457,85 @@ async fn native_replica_set_retries_by_the_same_service_config() {
     assert_eq!(prev, ["0", "1", "2"]);
     assert_eq!(set.retry_stats().retries, 2);
 }
+
+/// A native unary Push (no policy in the first document) with request id `rid`.
+fn native_push(rid: &str, timeout: Duration) -> byteexpress_rpc::Request {
+    use prost::Message;
+    let msg = PushRequest {
+        table: "emb".into(),
+        keys: vec![7],
+        grads: vec![0u8; 8 * 4].into(),
+        lr: 0.1,
+    }
+    .encode_to_vec();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(&msg);
+    let mut metadata = byteexpress_rpc::Metadata::new();
+    metadata.insert("x-request-id", rid.to_string()).unwrap();
+    byteexpress_rpc::Request {
+        method: "/ps.ParameterServer/Push".into(),
+        metadata,
+        body: body.into(),
+        timeout: Some(timeout),
+    }
+}
+
+/// Review of issue 19: the native unary path. A call pending on a link that dies may have
+/// run (its REQUEST was sent), so it must fail, not be retried transparently as a call that
+/// never left the client: under load over three replicas, one killed with SIGKILL, no Push
+/// (no policy) ran twice and every failed one failed UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_unary_calls_pending_on_a_killed_replica_are_not_run_twice() {
+    let logs = [log_path("a"), log_path("b"), log_path("c")];
+    let mut servers = Vec::new();
+    for (i, l) in logs.iter().enumerate() {
+        // 100 ms handlers under 12 workers: about 4 calls in flight on each replica at the kill
+        servers.push(ps(&format!("s{i}"), l, &["--delay-ms", "100"]).await);
+    }
+    let set = {
+        let refs: Vec<&ServerProc> = servers.iter().collect();
+        native_set(&refs, FIRST).await
+    };
+    let deadline = Duration::from_secs(3);
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..12 {
+        let (set, next) = (set.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            while Instant::now() < stop {
+                let rid = format!("n{}", next.fetch_add(1, Ordering::SeqCst));
+                let r = set.call(native_push(&rid, deadline)).await;
+                out.push((rid, r.map(|_| ()).map_err(|e| e.code)));
+            }
+            out
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    servers[0].kill().await;
+    let mut results = Vec::new();
+    for w in workers {
+        results.extend(w.await.unwrap());
+    }
+    assert!(results.len() > 30, "{} calls", results.len());
+    let failed: Vec<_> = results.iter().filter(|r| r.1.is_err()).collect();
+    for (rid, r) in &failed {
+        assert_eq!(*r, Err(byteexpress_rpc::Code::Unavailable), "{rid}");
+    }
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for l in &logs {
+        for s in starts(l, "Push") {
+            *runs.entry(s[3].clone()).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "Pushes run twice: {twice:?}");
+    // the kill caught calls in flight on the killed replica (else this pins nothing)
+    assert!(!starts(&logs[0], "Push").is_empty());
+    assert!(
+        !failed.is_empty(),
+        "no call was pending on the killed replica"
+    );
+}

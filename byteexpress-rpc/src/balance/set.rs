@@ -284,12 +284,7 @@ impl ReplicaSet {
             .run(&req.method, plan.deadline, |info| {
                 let (req, tried) = (&req, &tried);
                 async move {
-                    let avoid = tried.lock().clone();
-                    let (ep, client, _) = self
-                        .ready_endpoint_avoiding(info.deadline, opts, &avoid)
-                        .await
-                        .map_err(AttemptError::other)?;
-                    tried.lock().push(ep.id);
+                    let (ep, client) = self.pick_untried(info.deadline, opts, tried).await?;
                     // counted by `pick`, so that concurrent picks see it
                     let _out = Outstanding(&ep);
                     let t0 = Instant::now();
@@ -303,13 +298,7 @@ impl ReplicaSet {
                 }
             })
             .await;
-        let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
-        crate::metrics::record_call(
-            crate::metrics::Side::Client,
-            &req.method,
-            code,
-            t0.elapsed(),
-        );
+        crate::metrics::record_client_call(&req.method, &res, t0);
         res
     }
 
@@ -334,6 +323,23 @@ impl ReplicaSet {
 
     pub(crate) fn retrier(&self) -> Arc<Retrier> {
         self.h.core.retry.lock().clone()
+    }
+
+    /// [`ReplicaSet::ready_endpoint_avoiding`] the endpoints in `tried` (this call's earlier
+    /// attempts), adding the one picked to `tried`. Errors: as that, as an attempt's failure.
+    pub(super) async fn pick_untried(
+        &self,
+        deadline: Option<Instant>,
+        opts: CallOptions,
+        tried: &Mutex<Vec<u64>>,
+    ) -> Result<(Arc<Endpoint>, Client), AttemptError> {
+        let avoid = tried.lock().clone();
+        let (ep, client, _) = self
+            .ready_endpoint_avoiding(deadline, opts, &avoid)
+            .await
+            .map_err(AttemptError::other)?;
+        tried.lock().push(ep.id);
+        Ok((ep, client))
     }
 
     /// Waits for a ready, admitted endpoint picked by the set's [`Policy`] (connecting an idle

@@ -71,12 +71,7 @@ impl ReplicaSet {
         tried: &parking_lot::Mutex<Vec<u64>>,
     ) -> Result<(DirectSender, DirectReceiver), AttemptError> {
         let core = &self.h.core;
-        let avoid = tried.lock().clone();
-        let (ep, client, _) = self
-            .ready_endpoint_avoiding(info.deadline, opts, &avoid)
-            .await
-            .map_err(AttemptError::other)?;
-        tried.lock().push(ep.id);
+        let (ep, client) = self.pick_untried(info.deadline, opts, tried).await?;
         // `pick` counted it outstanding: until the stream ends
         let out = Outstanding(&ep);
         let t0 = Instant::now();

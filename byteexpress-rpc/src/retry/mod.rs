@@ -223,7 +223,8 @@ impl Retrier {
             (a, b) => a.or(b),
         };
         CallPlan {
-            deadline: t.map(|t| Instant::now() + t),
+            // a timeout past what an Instant can hold is no deadline (never a panic)
+            deadline: t.and_then(|t| Instant::now().checked_add(t)),
             wait_for_ready: wfr.or(mc.and_then(|m| m.wait_for_ready)).unwrap_or(false),
         }
     }
@@ -248,6 +249,25 @@ impl Retrier {
         &self,
         method: &str,
         deadline: Option<Instant>,
+        attempt: F,
+    ) -> Result<T, Status>
+    where
+        F: FnMut(AttemptInfo) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        self.run_committable(method, deadline, || false, attempt)
+            .await
+    }
+
+    /// [`Retrier::run`] for a call that may commit before it has an answer (a replayed
+    /// stream past [`PER_RPC_BUFFER_LIMIT`]): once `buffer_committed()` is true no attempt
+    /// is started (a failure then ends the call; A6's commit) and the attempt that completes
+    /// gives no throttle token back (it has no answer yet: not a success).
+    pub(crate) async fn run_committable<T, F, Fut>(
+        &self,
+        method: &str,
+        deadline: Option<Instant>,
+        buffer_committed: impl Fn() -> bool,
         mut attempt: F,
     ) -> Result<T, Status>
     where
@@ -263,7 +283,8 @@ impl Retrier {
         };
         match policy {
             Some(AttemptPolicy::Hedging(h)) => {
-                self.hedge(method, deadline, &h, |n| attempt(info(n))).await
+                self.hedge(method, deadline, &h, &buffer_committed, |n| attempt(info(n)))
+                    .await
             }
             retry => {
                 let retry = match retry {
@@ -278,16 +299,23 @@ impl Retrier {
                     self.n.attempts.fetch_add(1, Ordering::SeqCst);
                     let err = match attempt(info(previous)).await {
                         Ok(v) => {
-                            if retry.is_some() {
+                            if retry.is_some() && !buffer_committed() {
                                 self.committed(method);
                             }
                             return Ok(v);
                         }
                         Err(e) => e,
                     };
+                    if buffer_committed() {
+                        // committed on the buffer limit: this was the last attempt
+                        return Err(err.status);
+                    }
                     let late = deadline.is_some_and(|d| Instant::now() >= d);
                     match err.stage {
-                        Stage::Local if !late => {
+                        // never left the client, and its time is up (A6: transparent
+                        // retries only within the deadline)
+                        Stage::Local if late => return Err(local_past_deadline(&err.status)),
+                        Stage::Local => {
                             self.transparent(method, &err.status);
                             tokio::task::yield_now().await;
                             continue;
@@ -333,7 +361,7 @@ impl Retrier {
                         tracing::debug!(target: "byteexpress_rpc::retry", method, "retry throttled");
                         return Err(err.status);
                     }
-                    let at = Instant::now() + wait;
+                    let at = later(wait);
                     if deadline.is_some_and(|d| at >= d) {
                         if let Some(d) = deadline {
                             tokio::time::sleep_until(d).await;
@@ -359,6 +387,7 @@ impl Retrier {
         method: &str,
         deadline: Option<Instant>,
         p: &HedgingPolicy,
+        buffer_committed: &impl Fn() -> bool,
         mut attempt: F,
     ) -> Result<T, Status>
     where
@@ -376,7 +405,7 @@ impl Retrier {
         inflight.push(attempt(previous));
         started += 1;
         previous += 1;
-        let mut next_at = Instant::now() + p.hedging_delay;
+        let mut next_at = later(p.hedging_delay);
         loop {
             let can_start = !stop && started < max;
             if inflight.is_empty() && !can_start {
@@ -395,14 +424,26 @@ impl Retrier {
                 Some(res) = inflight.next(), if !inflight.is_empty() => {
                     let err = match res {
                         Ok(v) => {
-                            self.committed(method);
+                            if !buffer_committed() {
+                                self.committed(method);
+                            }
                             return Ok(v); // dropping `inflight` cancels the others
                         }
                         Err(e) => e,
                     };
+                    if buffer_committed() {
+                        // committed on the buffer limit: no other attempt starts; those in
+                        // flight may still complete
+                        stop = true;
+                        last = Some(err.status);
+                        continue;
+                    }
                     let late = deadline.is_some_and(|d| Instant::now() >= d);
+                    if err.stage == Stage::Local && late {
+                        return Err(local_past_deadline(&err.status));
+                    }
                     let again = match err.stage {
-                        Stage::Local => !late,
+                        Stage::Local => true,
                         Stage::Refused if !refused_once => {
                             refused_once = true;
                             !late
@@ -424,12 +465,16 @@ impl Retrier {
                     }
                     match pushback(&err.status) {
                         Pushback::None => next_at = Instant::now(),
-                        Pushback::After(d) => next_at = Instant::now() + d,
+                        Pushback::After(d) => next_at = later(d),
                         Pushback::Stop => stop = true,
                     }
                     last = Some(err.status);
                 }
                 () = timer => {
+                    if buffer_committed() {
+                        stop = true;
+                        continue;
+                    }
                     if self.throttle.as_ref().is_some_and(|t| !t.allows()) {
                         self.n.throttled.fetch_add(1, Ordering::SeqCst);
                         metrics::counter!(crate::metrics::RETRIES_THROTTLED, "method" => method.to_string()).increment(1);
@@ -448,7 +493,7 @@ impl Retrier {
                     inflight.push(attempt(previous));
                     started += 1;
                     previous += 1;
-                    next_at = Instant::now() + p.hedging_delay;
+                    next_at = later(p.hedging_delay);
                 }
             }
         }
@@ -502,4 +547,130 @@ fn with_previous(md: &crate::Metadata, n: u32) -> crate::Metadata {
     }
     out.push_unchecked(PREVIOUS_ATTEMPTS.to_string(), n.to_string().into());
     out
+}
+
+/// The status of a call whose attempts never left the client until its deadline passed.
+fn local_past_deadline(why: &Status) -> Status {
+    Status::new(
+        Code::DeadlineExceeded,
+        format!("deadline exceeded before the call left the client: {why}"),
+    )
+}
+
+/// `d` from now, or a far future (30 years) when that is past what an `Instant` can hold:
+/// a huge backoff, pushback or hedging delay waits "forever" (the deadline still ends the
+/// call) instead of panicking on overflow.
+fn later(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
+
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+
+    /// Review of issue 19: proto3 JSON durations stop at 315,576,000,000 s; a service config
+    /// with a larger `timeout` (or `hedgingDelay`, `maxBackoff`) must be refused, not accepted
+    /// and then overflow `Instant + Duration` (a panic) on every call of the method.
+    #[test]
+    fn a_timeout_beyond_proto3s_duration_range_is_refused_not_a_panic_per_call() {
+        let json = r#"{"methodConfig": [{"name": [{"service": "t.T"}],
+            "timeout": "18446744073709551615s"}]}"#;
+        let Ok(sc) = ServiceConfig::from_json(json) else {
+            return; // refused: the fix
+        };
+        let r = Retrier::new(sc).expect("validated");
+        let plan = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            r.plan("/t.T/M", None, None).deadline
+        }));
+        assert!(
+            plan.is_ok(),
+            "accepted a timeout of u64::MAX s, and planning a call of the method panicked"
+        );
+    }
+
+    /// proto3's maximum itself is accepted; a caller's own timeout past what an `Instant`
+    /// holds is planned as no deadline, not a panic.
+    #[test]
+    fn proto3s_maximum_duration_is_accepted_and_a_huge_caller_timeout_is_no_deadline() {
+        assert_eq!(
+            service_config::parse_duration("315576000000.999999999s"),
+            Some(service_config::MAX_DURATION)
+        );
+        assert_eq!(service_config::parse_duration("315576000001s"), None);
+        let r = Retrier::new(ServiceConfig::default()).unwrap();
+        assert_eq!(r.plan("/t.T/M", Some(Duration::MAX), None).deadline, None);
+        assert!(later(Duration::MAX) > Instant::now());
+    }
+
+    fn retry_config(throttling: bool) -> ServiceConfig {
+        let t = if throttling {
+            r#", "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.5}"#
+        } else {
+            ""
+        };
+        ServiceConfig::from_json(&format!(
+            r#"{{"methodConfig": [{{"name": [{{"service": "t.T"}}],
+            "retryPolicy": {{"maxAttempts": 4, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+                "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}}}]{t}}}"#
+        ))
+        .unwrap()
+    }
+
+    /// A6: transparent retries of a call that never left the client run within its
+    /// deadline; past it the call ends DEADLINE_EXCEEDED (it ended with the local error).
+    #[tokio::test]
+    async fn a_call_that_never_left_the_client_past_its_deadline_ends_deadline_exceeded() {
+        for cfg in [ServiceConfig::default(), retry_config(false)] {
+            let r = Retrier::new(cfg).unwrap();
+            let deadline = Some(Instant::now() + Duration::from_millis(30));
+            let res: Result<(), Status> = r
+                .run("/t.T/M", deadline, |_| async {
+                    Err(AttemptError::local(Status::new(Code::Unavailable, "no link")))
+                })
+                .await;
+            assert_eq!(res.unwrap_err().code, Code::DeadlineExceeded);
+        }
+    }
+
+    /// A6: a stream committed on its buffer limit starts no other attempt when the committed
+    /// one fails.
+    #[tokio::test]
+    async fn a_buffer_committed_stream_starts_no_attempt_after_its_attempt_fails() {
+        let r = Retrier::new(retry_config(false)).unwrap();
+        let n = AtomicU64::new(0);
+        let res: Result<(), Status> = r
+            .run_committable(
+                "/t.T/M",
+                None,
+                || n.load(Ordering::SeqCst) > 0,
+                |_| {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    async { Err(AttemptError::other(Status::new(Code::Unavailable, "x"))) }
+                },
+            )
+            .await;
+        assert_eq!(res.unwrap_err().code, Code::Unavailable);
+        assert_eq!(n.load(Ordering::SeqCst), 1, "attempts after the commit");
+    }
+
+    /// A6's throttle: a stream that completes its attempt because it committed on the buffer
+    /// limit has no answer yet, so it gives no token back as a success.
+    #[tokio::test]
+    async fn a_buffer_committed_stream_gives_no_throttle_token_back() {
+        let r = Retrier::new(retry_config(true)).unwrap();
+        let t = r.throttle.as_ref().unwrap();
+        t.failure();
+        let before = t.milli_tokens();
+        let res: Result<(), Status> = r
+            .run_committable("/t.T/M", None, || true, |_| async { Ok(()) })
+            .await;
+        assert!(res.is_ok());
+        assert_eq!(t.milli_tokens(), before);
+        // an answered call does give tokenRatio back
+        let res: Result<(), Status> = r.run("/t.T/M", None, |_| async { Ok(()) }).await;
+        assert!(res.is_ok());
+        assert_eq!(t.milli_tokens(), before + 500);
+    }
 }

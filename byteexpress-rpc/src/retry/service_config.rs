@@ -94,11 +94,11 @@ pub struct RetryThrottling {
 }
 
 /// Why a service config was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ServiceConfigError {
     /// Not JSON, or a field of the wrong JSON type.
     #[error("service config is not valid JSON of the expected shape: {0}")]
-    Json(String),
+    Json(#[source] serde_json::Error),
     /// A duration not in proto3 JSON form (`"1.5s"`), or not > 0 where A6 requires it.
     #[error("{field}: bad duration {value:?} (proto3 JSON form such as \"0.1s\", > 0)")]
     Duration {
@@ -143,7 +143,7 @@ impl ServiceConfig {
     /// codes names (`"UNAVAILABLE"`, any case) or numbers. Errors: [`ServiceConfigError`].
     pub fn from_json(json: &str) -> Result<ServiceConfig, ServiceConfigError> {
         let raw: RawConfig =
-            serde_json::from_str(json).map_err(|e| ServiceConfigError::Json(e.to_string()))?;
+            serde_json::from_str(json).map_err(ServiceConfigError::Json)?;
         let mut out = ServiceConfig::default();
         for mc in raw.method_config {
             out.method_config.push(mc.convert()?);
@@ -186,6 +186,9 @@ impl ServiceConfig {
                     )));
                 }
             }
+            if mc.timeout.is_some_and(|t| t > MAX_DURATION) {
+                return Err(too_long("timeout"));
+            }
             if mc.timeout.is_some_and(|t| t.is_zero()) {
                 return Err(ServiceConfigError::Duration {
                     field: "timeout",
@@ -201,6 +204,12 @@ impl ServiceConfig {
                     if p.max_backoff.is_zero() {
                         return Err(range("retryPolicy.maxBackoff", "must be > 0"));
                     }
+                    if p.initial_backoff > MAX_DURATION {
+                        return Err(too_long("retryPolicy.initialBackoff"));
+                    }
+                    if p.max_backoff > MAX_DURATION {
+                        return Err(too_long("retryPolicy.maxBackoff"));
+                    }
                     if !(p.backoff_multiplier > 0.0 && p.backoff_multiplier.is_finite()) {
                         return Err(range("retryPolicy.backoffMultiplier", "must be > 0"));
                     }
@@ -212,6 +221,9 @@ impl ServiceConfig {
                 }
                 Some(AttemptPolicy::Hedging(p)) => {
                     check_attempts(p.max_attempts, "hedgingPolicy.maxAttempts")?;
+                    if p.hedging_delay > MAX_DURATION {
+                        return Err(too_long("hedgingPolicy.hedgingDelay"));
+                    }
                 }
                 None => {}
             }
@@ -256,6 +268,10 @@ fn range(field: &'static str, why: &str) -> ServiceConfigError {
     }
 }
 
+fn too_long(field: &'static str) -> ServiceConfigError {
+    range(field, "must be <= 315576000000.999999999s (proto3 Duration's maximum)")
+}
+
 fn check_attempts(n: u32, field: &'static str) -> Result<(), ServiceConfigError> {
     if n <= 1 {
         return Err(range(field, "must be > 1"));
@@ -263,9 +279,13 @@ fn check_attempts(n: u32, field: &'static str) -> Result<(), ServiceConfigError>
     Ok(())
 }
 
+/// The largest proto3 `google.protobuf.Duration`: 315,576,000,000 s (10,000 years) and
+/// 999,999,999 ns. Longer durations are not valid proto3 JSON and are refused.
+pub const MAX_DURATION: Duration = Duration::new(315_576_000_000, 999_999_999);
+
 /// Parses a proto3 JSON duration: decimal seconds with up to 9 fraction digits and an `s`
-/// suffix (`"1s"`, `"0.1s"`, `"1.000000001s"`). Negative values are refused (A6 wants > 0
-/// or ≥ 0 everywhere).
+/// suffix (`"1s"`, `"0.1s"`, `"1.000000001s"`). Negative values, and values above
+/// [`MAX_DURATION`] (proto3's range), are refused (A6 wants > 0 or ≥ 0 everywhere).
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let num = s.strip_suffix('s')?;
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
@@ -281,7 +301,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     } else {
         format!("{frac:0<9}").parse().ok()?
     };
-    Some(Duration::new(secs, nanos))
+    Some(Duration::new(secs, nanos)).filter(|d| *d <= MAX_DURATION)
 }
 
 /// A status code by name (`"UNAVAILABLE"`, any case) or number (0..=16).
@@ -546,12 +566,12 @@ mod tests {
         }
         // above 5 is allowed (treated as 5)
         assert!(retry(&ok.replace(r#""maxAttempts":2"#, r#""maxAttempts":9"#)).is_ok());
-        assert_eq!(
+        assert!(matches!(
             ServiceConfig::from_json(
                 r#"{"methodConfig":[{"name":[{"service":"s"}],"retryPolicy":{},"hedgingPolicy":{}}]}"#
             ),
             Err(ServiceConfigError::BothPolicies)
-        );
+        ));
         assert!(
             ServiceConfig::from_json(r#"{"methodConfig":[{"name":[{"method":"M"}]}]}"#).is_err()
         );

@@ -156,10 +156,14 @@ impl ResponseReceiver {
         }
     }
 
-    /// Cancels the stream (the server's handler is dropped); as dropping the receiver.
+    /// Cancels the stream (the server's handler is dropped); as dropping the receiver. A
+    /// replayed stream not yet committed cancels every running attempt and starts no other.
     pub fn cancel(self) {
-        if let Recv::Direct(d) = self.inner {
-            d.cancel();
+        match self.inner {
+            Recv::Direct(d) => d.cancel(),
+            // closing the channel wakes the relay, which drops its attempts (CANCEL each)
+            Recv::Pending(mut p) => p.close(),
+            Recv::Failed(_) => {}
         }
     }
 }
@@ -286,7 +290,7 @@ where
                 }
             }
         };
-        let run = retry.run(&method, deadline, |info| {
+        let run = retry.run_committable(&method, deadline, || input.lock().over, |info| {
             let (input, changed) = (&input, &changed);
             let opened = open(info);
             async move {
@@ -294,9 +298,16 @@ where
                 attempt(input, changed, tx, rx).await
             }
         });
+        let mut out_tx = out_tx;
+        // until commit, a caller that drops its receiver (or cancels) ends the stream: the
+        // running attempts are dropped here (each sends CANCEL) and none is retried or hedged
         let res = tokio::select! {
             r = run => r,
             () = pump => unreachable!("the pump never ends"),
+            () = out_tx.closed() => {
+                tracing::debug!(method = %method, "replayed stream dropped by its caller before commit; cancelling its attempts");
+                return;
+            }
         };
         let (tx, rx, sent) = match res {
             Ok(v) => v,
@@ -317,7 +328,14 @@ where
             }
         }
         if !inp.finished {
-            while let Some(m) = in_rx.recv().await {
+            loop {
+                // a stream that ended (or whose caller dropped its receiver) ends the relay,
+                // so the caller's sender sees `closed()` even while it has nothing to send
+                let m = tokio::select! {
+                    () = tx.closed() => return,
+                    m = in_rx.recv() => m,
+                };
+                let Some(m) = m else { break };
                 if tx.send(m).await.is_err() {
                     return;
                 }
