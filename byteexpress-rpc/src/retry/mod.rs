@@ -283,8 +283,10 @@ impl Retrier {
         };
         match policy {
             Some(AttemptPolicy::Hedging(h)) => {
-                self.hedge(method, deadline, &h, &buffer_committed, |n| attempt(info(n)))
-                    .await
+                self.hedge(method, deadline, &h, &buffer_committed, |n| {
+                    attempt(info(n))
+                })
+                .await
             }
             retry => {
                 let retry = match retry {
@@ -627,7 +629,10 @@ mod review_tests {
             let deadline = Some(Instant::now() + Duration::from_millis(30));
             let res: Result<(), Status> = r
                 .run("/t.T/M", deadline, |_| async {
-                    Err(AttemptError::local(Status::new(Code::Unavailable, "no link")))
+                    Err(AttemptError::local(Status::new(
+                        Code::Unavailable,
+                        "no link",
+                    )))
                 })
                 .await;
             assert_eq!(res.unwrap_err().code, Code::DeadlineExceeded);

@@ -142,8 +142,7 @@ impl ServiceConfig {
     /// [`ServiceConfig::validate`]). Durations are proto3 JSON strings (`"0.1s"`), status
     /// codes names (`"UNAVAILABLE"`, any case) or numbers. Errors: [`ServiceConfigError`].
     pub fn from_json(json: &str) -> Result<ServiceConfig, ServiceConfigError> {
-        let raw: RawConfig =
-            serde_json::from_str(json).map_err(ServiceConfigError::Json)?;
+        let raw: RawConfig = serde_json::from_str(json).map_err(ServiceConfigError::Json)?;
         let mut out = ServiceConfig::default();
         for mc in raw.method_config {
             out.method_config.push(mc.convert()?);
@@ -269,7 +268,10 @@ fn range(field: &'static str, why: &str) -> ServiceConfigError {
 }
 
 fn too_long(field: &'static str) -> ServiceConfigError {
-    range(field, "must be <= 315576000000.999999999s (proto3 Duration's maximum)")
+    range(
+        field,
+        "must be <= 315576000000.999999999s (proto3 Duration's maximum)",
+    )
 }
 
 fn check_attempts(n: u32, field: &'static str) -> Result<(), ServiceConfigError> {

@@ -290,14 +290,19 @@ where
                 }
             }
         };
-        let run = retry.run_committable(&method, deadline, || input.lock().over, |info| {
-            let (input, changed) = (&input, &changed);
-            let opened = open(info);
-            async move {
-                let (tx, rx) = opened.await?;
-                attempt(input, changed, tx, rx).await
-            }
-        });
+        let run = retry.run_committable(
+            &method,
+            deadline,
+            || input.lock().over,
+            |info| {
+                let (input, changed) = (&input, &changed);
+                let opened = open(info);
+                async move {
+                    let (tx, rx) = opened.await?;
+                    attempt(input, changed, tx, rx).await
+                }
+            },
+        );
         let mut out_tx = out_tx;
         // until commit, a caller that drops its receiver (or cancels) ends the stream: the
         // running attempts are dropped here (each sends CANCEL) and none is retried or hedged
