@@ -16,6 +16,16 @@ pub(crate) struct Keys {
     pub rkey: u32,
 }
 
+impl Keys {
+    /// The keys of `mr`.
+    pub(crate) fn of(mr: &Mr) -> Keys {
+        Keys {
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        }
+    }
+}
+
 /// One free buffer: its first byte and the keys of the MR around it. A token, not an owner:
 /// whoever holds a slot (a free list, a thread cache, a buffer) is the only one to use it.
 #[derive(Debug, Clone, Copy)]
@@ -193,13 +203,7 @@ impl Backend for VerbsBackend {
             mrs.push(mr);
             off += piece;
         }
-        let keys = mrs
-            .iter()
-            .map(|m| Keys {
-                lkey: m.lkey(),
-                rkey: m.rkey(),
-            })
-            .collect();
+        let keys = mrs.iter().map(Keys::of).collect();
         let base = NonNull::new(mem.as_ptr()).ok_or_else(|| {
             MemError::InvalidConfig("alloc_shared returned a null mapping".into())
         })?;
@@ -222,10 +226,7 @@ impl Backend for VerbsBackend {
             .reg_shared(mem, off, len, access)
             .map_err(|e| crate::error::registration_error(e, registered, len as u64))?;
         Ok(Extra {
-            keys: Keys {
-                lkey: mr.lkey(),
-                rkey: mr.rkey(),
-            },
+            keys: Keys::of(&mr),
             _mr: Box::new(mr),
         })
     }

@@ -9,7 +9,7 @@
 //! set-up. A remote access error moves the responder's QP to ERR on a NIC, so every probe gets a
 //! fresh pair of QPs.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use byteexpress_mem::{BufPool, Pool, PoolConfig, RegisteredBuf};
 use byteexpress_verbs::{
@@ -19,31 +19,12 @@ use bytes::BufMut;
 
 const PROBE: usize = 64;
 
-fn provider() -> Context {
-    let kind = std::env::var("BX_PROVIDER").unwrap_or_else(|_| "soft".into());
-    let hardware = match kind.as_str() {
-        "soft" => false,
-        "ibverbs" => true,
-        other => panic!("BX_PROVIDER={other:?}: expected soft or ibverbs"),
-    };
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| d.is_hardware() == hardware)
-        .unwrap_or_else(|| panic!("no {kind} device"))
-        .open()
-        .expect("open the device")
-}
+mod common;
+use common::provider;
 
+/// The next completion of `cq`, polling for up to 10 s.
 fn wait_one(cq: &Cq) -> Wc {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wc = [Wc::default(); 1];
-    while Instant::now() < deadline {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        std::thread::yield_now();
-    }
-    panic!("no completion within 10 s");
+    common::completion_within(cq, Duration::from_secs(10))
 }
 
 /// A link's side (`pd`, whose pools are probed) and a peer connected to it with its own PD and a

@@ -13,41 +13,22 @@
 //! it: the error must be [`MemError::Memlock`] naming the limit. Only on `ibverbs`: the soft
 //! provider pins nothing, so there is no limit to hit.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use byteexpress_mem::{AnonMap, MemError, MrCache, MrCacheConfig, Pool, PoolConfig};
 use byteexpress_verbs::{
-    Access, ConnectAttr, Context, Cq, Mr, Qp, QpCap, RecvWr, SendWr, SharedMem, UserRegion, Wc,
-    WcStatus, WrOp,
+    Access, ConnectAttr, Cq, Mr, Qp, QpCap, RecvWr, SendWr, SharedMem, UserRegion, Wc, WcStatus,
+    WrOp,
 };
 
 const LEN: usize = 64 << 10;
 
-fn provider() -> Context {
-    let kind = std::env::var("BX_PROVIDER").unwrap_or_else(|_| "soft".into());
-    let hardware = match kind.as_str() {
-        "soft" => false,
-        "ibverbs" => true,
-        other => panic!("BX_PROVIDER={other:?}: expected soft or ibverbs"),
-    };
-    byteexpress_verbs::devices()
-        .into_iter()
-        .find(|d| d.is_hardware() == hardware)
-        .unwrap_or_else(|| panic!("no {kind} device"))
-        .open()
-        .expect("open the device")
-}
+mod common;
+use common::provider;
 
+/// The next completion of `cq`, polling for up to 10 s.
 fn wait_one(cq: &Cq) -> Wc {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wc = [Wc::default(); 1];
-    while Instant::now() < deadline {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        std::thread::yield_now();
-    }
-    panic!("no completion within 10 s");
+    common::completion_within(cq, Duration::from_secs(10))
 }
 
 struct Peer {
