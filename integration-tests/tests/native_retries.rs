@@ -64,14 +64,19 @@ fn open() -> OpenStream {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_stream_is_replayed_whole_on_each_retry_until_it_succeeds() {
-    let (addr, attempts) = server(2).await;
-    let c = Client::connect_unshared(&addr, &Config::default())
+/// A client of its own link to `addr` with [`POLICY`].
+async fn client_with_policy(addr: &str) -> Client {
+    Client::connect_unshared(addr, &Config::default())
         .await
         .unwrap()
         .with_service_config(ServiceConfig::from_json(POLICY).unwrap())
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_is_replayed_whole_on_each_retry_until_it_succeeds() {
+    let (addr, attempts) = server(2).await;
+    let c = client_with_policy(&addr).await;
     let (mut tx, mut rx) = c.open_stream(open()).await.unwrap();
     for m in [b"b", b"c", b"d"] {
         tx.send(Bytes::from_static(m)).await.unwrap();
@@ -92,11 +97,7 @@ async fn a_client_stream_is_replayed_whole_on_each_retry_until_it_succeeds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_stream_past_the_buffer_limit_commits_and_is_not_retried() {
     let (addr, attempts) = server(1).await;
-    let c = Client::connect_unshared(&addr, &Config::default())
-        .await
-        .unwrap()
-        .with_service_config(ServiceConfig::from_json(POLICY).unwrap())
-        .unwrap();
+    let c = client_with_policy(&addr).await;
     let (mut tx, mut rx) = c.open_stream(open()).await.unwrap();
     let chunk = Bytes::from(vec![7u8; 32 << 10]);
     for _ in 0..(PER_RPC_BUFFER_LIMIT / chunk.len() + 1) {

@@ -55,6 +55,26 @@ fn starts(path: &str, method: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Waits (at most 5 s) until the log at `ls` shows `n` handlers ended "cancelled"; panics with
+/// the count otherwise.
+async fn all_cancelled(ls: &str, n: usize) {
+    let t0 = Instant::now();
+    loop {
+        let cancelled = log(ls)
+            .iter()
+            .filter(|l| l[0] == "end" && l[4] == "cancelled")
+            .count();
+        if cancelled == n {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{cancelled} of {n} stalled attempts cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn ps(id: &str, log: &str, extra: &[&str]) -> ServerProc {
     let mut args = vec!["--id", id, "--log", log];
     args.extend_from_slice(extra);
@@ -239,21 +259,7 @@ async fn second_document_hedges_past_a_stalled_replica_and_cancels_its_attempt()
         ch.retry_stats()
     );
     // every attempt on the stalled replica was cancelled (its handler dropped)
-    let t0 = Instant::now();
-    loop {
-        let cancelled = log(&ls)
-            .iter()
-            .filter(|l| l[0] == "end" && l[4] == "cancelled")
-            .count();
-        if cancelled == n {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "{cancelled} of {n} stalled attempts cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    all_cancelled(&ls, n).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -427,21 +433,7 @@ async fn native_hedging_cancels_the_stalled_replicas_unary_handler() {
     }
     let n = starts(&ls, "Pull").len();
     assert!(n >= 1, "no attempt reached the stalled replica");
-    let t0 = Instant::now();
-    loop {
-        let cancelled = log(&ls)
-            .iter()
-            .filter(|l| l[0] == "end" && l[4] == "cancelled")
-            .count();
-        if cancelled == n {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "{cancelled} of {n} stalled handlers cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    all_cancelled(&ls, n).await;
 }
 
 /// The native API: a `ReplicaSet` with the first document calls the PS's Pull as a unary
