@@ -12,9 +12,10 @@ mod common;
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::process::Child;
 use std::time::Duration;
 
-use byteexpress_verbs::{Access, ConnectAttr, Endpoint, QpCap, QpState, WcStatus, WrOp};
+use byteexpress_verbs::{Access, ConnectAttr, Context, Endpoint, QpCap, QpState, WcStatus, WrOp};
 use common::peer::{self, get, put};
 use common::*;
 
@@ -283,6 +284,28 @@ fn child_hostile(s: &mut TcpStream) {
     s.flush().unwrap();
 }
 
+/// Spawns the raw peer playing `role`, which probes our device with `nonce` (expected here)
+/// and attaches a QP of its own to `victim`'s QP; then `victim` connects back to the socket
+/// the peer names (it probed us: allowed). Returns the child and its control stream.
+fn raw_peer_connected(ctx: &Context, victim: &Side, role: &str, nonce: u64) -> (Child, TcpStream) {
+    ctx.expect_probe(nonce);
+    let (child, mut s) = peer::spawn_peer("child_entry", role, T);
+    let info = ctx.device_info().to_bytes();
+    put(&mut s, &info[3 + 8..]); // the device's socket name
+    put(&mut s, &nonce.to_le_bytes());
+    put(&mut s, &victim.qp.qp_num().to_le_bytes());
+    let name = get(&mut s);
+    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
+    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
+    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    ep.extend_from_slice(&name);
+    victim
+        .qp
+        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
+        .unwrap_or_else(|e| panic!("victim connects to the {role} peer: {e:?}"));
+    (child, s)
+}
+
 #[test]
 fn a_raw_peer_writing_impossible_ring_indices_fails_only_its_own_qp() {
     if peer::peer_role().is_some() {
@@ -292,22 +315,7 @@ fn a_raw_peer_writing_impossible_ring_indices_fails_only_its_own_qp() {
     let victim = soft_side(QpCap::default(), 4096);
     let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
     let nonce = 0x5EED_u64 ^ u64::from(std::process::id());
-    ctx.expect_probe(nonce);
-    let (mut child, mut s) = peer::spawn_peer("child_entry", "hostile", T);
-    let info = ctx.device_info().to_bytes();
-    put(&mut s, &info[3 + 8..]); // the device's socket name
-    put(&mut s, &nonce.to_le_bytes());
-    put(&mut s, &victim.qp.qp_num().to_le_bytes());
-    let name = get(&mut s);
-    // Our victim QP connects back to the peer's socket (it probed us: allowed).
-    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
-    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
-    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    ep.extend_from_slice(&name);
-    victim
-        .qp
-        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
-        .expect("victim connects to the hostile peer");
+    let (mut child, mut s) = raw_peer_connected(&ctx, &victim, "hostile", nonce);
     victim.post_recv(1, 0, 64);
     victim.post_recv(2, 64, 64);
     put(&mut s, b"corrupt");
@@ -517,21 +525,7 @@ fn a_raw_peer_gets_read_only_grants_it_cannot_upgrade_and_nothing_of_local_only_
     };
     let local_mr = victim.pd.reg_shared(&local, 0, 4096, Access(0)).unwrap();
     let nonce = 0x1D5EC7_u64 ^ u64::from(pid);
-    ctx.expect_probe(nonce);
-    let (mut child, mut s) = peer::spawn_peer("child_entry", "inspector", T);
-    let info = ctx.device_info().to_bytes();
-    put(&mut s, &info[3 + 8..]);
-    put(&mut s, &nonce.to_le_bytes());
-    put(&mut s, &victim.qp.qp_num().to_le_bytes());
-    let name = get(&mut s);
-    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
-    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
-    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    ep.extend_from_slice(&name);
-    victim
-        .qp
-        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
-        .expect("victim connects to the inspector");
+    let (mut child, mut s) = raw_peer_connected(&ctx, &victim, "inspector", nonce);
     put(&mut s, &local_mr.lkey().to_le_bytes());
     put(&mut s, &ro_mr.rkey().to_le_bytes());
     put(&mut s, &local_mark);
@@ -603,21 +597,7 @@ fn a_peer_mr_claiming_write_access_over_a_read_only_grant_is_refused() {
     let ctx = soft();
     let victim = soft_side(QpCap::default(), 4096);
     let nonce = 0x11A2_u64 ^ u64::from(std::process::id());
-    ctx.expect_probe(nonce);
-    let (mut child, mut s) = peer::spawn_peer("child_entry", "liar", T);
-    let info = ctx.device_info().to_bytes();
-    put(&mut s, &info[3 + 8..]);
-    put(&mut s, &nonce.to_le_bytes());
-    put(&mut s, &victim.qp.qp_num().to_le_bytes());
-    let name = get(&mut s);
-    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
-    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
-    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    ep.extend_from_slice(&name);
-    victim
-        .qp
-        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
-        .expect("victim connects to the liar");
+    let (mut child, mut s) = raw_peer_connected(&ctx, &victim, "liar", nonce);
     assert_eq!(get(&mut s), b"announced");
     victim.write(0, b"would be stored");
     victim
