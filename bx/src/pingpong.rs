@@ -82,6 +82,12 @@ pub struct PingpongArgs {
     /// the address exchange takes longer.
     #[arg(long, default_value_t = 30)]
     pub idle_timeout: u64,
+    /// Transport retries of a SEND the peer does not acknowledge before it completes with
+    /// RETRY_EXC_ERR (`retry_cnt` of `ibv_modify_qp(3)`, 0..=7; `ibv_rc_pingpong` uses 7).
+    /// Kernel Soft-RoCE (rxe, Linux 6.1) retries forever at 7, so a dead path shows as
+    /// RETRY_EXC_ERR there only below 7.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    pub retry_cnt: u8,
 }
 
 fn parse_mtu(s: &str) -> Result<u32, String> {
@@ -588,7 +594,7 @@ impl Connector<'_> {
             access: Access::LOCAL_WRITE,
             min_rnr_timer: 12,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: self.args.retry_cnt,
             rnr_retry: 7,
             mtu: self.args.mtu,
         };
