@@ -818,6 +818,23 @@ mod tests {
         b"0000:000011:abcdef:00000000000000000000ffff0a00020f\0";
 
     #[test]
+    fn retry_cnt_defaults_to_7_as_ibv_rc_pingpong_and_takes_0_to_7() {
+        #[derive(clap::Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: PingpongArgs,
+        }
+        let parse = |extra: &[&str]| {
+            <Cmd as clap::Parser>::try_parse_from(["pingpong"].iter().chain(extra))
+                .map(|c| c.args.retry_cnt)
+        };
+        assert_eq!(parse(&[]).unwrap(), 7);
+        assert_eq!(parse(&["--retry-cnt", "6"]).unwrap(), 6);
+        assert_eq!(parse(&["--retry-cnt", "0"]).unwrap(), 0);
+        assert!(parse(&["--retry-cnt", "8"]).is_err(), "retry_cnt is 3 bits");
+    }
+
+    #[test]
     fn the_line_matches_what_ibv_rc_pingpong_writes() {
         let d = Dest {
             lid: 0,
