@@ -38,6 +38,11 @@ fi
 # - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0;
 # - device choice with soft0 visible: BX_TRANSPORT=rdma links on rxe0, never moved to soft0; an
 #   invalid BX_GID_INDEX is an error naming the index, rxe0 and its valid entries.
+# Not listed: integration-tests:fallback_vm:vm-tests (issue 20's fallback across a veth pair,
+# scripts/vm-fallback-net.sh), #[ignore]d until the RDMA→TCP fallback exists. Listing it needs
+# `scripts/vm-fallback-net.sh host-prep` before the boot, RXE_VM_EXTRA_PKGS=nftables for the
+# boot, and `--ignored` in its test arguments; it takes about 100 s of the VM's time when it
+# fails (90 s waiting for the fallback), a passing run far less.
 targets=(
   "byteexpress-verbs:conformance:vm-tests"
   "byteexpress-verbs:ibverbs_vm:vm-tests"

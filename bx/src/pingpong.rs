@@ -82,6 +82,12 @@ pub struct PingpongArgs {
     /// the address exchange takes longer.
     #[arg(long, default_value_t = 30)]
     pub idle_timeout: u64,
+    /// Transport retries of a SEND the peer does not acknowledge before it completes with
+    /// RETRY_EXC_ERR (`retry_cnt` of `ibv_modify_qp(3)`, 0..=7; `ibv_rc_pingpong` uses 7).
+    /// Kernel Soft-RoCE (rxe, Linux 6.1) retries forever at 7, so a dead path shows as
+    /// RETRY_EXC_ERR there only below 7.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    pub retry_cnt: u8,
 }
 
 fn parse_mtu(s: &str) -> Result<u32, String> {
@@ -588,7 +594,7 @@ impl Connector<'_> {
             access: Access::LOCAL_WRITE,
             min_rnr_timer: 12,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: self.args.retry_cnt,
             rnr_retry: 7,
             mtu: self.args.mtu,
         };
@@ -810,6 +816,23 @@ mod tests {
     /// GID ::ffff:10.0.2.15 (its `sprintf` and `gid_to_wire_gid` on a little-endian host).
     const RC_PINGPONG_LINE: &[u8; LINE_LEN] =
         b"0000:000011:abcdef:00000000000000000000ffff0a00020f\0";
+
+    #[test]
+    fn retry_cnt_defaults_to_7_as_ibv_rc_pingpong_and_takes_0_to_7() {
+        #[derive(clap::Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: PingpongArgs,
+        }
+        let parse = |extra: &[&str]| {
+            <Cmd as clap::Parser>::try_parse_from(["pingpong"].iter().chain(extra))
+                .map(|c| c.args.retry_cnt)
+        };
+        assert_eq!(parse(&[]).unwrap(), 7);
+        assert_eq!(parse(&["--retry-cnt", "6"]).unwrap(), 6);
+        assert_eq!(parse(&["--retry-cnt", "0"]).unwrap(), 0);
+        assert!(parse(&["--retry-cnt", "8"]).is_err(), "retry_cnt is 3 bits");
+    }
 
     #[test]
     fn the_line_matches_what_ibv_rc_pingpong_writes() {

@@ -1,7 +1,9 @@
 //! Per-message cost of the flow-control hot path: credits (`try_send_data` + `on_receive`),
 //! window (`try_post` + `on_complete`) and scheduler (`enqueue` + `next`), alone, and together
-//! as the RDMA engine uses them (`offer` or `enqueue` + `next_by_class`, the credit and window
-//! gate, `try_send_data_batch`, the queue budget, the end of each round).
+//! as the RDMA engine uses them (`offer` or `enqueue` + `next_by_class`, the admission gates of
+//! `byteexpress_flow::gate` that the engine calls, `admit_round` before the scheduler is asked
+//! and `admit_chunk` as its gate, `Window::charge`, `try_send_data_batch`, the queue budget,
+//! the end of each round with `admit_update`, refusals counted per gate).
 //!
 //! Together (`all_*`), each message is accounted for at both ends of a link, as the RDMA engine
 //! of `byteexpress-rpc` accounts for it, each end with a scheduler of 8 connections, its QP

@@ -6,6 +6,8 @@
 //!   ([`credit::QueueBudget`]), the second and third credits of a SEND.
 //! - [`window`]: bytes posted and not yet completed, capped per QP and per device; static
 //!   (bandwidth × RTT) or adaptive (delay-based AIMD in the spirit of Swift/Timely).
+//! - [`gate`]: the six admission gates of a SEND (SQ slot, CQ entry, send buffer, credit, QP
+//!   window, device window) as pure functions, in one documented order, each refusal named.
 //! - [`sched`]: deficit round robin of many logical connections over one QP's credits and
 //!   window, with a capped latency class and chunking of bulk messages.
 //!
@@ -14,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod credit;
+pub mod gate;
 pub mod sched;
 pub mod window;
 

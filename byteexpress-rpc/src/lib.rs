@@ -65,7 +65,7 @@ pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
 pub use config::{Config, SchedMode, parse_transport, transport_from_env};
 pub use config_check::ConfigError;
-pub use link_stats::LinkStats;
+pub use link_stats::{GateRefusals, LinkStats};
 pub use metadata::{Metadata, valid_key};
 pub use retry::{RetryStats, ServiceConfig, ServiceConfigError};
 pub use server::{BoxFuture, Drain, Server, ServerRequest, Service};

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use byteexpress_flow::gate::Gate;
 use byteexpress_verbs::{Qp, QpState};
 
 /// A snapshot of a link's counters since it was set up (unit: events unless stated). On TCP
@@ -14,9 +15,11 @@ pub struct LinkStats {
     pub qp_errors: u64,
     /// Of those, RNR retry exceeded: a SEND found no posted receive (credits make this a bug).
     pub rnr_errors: u64,
-    /// Times the chunk due next waited because no send credit was left (receiver backpressure).
+    /// Times the chunk due next waited because no send credit was left (receiver backpressure):
+    /// `gate_refusals.credit`.
     pub credit_blocked: u64,
-    /// Times the chunk due next waited because the QP or device window was full.
+    /// Times the chunk due next waited because the QP or device window was full:
+    /// `gate_refusals.qp_window + gate_refusals.device_window`.
     pub window_blocked: u64,
     /// Chunks larger than the whole window, posted alone once nothing else was in flight
     /// (the window's single-chunk escape, so a window below `max_chunk` cannot block forever).
@@ -44,6 +47,30 @@ pub struct LinkStats {
     /// Cap of the QP's software window now (bytes; `u64::MAX` = unlimited, 0 on TCP). Fixed at
     /// `Config::window_bytes` unless `Config::window_target_delay` makes it adaptive.
     pub window_cap: u64,
+    /// Refusals of the send path's admission gates, by gate (RDMA).
+    pub gate_refusals: GateRefusals,
+}
+
+/// Times each admission gate of the RDMA send path held a SEND back (unit: refusals). The
+/// gates are `byteexpress_flow::gate`'s, checked in the order of these fields; the first that
+/// refuses ends the engine's round (or holds back the chunk the scheduler designated) and is
+/// counted once. A refused chunk stays queued: a refusal is a wait. Metric:
+/// `bx_send_gate_refusals_total{gate=...}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateRefusals {
+    /// No free send-queue slot (`max_send_wr` SENDs outstanding).
+    pub sq_slot: u64,
+    /// No CQ entry left for a send completion (a CQ smaller than the queues).
+    pub cq_entry: u64,
+    /// No free registered send buffer.
+    pub send_buf: u64,
+    /// No send credit (receiver backpressure), or for a bulk chunk none beyond the latency
+    /// reserve.
+    pub credit: u64,
+    /// The QP's window was full.
+    pub qp_window: u64,
+    /// The device's window (shared by the device's links) was full.
+    pub device_window: u64,
 }
 
 /// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
@@ -51,8 +78,8 @@ pub struct LinkStats {
 pub(crate) struct LinkCounters {
     pub qp_errors: AtomicU64,
     pub rnr_errors: AtomicU64,
-    pub credit_blocked: AtomicU64,
-    pub window_blocked: AtomicU64,
+    /// Refusals by gate, indexed by `Gate::index` ([`LinkCounters::refused`]).
+    pub gate_refusals: [AtomicU64; 6],
     pub window_escapes: AtomicU64,
     pub chunks_sent: AtomicU64,
     pub send_rounds: AtomicU64,
@@ -75,14 +102,34 @@ impl LinkCounters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a refusal by `gate`: [`LinkStats::gate_refusals`] and its metrics.
+    pub(crate) fn refused(&self, gate: Gate) {
+        Self::bump(&self.gate_refusals[gate.index()]);
+        self.metrics.gate_refusals[gate.index()].increment(1);
+        match gate {
+            Gate::Credit => self.metrics.credit_stalls.increment(1),
+            Gate::QpWindow | Gate::DeviceWindow => self.metrics.window_stalls.increment(1),
+            _ => {}
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> LinkStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let r = |gate: Gate| g(&self.gate_refusals[gate.index()]);
+        let gate_refusals = GateRefusals {
+            sq_slot: r(Gate::SqSlot),
+            cq_entry: r(Gate::CqEntry),
+            send_buf: r(Gate::SendBuf),
+            credit: r(Gate::Credit),
+            qp_window: r(Gate::QpWindow),
+            device_window: r(Gate::DeviceWindow),
+        };
         LinkStats {
             qp_state: self.qp.get().map(Qp::state),
             qp_errors: g(&self.qp_errors),
             rnr_errors: g(&self.rnr_errors),
-            credit_blocked: g(&self.credit_blocked),
-            window_blocked: g(&self.window_blocked),
+            credit_blocked: gate_refusals.credit,
+            window_blocked: gate_refusals.qp_window + gate_refusals.device_window,
             window_escapes: g(&self.window_escapes),
             chunks_sent: g(&self.chunks_sent),
             send_rounds: g(&self.send_rounds),
@@ -93,6 +140,7 @@ impl LinkCounters {
             bypassed: g(&self.bypassed),
             reassembled_on_heap: g(&self.reassembled_on_heap),
             window_cap: g(&self.window_cap),
+            gate_refusals,
         }
     }
 }

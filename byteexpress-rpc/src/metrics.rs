@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use byteexpress_flow::gate::Gate;
 use metrics::{Counter, Gauge};
 
 use crate::{Code, Transport};
@@ -33,6 +34,12 @@ pub const CALL_SECONDS: &str = "bx_call_duration_seconds";
 pub const CREDIT_STALLS: &str = "bx_credit_stalls_total";
 /// Counter: times a chunk waited because the QP or device window was full (RDMA only).
 pub const WINDOW_STALLS: &str = "bx_window_stalls_total";
+/// Counter: SENDs the send path's admission gates held back, by gate (RDMA only), labels
+/// `transport`, `device`, `gate` (`sq_slot`, `cq_entry`, `send_buf`, `credit`, `qp_window`,
+/// `device_window`: `byteexpress_flow::gate`, checked in that order, the first that refuses
+/// counted). `credit` counts what [`CREDIT_STALLS`] counts, `qp_window` and `device_window`
+/// together what [`WINDOW_STALLS`] counts.
+pub const GATE_REFUSALS: &str = "bx_send_gate_refusals_total";
 /// Gauge: the QP window's cap in bytes (RDMA only; `u64::MAX` shown as +Inf is avoided: an
 /// unlimited window reports 0).
 pub const WINDOW_CAP: &str = "bx_window_cap_bytes";
@@ -83,6 +90,7 @@ pub const NAMES: &[&str] = &[
     CALL_SECONDS,
     CREDIT_STALLS,
     WINDOW_STALLS,
+    GATE_REFUSALS,
     WINDOW_CAP,
     BYTES_SENT,
     BYTES_RECEIVED,
@@ -173,6 +181,8 @@ fn code_name(code: Code) -> &'static str {
 pub(crate) struct LinkMetrics {
     pub credit_stalls: Counter,
     pub window_stalls: Counter,
+    /// [`GATE_REFUSALS`], indexed by `Gate::index`.
+    pub gate_refusals: [Counter; 6],
     pub window_cap: Gauge,
     pub bytes_sent: Counter,
     pub bytes_received: Counter,
@@ -188,6 +198,7 @@ impl Default for LinkMetrics {
         LinkMetrics {
             credit_stalls: Counter::noop(),
             window_stalls: Counter::noop(),
+            gate_refusals: std::array::from_fn(|_| Counter::noop()),
             window_cap: Gauge::noop(),
             bytes_sent: Counter::noop(),
             bytes_received: Counter::noop(),
@@ -210,6 +221,10 @@ impl LinkMetrics {
         let m = LinkMetrics {
             credit_stalls: metrics::counter!(CREDIT_STALLS, &labels),
             window_stalls: metrics::counter!(WINDOW_STALLS, &labels),
+            gate_refusals: Gate::ALL.map(|g| {
+                let [t, d] = labels.clone();
+                metrics::counter!(GATE_REFUSALS, &[t, d, ("gate", g.name().to_string())])
+            }),
             window_cap: metrics::gauge!(WINDOW_CAP, &labels),
             bytes_sent: metrics::counter!(BYTES_SENT, &labels),
             bytes_received: metrics::counter!(BYTES_RECEIVED, &labels),

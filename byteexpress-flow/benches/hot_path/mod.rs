@@ -9,6 +9,7 @@ use std::hint::black_box;
 use byteexpress_flow::credit::{
     CreditConfig, Credits, MsgKind, Piggyback, QueueBudget, QueueConfig,
 };
+use byteexpress_flow::gate::{Gate, Refusals, Room, admit_chunk, admit_round, admit_update};
 use byteexpress_flow::sched::{Class, ConnId, Offer, SchedConfig, Scheduler};
 use byteexpress_flow::window::{AdaptiveConfig, DeviceWindow, Window};
 
@@ -223,9 +224,9 @@ struct End {
     queues: QueueBudget,
     w: Window,
     dev: DeviceWindow,
-    /// Rounds that ended with messages queued and no credit left (the engine's
-    /// `credit_blocked`).
-    credit_blocked: u64,
+    /// Rounds (and credit updates) the gates refused, by gate (the engine's per-gate
+    /// counters, `LinkStats::gate_refusals`).
+    refusals: Refusals,
 }
 
 impl End {
@@ -248,7 +249,7 @@ impl End {
                 Window::fixed(256 << 10).unwrap()
             },
             dev: DeviceWindow::new(16 << 20).unwrap(),
-            credit_blocked: 0,
+            refusals: Refusals::default(),
         }
     }
 
@@ -264,18 +265,29 @@ impl End {
         to.credits.on_reposted(kind).unwrap();
     }
 
+    /// The room the gates read at the start of a round (as the engine reads it: the queue
+    /// budget, the credits, the free send buffers; every SEND of the bench completes within
+    /// its iteration, so all [`SEND_BUFS`] are free).
+    #[inline(always)]
+    fn room(&self) -> Room {
+        Room::new(&self.queues, &self.credits, SEND_BUFS)
+    }
+
     /// The end of one of this end's rounds, as the engine ends it: an explicit credit update
-    /// if one is due and a send slot is free, sent to `to` (received, its slot re-posted, its
-    /// send completion polled).
+    /// if one is due and its gates admit it (`admit_update`), sent to `to` (received, its
+    /// slot re-posted, its send completion polled).
     #[inline(always)]
     fn end_round(&mut self, to: &mut End) {
-        if !self.queues.can_post_send() {
+        if !self.credits.update_due() {
             return;
         }
-        if let Some(update) = self.credits.poll_update() {
-            self.land(to, MsgKind::CreditUpdate, black_box(update));
-            self.queues.on_send_completion().unwrap();
+        if let Err(g) = admit_update(&self.room()) {
+            self.refusals.record(g);
+            return;
         }
+        let update = self.credits.poll_update().unwrap();
+        self.land(to, MsgKind::CreditUpdate, black_box(update));
+        self.queues.on_send_completion().unwrap();
     }
 
     /// One 4 KiB message on connection `i` from this end to `to` in a round of its own, every
@@ -284,21 +296,21 @@ impl End {
     /// another, so it ends there. Returns the bytes the window charged.
     #[inline]
     fn send<const GATE_BOUND: bool>(&mut self, to: &mut End, i: usize, now: u64) -> u64 {
-        // As the RDMA engine's round: it asks the scheduler only while a credit and a send
-        // slot are left for one more chunk; its gate (for a latency message) is the windows,
-        // charged as they admit the message. An idle scheduler grants the message at once
-        // (`offer`); behind a backlog it is queued and `next` grants the chunk whose turn it
-        // is.
-        assert!(
-            self.queues.free_sends() > 0 && self.credits.can_send_more(0),
-            "a slot and a credit for the message"
-        );
+        // As the RDMA engine's round: it asks the scheduler only while gates 1-4 admit one
+        // more chunk (`admit_round`); the scheduler's gate is `admit_chunk` (for a latency
+        // message, the windows), charged as it admits. An idle scheduler grants the message
+        // at once (`offer`); behind a backlog it is queued and `next` grants the chunk whose
+        // turn it is.
+        let room = self.room();
+        admit_round(&room, 0).expect("a slot, a CQ entry, a buffer and a credit");
         let (w, dev) = (&mut self.w, &mut self.dev);
         let mut ticket = None;
-        // (The credit of a latency message is the round's check above.)
-        let mut gate = |len: u32, _| {
-            ticket = w.try_post(dev, len.into()).ok();
-            ticket.is_some()
+        let mut gate = |len: u32, class| match admit_chunk(&room, 0, class, w, dev, len.into()) {
+            Ok(a) => {
+                ticket = Some(w.charge(dev, a));
+                true
+            }
+            Err(_) => false,
         };
         match self
             .s
@@ -309,9 +321,9 @@ impl End {
             Offer::Queued(_) => {
                 self.s.next_by_class(&mut gate).unwrap();
                 // More is queued, but the batch holds the one credit there was: the round
-                // ends without asking the scheduler (the engine counts `credit_blocked`).
-                if GATE_BOUND && !self.credits.can_send_more(1) {
-                    self.credit_blocked += 1;
+                // ends without asking the scheduler, the credit gate's refusal counted.
+                if GATE_BOUND && let Err(g) = admit_round(&room, 1) {
+                    self.refusals.record(g);
                 }
             }
         }
@@ -440,9 +452,14 @@ impl<const R: u8> Case for AllOne<R> {
         }
         if R == TWO_WAY_BACKLOGGED {
             assert_eq!(
-                self.a.credit_blocked + self.b.credit_blocked,
+                self.a.refusals.get(Gate::Credit) + self.b.refusals.get(Gate::Credit),
                 a.data_sent + b.data_sent,
                 "every round ended for want of a credit"
+            );
+            assert_eq!(
+                self.a.refusals.total() + self.b.refusals.total(),
+                a.data_sent + b.data_sent,
+                "and for nothing else"
             );
         }
     }
@@ -454,14 +471,17 @@ pub const BATCH: usize = 8;
 /// Send slots of each end: the RDMA link's default (`Config::max_send_wr`).
 const SQ_DEPTH: u32 = 64;
 
+/// Send buffers of each end: as many as send slots (the RDMA link's send pool).
+const SEND_BUFS: usize = SQ_DEPTH as usize;
+
 impl End {
     /// One turn of the RDMA engine under a standing backlog, as `byteexpress-rpc` batches it:
     /// [`BATCH`] single-chunk messages join the back of their connections' queues (one per
-    /// connection); while a send slot and a credit are left for one more (a credit beside
-    /// those the batch holds, `Credits::can_send_more`; this end has a grant of [`BATCH`], so
-    /// the round ends there for want of a credit), the scheduler grants the chunk whose turn
-    /// it is through the gate (room in both windows, charged as each chunk is admitted,
-    /// `Window::try_post`); the batch takes
+    /// connection); while gates 1-4 admit one more beside those the batch holds
+    /// (`gate::admit_round`: a send slot, CQ entry, send buffer and credit; this end has a
+    /// grant of [`BATCH`], so the round ends there, the credit gate's refusal counted), the
+    /// scheduler grants the chunk whose turn it is through `gate::admit_chunk` (room in both
+    /// windows, charged as each chunk is admitted, `Window::charge`); the batch takes
     /// its credits at once (`Credits::try_send_data_batch`); each SEND takes a slot and lands
     /// (the first returning credits, the receiver re-posting each buffer); the sender's CQ
     /// poll returns the batch's send completions together, which release the windows once
@@ -473,12 +493,29 @@ impl End {
         }
         let mut bytes = 0u64;
         let mut taken = 0u32;
-        while self.queues.free_sends() > taken && self.credits.can_send_more(taken) {
+        let room = self.room();
+        loop {
+            if let Err(g) = admit_round(&room, taken) {
+                self.refusals.record(g);
+                break;
+            }
             let (w, dev) = (&mut self.w, &mut self.dev);
-            let Some(g) = self
-                .s
-                .next_by_class(|len, _| w.try_post(dev, len.into()).is_ok())
-            else {
+            let mut refused = None;
+            let Some(g) = self.s.next_by_class(|len, class| {
+                match admit_chunk(&room, taken, class, w, dev, len.into()) {
+                    Ok(a) => {
+                        let _ = w.charge(dev, a);
+                        true
+                    }
+                    Err(g) => {
+                        refused = Some(g);
+                        false
+                    }
+                }
+            }) else {
+                if let Some(g) = refused {
+                    self.refusals.record(g);
+                }
                 break;
             };
             bytes += u64::from(g.len);
@@ -513,20 +550,21 @@ impl End {
     /// went queues another, so the backlog stands. Returns the bytes charged.
     #[inline(never)]
     fn send_bulk_chunk(&mut self, to: &mut End, now: u64) -> u64 {
-        assert!(
-            self.queues.free_sends() > 0 && self.credits.can_send_more(0),
-            "a slot and a credit for the chunk"
-        );
-        let (w, dev, credits) = (&mut self.w, &mut self.dev, &self.credits);
+        let room = self.room();
+        admit_round(&room, 0).expect("a slot, a CQ entry, a buffer and a credit");
+        let (w, dev) = (&mut self.w, &mut self.dev);
         let mut ticket = None;
         let g = self
             .s
-            .next_by_class(|len, _| {
-                credits.can_send_bulk_more(0) && {
-                    ticket = w.try_post(dev, len.into()).ok();
-                    ticket.is_some()
-                }
-            })
+            .next_by_class(
+                |len, class| match admit_chunk(&room, 0, class, w, dev, len.into()) {
+                    Ok(a) => {
+                        ticket = Some(w.charge(dev, a));
+                        true
+                    }
+                    Err(_) => false,
+                },
+            )
             .unwrap();
         let t = ticket.unwrap();
         if g.last {

@@ -187,6 +187,21 @@ impl QueueBudget {
         self.send_limit - self.sends
     }
 
+    /// Free send-queue slots: `sq_depth - sends_outstanding` (unit: WRs), what
+    /// [`crate::gate::sq_slot`] reads.
+    #[inline]
+    pub fn sq_free(&self) -> u32 {
+        self.cfg.sq_depth - self.sends
+    }
+
+    /// CQ entries free for send completions: `cq_size - rq_depth - sends_outstanding` (unit:
+    /// CQEs; `rq_depth` entries stay reserved for receives), what [`crate::gate::cq_entry`]
+    /// reads. Never negative: sends are capped at [`QueueConfig::send_limit`].
+    #[inline]
+    pub fn send_cqes_free(&self) -> u32 {
+        self.cfg.cq_size - self.cfg.rq_depth - self.sends
+    }
+
     /// Whether a SEND may be posted now (a free SQ slot and a free CQ entry).
     #[inline]
     pub fn can_post_send(&self) -> bool {

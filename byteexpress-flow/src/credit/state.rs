@@ -174,6 +174,15 @@ impl Credits {
         Some(self.take_piggyback())
     }
 
+    /// Whether [`Credits::poll_update`] would return an update now (rule 4), without taking
+    /// it: for a transport that checks the update's SEND gates
+    /// ([`crate::gate::admit_update`]) between the two, and counts their refusals only when
+    /// an update was due.
+    #[inline]
+    pub fn update_due(&self) -> bool {
+        !self.tx_slot_busy && self.pending >= self.cfg.update_threshold()
+    }
+
     /// Asks whether an explicit `CREDIT_UPDATE` must be sent now (rule 4): when at least
     /// `threshold` returns are pending and our update slot at the peer is free. Call it after
     /// each re-post or receive once nothing more can be sent as data (queue empty or no
@@ -181,7 +190,7 @@ impl Credits {
     /// `CREDIT_UPDATE` with that piggyback; the slot is then busy until the peer returns it.
     #[inline]
     pub fn poll_update(&mut self) -> Option<Piggyback> {
-        if self.tx_slot_busy || self.pending < self.cfg.update_threshold() {
+        if !self.update_due() {
             return None;
         }
         self.tx_slot_busy = true;

@@ -82,7 +82,7 @@ pub(super) fn admits(in_flight: u64, cap: u64, bytes: u64) -> bool {
 /// bytes in flight after the post (no overflow: it fits under the cap, or the account was
 /// empty) and whether that is over the cap (single-chunk escape).
 #[inline]
-pub(super) fn admit(in_flight: u64, cap: u64, bytes: u64) -> Option<(u64, bool)> {
+pub(crate) fn admit(in_flight: u64, cap: u64, bytes: u64) -> Option<(u64, bool)> {
     if in_flight == 0 {
         return Some((bytes, bytes > cap));
     }

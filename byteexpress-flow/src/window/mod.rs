@@ -64,6 +64,7 @@ mod stats;
 pub use adaptive::{AdaptiveConfig, Adjust};
 pub use bdp::bdp_bytes;
 pub use device::DeviceWindow;
+pub(crate) use device::admit;
 pub use error::{Limit, WindowError};
 pub use qp::{Blocked, Ticket, Window};
 pub use stats::WindowStats;

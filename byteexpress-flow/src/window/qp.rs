@@ -3,6 +3,7 @@
 use super::adaptive::Aimd;
 use super::device::{admit, admits};
 use super::{AdaptiveConfig, Adjust, DeviceWindow, Limit, WindowError, WindowStats, bdp_bytes};
+use crate::gate::Admitted;
 
 /// Proof of an admitted post: what was charged (bytes) and whether it went through the
 /// single-chunk escape. Report the same bytes in [`Window::on_complete`] when the post's
@@ -147,6 +148,19 @@ impl Window {
         self.stats.posted += 1;
         self.stats.escapes += u64::from(over_cap);
         Ok(Ticket { bytes, over_cap })
+    }
+
+    /// Charges this QP's account and `dev` with a post that the gates admitted
+    /// ([`crate::gate::admit_chunk`] on this window and `dev`, with nothing posted or
+    /// completed on either since): the same as a [`Window::try_post`] that admits it.
+    #[inline]
+    pub fn charge(&mut self, dev: &mut DeviceWindow, admitted: Admitted) -> Ticket {
+        let Admitted { bytes, over_cap } = admitted;
+        self.in_flight += bytes;
+        dev.set_in_flight(dev.in_flight() + bytes);
+        self.stats.posted += 1;
+        self.stats.escapes += u64::from(over_cap);
+        Ticket { bytes, over_cap }
     }
 
     /// Records the completion of `bytes` posted on this QP (a CQE, possibly covering several

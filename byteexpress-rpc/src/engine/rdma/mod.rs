@@ -9,10 +9,11 @@
 //! connections, single-chunk messages first); a single-chunk message that finds the outbox
 //! empty is offered to the gate on arrival and, if admitted, posted without being queued
 //! (`Scheduler::offer`, the idle bypass). A chunk is posted when the scheduler designates it
-//! and the gate admits it: a send credit, a free send-queue slot and CQ entry
-//! (`byteexpress_flow::credit::QueueBudget`), a send buffer, and room in the QP's [`Window`]
-//! and in its device's shared window ([`device_window`]). Both windows are charged the chunks'
-//! wire bytes as the gate admits them (`Window::try_post`), and released when their send
+//! and the admission gates of `byteexpress_flow::gate` admit it, in that module's order: a
+//! free send-queue slot and CQ entry (`byteexpress_flow::credit::QueueBudget`), a send
+//! buffer, a send credit, and room in the QP's [`Window`] and in its device's shared window
+//! ([`device_window`]); each refusal is counted under its gate. Both windows are charged the
+//! chunks' wire bytes as the gate admits them (`Window::charge`), and released when their send
 //! completions are polled: once per poll of the CQ with a static window, one by one with the
 //! completion's RTT (µs since post) when the window adapts to it. The credits of the chunks
 //! one round grants are taken at once (`Credits::try_send_data_batch`), and its first chunk's
@@ -45,7 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback, QueueBudget, QueueConfig};
-use byteexpress_flow::sched::Class;
+use byteexpress_flow::gate::{self, Room};
 use byteexpress_flow::window::Window;
 use byteexpress_mem::{BufPool, Pool, PoolBuf, PostedBufs};
 use byteexpress_verbs::{Cq, Qp, Wc, WcOpcode, WcStatus, WrOp};
@@ -220,13 +221,6 @@ enum Round {
     Busy,
     /// Nothing to do: sleep until a completion, a message or a timer.
     Idle,
-}
-
-/// Why the chunk due next was not posted.
-#[derive(Clone, Copy)]
-enum Wait {
-    Credit,
-    Window,
 }
 
 struct Engine {
@@ -477,26 +471,34 @@ impl Engine {
             unposted -= wire;
         }
         self.batch = batch;
-        if self.queues.can_post_send()
-            && self.parts.send_pool.available() > 0
-            && let Some(pb) = self.credits.poll_update()
-        {
-            let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
-            self.post(buf, 0)?;
-            LinkCounters::bump(&self.counters.credit_updates_sent);
-            return Ok(true);
+        if self.credits.update_due() {
+            // An update's SEND passes gates 1-3 (slot, CQ entry, buffer; no credit, no window).
+            let room = Room::new(
+                &self.queues,
+                &self.credits,
+                self.parts.send_pool.available(),
+            );
+            if let Err(g) = gate::admit_update(&room) {
+                self.counters.refused(g);
+            } else if let Some(pb) = self.credits.poll_update() {
+                let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
+                self.post(buf, 0)?;
+                LinkCounters::bump(&self.counters.credit_updates_sent);
+                return Ok(true);
+            }
         }
         Ok(sent)
     }
 
-    /// Grants the chunks to post now, in the scheduler's order, while the gate admits them:
-    /// a send credit beside those the batch holds (`Credits::can_send_more`, checked before the
-    /// scheduler is asked; above the latency reserve for bulk, checked by the gate), a send slot and a send buffer for each, and room in the QP and device
-    /// windows, which the gate charges as it admits each chunk (`Window::try_post`). The
-    /// scheduler is asked only while a send slot, a send buffer and a credit are left for one
-    /// more chunk, so a round that runs out of credits ends without a refused request. Then
-    /// takes the batch's credits at once; returns the batch, the piggyback of its first header
-    /// (the others carry none) and the bytes charged.
+    /// Grants the chunks to post now, in the scheduler's order, while the admission gates of
+    /// `byteexpress_flow::gate` admit them, in their order: gates 1-4 (a send slot, a CQ
+    /// entry, a send buffer and a credit beside those the batch holds: `gate::admit_round`)
+    /// before the scheduler is asked, so a round that runs out of any ends without a refused
+    /// request; then, as the scheduler's gate, a bulk chunk's latency reserve and room in the
+    /// QP and device windows (`gate::admit_chunk`), charged as each chunk is admitted
+    /// (`Window::charge`). The gate that refuses is counted ([`LinkCounters::refused`]).
+    /// Then takes the batch's credits at once; returns the batch, the piggyback of its first
+    /// header (the others carry none) and the bytes charged.
     ///
     /// Messages the callers queued meanwhile join the outbox before every grant, so a small
     /// call that arrives while a bulk message is being posted goes out next; a chunk of a
@@ -511,6 +513,9 @@ impl Engine {
         // to post, and held for the round: one lock per round rather than one per chunk, at
         // the price of holding it while arrivals join the outbox.
         let mut dev = None;
+        // What gates 1-4 read, once something waits: nothing they count moves before the
+        // round's chunks are posted.
+        let mut room = None;
         loop {
             // A message that finds the outbox empty is offered on arrival (the scheduler's
             // idle bypass); any more are queued behind it, in order.
@@ -528,50 +533,47 @@ impl Engine {
             if fresh.is_none() && self.outbox.is_empty() {
                 break;
             }
-            let taken = batch.len();
-            // Below `free_sends`, a u32.
-            let held = taken as u32;
-            // No send slot or send buffer for one more chunk, or no credit for any (a latency
-            // chunk needs one beside those the batch holds, a bulk chunk more): the round ends
-            // without asking the scheduler, whose gate would refuse whatever it designated.
-            let no_slot = self.queues.free_sends() as usize <= taken
-                || self.parts.send_pool.available() <= taken;
-            let no_credit = !no_slot && !self.credits.can_send_more(held);
-            if no_slot || no_credit {
+            // Below the send slots, a u32.
+            let held = batch.len() as u32;
+            let room = *room.get_or_insert_with(|| {
+                Room::new(
+                    &self.queues,
+                    &self.credits,
+                    self.parts.send_pool.available(),
+                )
+            });
+            // Gates 1-4 for one more chunk: when one refuses, the round ends without asking
+            // the scheduler, whose gate would refuse whatever it designated.
+            if let Err(g) = gate::admit_round(&room, held) {
                 if let Some(f) = fresh {
                     self.outbox.push(f);
                 }
-                if no_credit {
-                    LinkCounters::bump(&self.counters.credit_blocked);
-                    self.counters.metrics.credit_stalls.increment(1);
-                }
+                self.counters.refused(g);
                 break;
             }
             let dev = dev.get_or_insert_with(|| self.parts.device_window.lock());
-            let mut wait = None;
-            let (credits, window) = (&self.credits, &mut self.parts.window);
+            let mut refused = None;
+            let window = &mut self.parts.window;
             let escapes = &self.counters.window_escapes;
-            let gate = |len: u32, class| {
-                // A latency chunk's credit is the round's check above (`can_send_more`); a bulk
-                // chunk also leaves the latency reserve.
-                let credit = match class {
-                    Class::Latency => true,
-                    Class::Bulk => credits.can_send_bulk_more(held),
-                };
-                wait = if !credit {
-                    Some(Wait::Credit)
-                } else {
-                    match window.try_post(dev, len.into()) {
-                        Ok(ticket) => {
-                            if ticket.over_cap {
-                                LinkCounters::bump(escapes);
-                            }
-                            None
-                        }
-                        Err(_) => Some(Wait::Window),
+            // The chunk's gates (a bulk chunk's reserve, the windows), charged as admitted.
+            let gate = |len: u32, class| match gate::admit_chunk(
+                &room,
+                held,
+                class,
+                window,
+                dev,
+                len.into(),
+            ) {
+                Ok(a) => {
+                    if window.charge(dev, a).over_cap {
+                        LinkCounters::bump(escapes);
                     }
-                };
-                wait.is_none()
+                    true
+                }
+                Err(g) => {
+                    refused = Some(g);
+                    false
+                }
             };
             let offered = fresh.is_some();
             let next = match fresh {
@@ -579,15 +581,8 @@ impl Engine {
                 None => self.outbox.next(gate),
             };
             let Some(n) = next else {
-                match wait {
-                    Some(Wait::Credit) => {
-                        LinkCounters::bump(&self.counters.credit_blocked);
-                        self.counters.metrics.credit_stalls.increment(1);
-                    }
-                    Some(Wait::Window) => {
-                        LinkCounters::bump(&self.counters.window_blocked);
-                        self.counters.metrics.window_stalls.increment(1);
-                    }
+                match refused {
+                    Some(g) => self.counters.refused(g),
                     // The gate was not asked: an offered message too large for the bypass
                     // was queued; the scheduler grants its first chunk next time round.
                     None if offered => continue,

@@ -3,9 +3,11 @@
 //! Every message is enqueued in a [`Scheduler`] under its logical connection (`conn_id` of
 //! its header) and class: [`Class::Latency`] when it fits one chunk, [`Class::Bulk`] when it
 //! is cut into several. The scheduler grants one chunk at a time through the engine's gate
-//! (window, credit, SQ slot, send buffer), so a small call waits behind at most one chunk of a
-//! bulk message. [`SchedMode::Fifo`] puts every message on one connection and one class
-//! instead: plain first-in first-out over the same chunks, for comparison.
+//! (`byteexpress_flow::gate::admit_chunk`: a bulk chunk's credit reserve, the QP and device
+//! windows; the round checked the SQ slot, CQ entry, send buffer and credit before), so a
+//! small call waits behind at most one chunk of a bulk message. [`SchedMode::Fifo`] puts
+//! every message on one connection and one class instead: plain first-in first-out over the
+//! same chunks, for comparison.
 
 use std::collections::HashMap;
 
