@@ -102,8 +102,8 @@ pub(crate) struct SendSide {
     pub(crate) inflight: VecDeque<Flight>,
     /// Where payloads the peer cannot read in place are staged.
     pub(crate) stage: Staging,
-    /// The ACK timer runs (while SENDs await ACKs).
-    tx_timer: bool,
+    /// The ACK timer runs (while SENDs await ACKs): when it fires next.
+    tx_timer: Option<Instant>,
     /// The oldest SEND awaiting its ACK as the timer last saw it: its slot, since when, and
     /// whether the peer was nudged for it.
     tx_since: Option<(u64, Instant, bool)>,
@@ -123,7 +123,7 @@ impl SendSide {
             mrs: MrCache::default(),
             inflight: VecDeque::new(),
             stage: Staging::new()?,
-            tx_timer: false,
+            tx_timer: None,
             tx_since: None,
             deferred: None,
         })
@@ -473,9 +473,10 @@ impl SoftQp {
         if send.inflight.len() == 1 {
             self.set_tx_wait(send);
         }
-        if !send.tx_timer {
-            send.tx_timer = true;
-            self.dev.schedule(Instant::now() + NUDGE, self.me.clone());
+        if send.tx_timer.is_none() {
+            let at = Instant::now() + NUDGE;
+            send.tx_timer = Some(at);
+            self.dev.schedule(at, self.me.clone());
         }
     }
 
@@ -635,7 +636,7 @@ impl SoftQp {
         {
             let mut send = self.send.lock();
             if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
-                send.tx_timer = false;
+                send.tx_timer = None;
                 return;
             }
             if send.dead_deadline.is_some_and(|d| Instant::now() >= d) {
@@ -645,7 +646,9 @@ impl SoftQp {
                 return;
             }
             self.reap_locked(&mut send);
-            if send.tx_timer && !self.check_acks(&mut send) {
+            // Only the ACK timer's own expiry checks ACKs (other timers run this too): one
+            // ACK timer per QP.
+            if send.tx_timer.is_some_and(|at| Instant::now() >= at) && !self.check_acks(&mut send) {
                 return;
             }
             self.run_pending(&mut send, &mut keep);
@@ -659,7 +662,7 @@ impl SoftQp {
     /// when the QP failed.
     fn check_acks(&self, send: &mut SendSide) -> bool {
         let Some(head) = send.inflight.front().and_then(|f| f.seq) else {
-            send.tx_timer = false;
+            send.tx_timer = None;
             send.tx_since = None;
             return true;
         };
@@ -684,6 +687,7 @@ impl SoftQp {
         if nudge && let Some(p) = &send.peer {
             p.shared.nudge();
         }
+        send.tx_timer = Some(next);
         self.dev.schedule(next, self.me.clone());
         true
     }
