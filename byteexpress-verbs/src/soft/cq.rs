@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -100,9 +100,55 @@ struct Locked {
     any_srq: bool,
 }
 
+/// What a CQ needs of a QP whose send CQ it is, readable without a lock: whether the peer
+/// acknowledged what the QP's oldest executed WR waits for.
+#[derive(Debug)]
+pub(crate) struct Outbound {
+    qp: Weak<SoftQp>,
+    /// The peer's `comp_cons` value that completes the oldest executed WR (`u64::MAX`: none
+    /// waits).
+    pub(crate) wait: AtomicU64,
+    /// The peer's ring, once attached (where its `comp_cons` is).
+    pub(crate) ring: OnceLock<Ring>,
+}
+
+impl Outbound {
+    pub(crate) fn new(qp: Weak<SoftQp>) -> Outbound {
+        Outbound {
+            qp,
+            wait: AtomicU64::new(u64::MAX),
+            ring: OnceLock::new(),
+        }
+    }
+
+    /// The ACK the oldest executed WR waits for came.
+    #[inline]
+    pub(crate) fn ready(&self) -> bool {
+        let w = self.wait.load(Ordering::Acquire);
+        w != u64::MAX
+            && self
+                .ring
+                .get()
+                .is_some_and(|r| r.comp_cons().load(Ordering::Acquire) >= w)
+    }
+
+    /// Our send CQ sleeps: asks the peer to ring it when it acknowledges what we wait for.
+    /// True if that ACK already came.
+    fn arm(&self) -> bool {
+        if self.wait.load(Ordering::Acquire) == u64::MAX {
+            return false;
+        }
+        if let Some(r) = self.ring.get() {
+            r.tx_armed().store(1, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        self.ready()
+    }
+}
+
 /// The QPs whose send CQ a CQ is (their sends complete on the peer's ACK): an immutable
 /// snapshot, as for inbound rings.
-type Senders = Arc<[Weak<SoftQp>]>;
+type Senders = Arc<[Arc<Outbound>]>;
 
 /// A completion queue with an eventfd as its completion channel.
 #[derive(Debug)]
@@ -209,10 +255,14 @@ impl SoftCq {
     }
 
     /// A QP whose send CQ this is.
-    pub(crate) fn attach_sender(&self, qp: Weak<SoftQp>) {
+    pub(crate) fn attach_sender(&self, o: Arc<Outbound>) {
         let mut s = self.senders.lock();
-        let mut v: Vec<Weak<SoftQp>> = s.iter().filter(|w| w.strong_count() > 0).cloned().collect();
-        v.push(qp);
+        let mut v: Vec<Arc<Outbound>> = s
+            .iter()
+            .filter(|o| o.qp.strong_count() > 0)
+            .cloned()
+            .collect();
+        v.push(o);
         *s = v.into();
         self.generation.fetch_add(1, Ordering::Release);
     }
@@ -223,11 +273,9 @@ impl SoftCq {
 
     /// Completes the sends whose ACK came (outside this CQ's lock: a QP's send lock is taken
     /// before its send CQ's).
-    fn reap_senders(&self, senders: &[Weak<SoftQp>]) {
-        for w in senders {
-            if let Some(qp) = w.upgrade()
-                && qp.tx_ready()
-            {
+    fn reap_senders(&self, senders: &[Arc<Outbound>]) {
+        for o in senders.iter().filter(|o| o.ready()) {
+            if let Some(qp) = o.qp.upgrade() {
                 qp.reap();
             }
         }
@@ -290,12 +338,10 @@ impl SoftCq {
         (st.inbound.clone(), self.generation.load(Ordering::Acquire))
     }
 
-    fn pending_in(&self, inbound: &[Arc<Inbound>], senders: &[Weak<SoftQp>]) -> bool {
+    fn pending_in(&self, inbound: &[Arc<Inbound>], senders: &[Arc<Outbound>]) -> bool {
         self.queued.load(Ordering::Acquire) > 0
             || inbound.iter().any(|e| e.pending())
-            || senders
-                .iter()
-                .any(|w| w.upgrade().is_some_and(|q| q.tx_ready()))
+            || senders.iter().any(|o| o.ready())
     }
 }
 
@@ -415,8 +461,8 @@ impl CqImpl for SoftCq {
         }
         let senders = self.senders();
         let mut acked = false;
-        for qp in senders.iter().filter_map(Weak::upgrade) {
-            acked |= qp.arm_tx();
+        for o in senders.iter() {
+            acked |= o.arm();
         }
         fence(Ordering::SeqCst);
         Ok(acked || self.pending_in(&inbound, &senders))

@@ -2,15 +2,14 @@
 //! The send side (copy engine, RNR and retry) is in `send.rs`.
 
 use std::collections::VecDeque;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rand::Rng;
 
-use super::cq::{CqState, Inbound, SoftCq};
+use super::cq::{CqState, Inbound, Outbound, SoftCq};
 use super::deliver::{RecvSges, RecvSide};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
 use super::limits;
@@ -84,11 +83,8 @@ pub(crate) struct SoftQp {
     /// We acknowledged SENDs (advanced `comp_cons`) without ringing the sender's doorbell,
     /// which is also the one our next SEND rings ([`super::deliver`]).
     pub(crate) ack_owed: AtomicBool,
-    /// The peer's `comp_cons` value that completes our oldest send awaiting its ACK
-    /// (`u64::MAX`: none awaits), read without a lock by our send CQ.
-    pub(crate) tx_wait: AtomicU64,
-    /// The peer's ring, once attached (where its `comp_cons` is).
-    pub(crate) tx_ring: OnceLock<Ring>,
+    /// What our send CQ reads without a lock: the ACK our oldest executed WR waits for.
+    pub(crate) outbound: Arc<Outbound>,
     pub(crate) send: Mutex<SendSide>,
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
@@ -191,8 +187,7 @@ impl SoftQp {
             ring,
             recv: Mutex::new(RecvSide::default()),
             ack_owed: AtomicBool::new(false),
-            tx_wait: AtomicU64::new(u64::MAX),
-            tx_ring: OnceLock::new(),
+            outbound: Arc::new(Outbound::new(me.clone())),
             send: Mutex::new(send),
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
@@ -203,7 +198,7 @@ impl SoftQp {
         });
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
         recv_cq.attach(qp.inbound.clone());
-        qp.send_cq.attach_sender(Arc::downgrade(&qp));
+        qp.send_cq.attach_sender(qp.outbound.clone());
         if let Some(srq) = &srq {
             srq.attach(Arc::downgrade(&qp));
         }
@@ -294,7 +289,7 @@ impl SoftQp {
         if send.peer.is_some() {
             return Err("QP already has a peer".into());
         }
-        let _ = self.tx_ring.set(peer.ring.clone());
+        let _ = self.outbound.ring.set(peer.ring.clone());
         self.recv.lock().src = Some(peer.shared.clone());
         send.peer = Some(peer);
         drop(send);
@@ -414,7 +409,7 @@ impl SoftQp {
         let jobs = std::mem::take(&mut send.pending);
         send.stage.release_all();
         send.deferred = None;
-        self.tx_wait.store(u64::MAX, Ordering::Release);
+        self.outbound.wait.store(u64::MAX, Ordering::Release);
         let mut first = first;
         let mut oldest = if blame == Blame::Oldest {
             first.take()
@@ -475,6 +470,8 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         // The peer may claim no more receive WQEs; its sends time out once our channels close.
         let old = self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+        // Our send CQ waits for nothing of ours any more.
+        self.outbound.wait.store(u64::MAX, Ordering::Release);
         if let Some(srq) = &self.srq {
             // Claimed WQEs were consumed (their completions die with the QP); the others go
             // back to the SRQ.

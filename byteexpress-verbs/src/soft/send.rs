@@ -486,31 +486,7 @@ impl SoftQp {
             .inflight
             .front()
             .map_or(u64::MAX, |f| f.seq.map_or(0, |s| s + 1));
-        self.tx_wait.store(w, Ordering::Release);
-    }
-
-    /// Whether the peer acknowledged what our oldest executed WR waits for (no lock).
-    #[inline]
-    pub(crate) fn tx_ready(&self) -> bool {
-        let w = self.tx_wait.load(Ordering::Acquire);
-        w != u64::MAX
-            && self
-                .tx_ring
-                .get()
-                .is_some_and(|r| r.comp_cons().load(Ordering::Acquire) >= w)
-    }
-
-    /// Our send CQ sleeps: asks the peer to ring it when it acknowledges what we wait for.
-    /// True if that ACK already came.
-    pub(crate) fn arm_tx(&self) -> bool {
-        if self.tx_wait.load(Ordering::Acquire) == u64::MAX {
-            return false;
-        }
-        if let Some(r) = self.tx_ring.get() {
-            r.tx_armed().store(1, Ordering::SeqCst);
-        }
-        fence(Ordering::SeqCst);
-        self.tx_ready()
+        self.outbound.wait.store(w, Ordering::Release);
     }
 
     /// The send CQ's poll: completes the WRs the peer acknowledged, then lets queued WRs
