@@ -225,8 +225,10 @@ pub(crate) struct SoftPd {
 }
 
 impl SoftPd {
-    /// Refuses receive SGEs in user memory (`reg_user`): the peer writes receives straight into
-    /// our memory through its mapping of it, which user memory does not have.
+    /// Refuses receive SGEs in user memory (`reg_user`), as `DeviceAttr::
+    /// remote_access_needs_shared` promises. Made for the initiator's copy (the peer wrote
+    /// receives through its mapping of our memory); since this process copies SENDs into its
+    /// receive buffers itself ([`super::deliver`]) it could be lifted (DESIGN.md 3.1, not built).
     #[inline]
     pub(crate) fn check_recv_sges(&self, sges: &[crate::Sge]) -> Result<()> {
         // Counted before a user MR is published, so an MR whose key the caller holds counts.
