@@ -330,6 +330,10 @@ impl SoftQp {
             return false;
         };
         let alive = shared.pump();
+        // `connect` holds the send lock from reading the answer until it waits: taking that
+        // lock once after the pump means a `connect` that read no answer is waiting by now, so
+        // the notification below reaches it (none is lost between its check and its wait).
+        drop(self.send.lock());
         self.connect_answered.notify_all();
         if shared.take_nudge() {
             // The peer's SEND waits for our ACK and nobody polls: deliver now.
