@@ -5,7 +5,8 @@
 //!   thread (listener, control channels, RNR and retry timers, peer death).
 //! - [`pd`]: PDs, shared memory (`alloc_shared`, memfd) and MRs, announced to connected peers.
 //! - [`qp`]: QP state machine, connect; [`send`]: the initiator (WRITE/READ copy engine, SEND
-//!   descriptors, ACK wait); [`deliver`]: the receiver's copy of a SEND; [`stage`]: the
+//!   descriptors); [`ack`]: completion on the peer's ACK; [`deliver`]: the receiver's copy of
+//!   a SEND; [`stage`]: the
 //!   staging region for SEND payloads a peer cannot read in place.
 //! - [`cq`]: CQs: local completions plus the inbound rings of their QPs.
 //! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
@@ -13,6 +14,7 @@
 //! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids).
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
+mod ack;
 mod cq;
 mod deliver;
 mod device;

@@ -1,13 +1,14 @@
 //! The initiator's side of a soft QP: post_send, the copy engine for RDMA WRITE / READ (one
 //! copy, from local registered memory straight into the peer's mapped REMOTE_WRITE memory or
 //! back for READ), SEND descriptors (the receiver copies: [`super::deliver`]), in-order
-//! execution and completion, RNR and transport-retry timers, the ACK wait of SENDs.
+//! execution, RNR and transport-retry timers. Completion on the peer's ACK: [`super::ack`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
+use super::ack::Flight;
 use super::pd::{MrCache, SoftMr};
 use super::peer::Peer;
 use super::qp::SoftQp;
@@ -16,38 +17,10 @@ use super::stage::{Staged, Staging};
 use super::timing::{ack_timeout, give_up_after, rnr_delay};
 use crate::provider::QpImpl;
 use crate::wr::{MAX_MSG_LEN, check_send, wc_opcode};
-use crate::{
-    Access, ConnectAttr, Error, QpState, Result, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOp,
-};
+use crate::{Access, ConnectAttr, Error, QpState, Result, SendWr, Sge, WcOpcode, WcStatus, WrOp};
 
 /// Retry period when the ACK timeout is infinite (code 0).
 const IDLE_RETRY: Duration = Duration::from_millis(10);
-
-/// How long a SEND waits for its ACK before the peer's device is asked to deliver it even if
-/// nobody polls there (`Nudge`), and the period of that check.
-const NUDGE: Duration = Duration::from_millis(1);
-
-/// A WR executed and not yet completed: it waits for the peer's ACK (`seq`), or for the WRs
-/// before it.
-#[derive(Debug)]
-pub(crate) struct Flight {
-    wr_id: u64,
-    opcode: WcOpcode,
-    signaled: bool,
-    len: u32,
-    /// The completion slot in the peer's ring whose ACK completes it (`None`: nothing to wait
-    /// for but the WRs before it).
-    seq: Option<u64>,
-    /// Staging space it holds until then.
-    stage_end: Option<u64>,
-}
-
-impl Flight {
-    /// Its wr_id and completion opcode.
-    pub(crate) fn id(&self) -> (u64, WcOpcode) {
-        (self.wr_id, self.opcode)
-    }
-}
 
 /// Which outstanding WR a failure's status goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,10 +76,10 @@ pub(crate) struct SendSide {
     /// Where payloads the peer cannot read in place are staged.
     pub(crate) stage: Staging,
     /// The ACK timer runs (while SENDs await ACKs): when it fires next.
-    tx_timer: Option<Instant>,
+    pub(crate) tx_timer: Option<Instant>,
     /// The oldest SEND awaiting its ACK as the timer last saw it: its slot, since when, and
     /// whether the peer was nudged for it.
-    tx_since: Option<(u64, Instant, bool)>,
+    pub(crate) tx_since: Option<(u64, Instant, bool)>,
     /// The first queued WR failed with this status while executed WRs before it still wait
     /// for their ACKs: it completes (and the QP fails) once they did.
     pub(crate) deferred: Option<WcStatus>,
@@ -131,7 +104,7 @@ impl SendSide {
 }
 
 /// Result of one attempt at the head WR.
-enum Outcome {
+pub(crate) enum Outcome {
     /// Done; bytes moved.
     Done(u64),
     /// Executed; complete once the peer acknowledges completion slot `seq`.
@@ -434,137 +407,6 @@ impl SoftQp {
         true
     }
 
-    /// A WR executed (`Done` or `Posted`): it completes now if nothing before it waits and it
-    /// needs no ACK; else it waits in order.
-    fn executed(
-        &self,
-        send: &mut SendSide,
-        wr_id: u64,
-        opcode: WcOpcode,
-        signaled: bool,
-        outcome: Outcome,
-    ) {
-        let (len, seq, stage_end) = match outcome {
-            Outcome::Done(len) => (len, None, None),
-            Outcome::Posted {
-                len,
-                seq,
-                stage_end,
-            } => (len, Some(seq), stage_end),
-            _ => unreachable!("only executed WRs"),
-        };
-        if seq.is_none() && send.inflight.is_empty() {
-            if signaled {
-                self.send_cq.push(Wc {
-                    byte_len: len as u32,
-                    ..self.wc(wr_id, WcStatus::Success, opcode)
-                });
-            }
-            return;
-        }
-        send.inflight.push_back(Flight {
-            wr_id,
-            opcode,
-            signaled,
-            len: len as u32,
-            seq,
-            stage_end,
-        });
-        if send.inflight.len() == 1 {
-            self.set_tx_wait(send);
-        }
-        if send.tx_timer.is_none() {
-            let at = Instant::now() + NUDGE;
-            send.tx_timer = Some(at);
-            self.dev.schedule(at, self.me.clone());
-        }
-    }
-
-    /// Publishes the ACK our oldest executed WR waits for (for the send CQ's lock-free check).
-    fn set_tx_wait(&self, send: &SendSide) {
-        let w = send
-            .inflight
-            .front()
-            .map_or(u64::MAX, |f| f.seq.map_or(0, |s| s + 1));
-        self.outbound.wait.store(w, Ordering::Release);
-    }
-
-    /// The send CQ's poll: completes the WRs the peer acknowledged, then lets queued WRs
-    /// that waited for room go.
-    pub(crate) fn reap(&self) {
-        let mut keep = Keep::default();
-        {
-            let mut send = self.send.lock();
-            if self.reap_locked(&mut send) && (!send.pending.is_empty() || send.deferred.is_some())
-            {
-                self.run_pending(&mut send, &mut keep);
-            }
-        }
-        drop(keep);
-    }
-
-    /// Completes executed WRs, in order, up to the first whose ACK has not come. True when
-    /// any completed (or the QP failed).
-    pub(crate) fn reap_locked(&self, send: &mut SendSide) -> bool {
-        if send.inflight.is_empty() {
-            return false;
-        }
-        let SendSide {
-            inflight,
-            stage,
-            peer,
-            ..
-        } = send;
-        let Some(peer) = peer.as_mut() else {
-            return false;
-        };
-        let cons = peer.ring.comp_cons().load(Ordering::Acquire);
-        if cons > peer.comp_prod || cons < peer.acked {
-            tracing::warn!(
-                "soft QP {:#x}: peer's completion consumer index is impossible",
-                self.qpn
-            );
-            self.fail_locked(send, Some(WcStatus::RemOpErr), Blame::Oldest);
-            return true;
-        }
-        let mut failed = false;
-        let mut n = 0;
-        self.send_cq.with(|cq| {
-            while let Some(f) = inflight.front() {
-                let st = match f.seq {
-                    Some(s) if s < cons => {
-                        peer.acked = s + 1;
-                        ack_status(peer.ring.comp_ack(s).load(Ordering::Relaxed))
-                    }
-                    Some(_) => break,
-                    None => WcStatus::Success,
-                };
-                let f = inflight.pop_front().expect("front exists");
-                n += 1;
-                if let Some(end) = f.stage_end {
-                    stage.release(end);
-                }
-                if st != WcStatus::Success {
-                    cq.push(self.wc(f.wr_id, st, f.opcode));
-                    failed = true;
-                    break;
-                }
-                if f.signaled {
-                    cq.push(Wc {
-                        byte_len: f.len,
-                        ..self.wc(f.wr_id, WcStatus::Success, f.opcode)
-                    });
-                }
-            }
-        });
-        if failed {
-            self.fail_locked(send, None, Blame::Oldest);
-        } else {
-            self.set_tx_wait(send);
-        }
-        n > 0
-    }
-
     /// Inline data at post time: the bytes must lie in memory registered on this device (any
     /// key): the soft provider reads nothing it cannot vouch for. The memory stays alive
     /// through `mrs` or the MR handles in `keep`, which the caller drops after its locks.
@@ -630,42 +472,6 @@ impl SoftQp {
             self.run_pending(&mut send, &mut keep);
         }
         drop(keep);
-    }
-
-    /// The ACK timer: while a SEND waits for its ACK, nudges the peer's device every
-    /// [`NUDGE`] (its receiver may not be polling) and fails the QP with RETRY_EXC_ERR once
-    /// the peer made no progress for the retry timeout (`timeout × (retry_cnt + 1)`). False
-    /// when the QP failed.
-    fn check_acks(&self, send: &mut SendSide) -> bool {
-        let Some(head) = send.inflight.front().and_then(|f| f.seq) else {
-            send.tx_timer = None;
-            send.tx_since = None;
-            return true;
-        };
-        let now = Instant::now();
-        // The oldest SEND waited a whole period: nudge once (the peer's progress then ACKs
-        // every message it holds).
-        let (since, nudge) = match &mut send.tx_since {
-            Some((s, t, nudged)) if *s == head => (*t, !std::mem::replace(nudged, true)),
-            _ => {
-                send.tx_since = Some((head, now, false));
-                (now, false)
-            }
-        };
-        let mut next = now + NUDGE;
-        if let Some(limit) = give_up_after(send.attr.timeout, send.attr.retry_cnt) {
-            if now >= since + limit {
-                self.fail_locked(send, Some(WcStatus::RetryExcErr), Blame::Oldest);
-                return false;
-            }
-            next = next.min(since + limit);
-        }
-        if nudge && let Some(p) = &send.peer {
-            p.shared.nudge();
-        }
-        send.tx_timer = Some(next);
-        self.dev.schedule(next, self.me.clone());
-        true
     }
 
     /// Executes outstanding WRs in order until one has to wait. In SQD the WRs already posted
@@ -750,20 +556,6 @@ impl SoftQp {
             };
             self.fail_queued(send, fail);
             return;
-        }
-    }
-
-    /// The first queued WR fails with `st`: at once if no executed WR before it waits for an
-    /// ACK, else once they completed (they were delivered; a NIC completes them first). The
-    /// peer is nudged meanwhile, and the ACK timer bounds the wait.
-    fn fail_queued(&self, send: &mut SendSide, st: WcStatus) {
-        if send.inflight.is_empty() {
-            self.fail_locked(send, Some(st), Blame::Queued);
-            return;
-        }
-        send.deferred = Some(st);
-        if let Some(p) = &send.peer {
-            p.shared.nudge();
         }
     }
 
@@ -1030,19 +822,6 @@ enum From<'a> {
     InPlace(Src),
     /// Copied into our staging region first.
     Stage(&'a [Seg]),
-}
-
-/// The sender's status from a slot's `ack` word (anything unknown: the peer broke protocol).
-fn ack_status(code: u32) -> WcStatus {
-    [
-        WcStatus::Success,
-        WcStatus::RemInvReqErr,
-        WcStatus::RemOpErr,
-        WcStatus::RemAccessErr,
-    ]
-    .into_iter()
-    .find(|s| s.code() == code)
-    .unwrap_or(WcStatus::RemOpErr)
 }
 
 /// A peer address for WRITE/READ: QP access flags, then the MR's key, bounds and access.
