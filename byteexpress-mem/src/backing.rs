@@ -170,16 +170,19 @@ pub(crate) struct VerbsBackend {
     pub pd: Pd,
     pub access: Access,
     pub huge_pages: bool,
+    /// The pool lends messages for READ (`PoolConfig::lends_for_read`).
+    pub lends_for_read: bool,
 }
 
 impl Backend for VerbsBackend {
     fn grow(&self, len: usize, span: usize, registered: u64) -> Result<Chunk, MemError> {
         // The provider's exposure hint (the soft provider maps memory to a peer by it). Memory
-        // the pool's MRs never let anyone write is still a SEND source and may be lent for an
-        // RDMA READ of one message (an MR of its own, REMOTE_READ): hint REMOTE_READ for it, so
-        // a peer may at most read it. Writable memory is hinted as registered.
+        // the pool's MRs never let anyone write is a SEND source the peer reads in place and
+        // may be lent for an RDMA READ of one message (an MR of its own, REMOTE_READ): hint
+        // REMOTE_READ for it, so a peer may at most read it; so for a pool that lends. Other
+        // memory is hinted as registered (LOCAL_WRITE only: no peer maps it).
         let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let hint = if self.access.0 & writes.0 == 0 {
+        let hint = if self.access.0 & writes.0 == 0 || self.lends_for_read {
             self.access | Access::REMOTE_READ
         } else {
             self.access

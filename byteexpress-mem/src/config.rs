@@ -41,6 +41,12 @@ pub struct PoolConfig {
     /// without when the kernel refuses. Explicit `MAP_HUGETLB` pages need a verbs-level
     /// allocation option that `Pd::alloc_shared` does not offer yet. Default true.
     pub huge_pages: bool,
+    /// The pool lends messages for an RDMA READ ([`crate::Pool::lend_for_read`]). Its memory
+    /// is then allocated as readable by a peer (on the soft provider, mapped read-only by the
+    /// peers of the PD; a NIC ignores this), so a pool that never lends (a receive ring, a
+    /// reassembly pool) keeps LOCAL_WRITE memory local. Pools whose MRs grant no write (send
+    /// rings) are readable anyway. Default false.
+    pub lends_for_read: bool,
 }
 
 impl Default for PoolConfig {
@@ -55,6 +61,7 @@ impl Default for PoolConfig {
             max_mr_size: u64::MAX,
             access: Access::LOCAL_WRITE,
             huge_pages: true,
+            lends_for_read: false,
         }
     }
 }

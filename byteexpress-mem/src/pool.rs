@@ -67,6 +67,7 @@ impl Pool {
             pd: pd.clone(),
             access: cfg.access,
             huge_pages: cfg.huge_pages,
+            lends_for_read: cfg.lends_for_read,
         };
         Self::with_backend(Box::new(backend), cfg)
     }
@@ -221,13 +222,22 @@ impl Pool {
     /// message: registers exactly `[buf.addr(), buf.addr() + buf.len())` as an MR of its own with
     /// REMOTE_READ only, whatever the pool's [`PoolConfig::access`]; the [`ReadLoan`] carries its
     /// rkey and deregisters it when dropped, before the buffer returns (module `loan`; the base
-    /// of the rendezvous issue). Errors: [`MemError::InvalidConfig`] for an empty buffer,
-    /// [`MemError::NotPoolMemory`] for a buffer of another pool, [`MemError::Memlock`] /
+    /// of the rendezvous issue). Errors: [`MemError::InvalidConfig`] for an empty buffer, or a
+    /// pool whose MRs grant a write made without [`PoolConfig::lends_for_read`] (its memory is
+    /// not allocated readable by peers), [`MemError::NotPoolMemory`] for a buffer of another pool, [`MemError::Memlock`] /
     /// [`MemError::Verbs`] when the device refuses the registration.
     pub fn lend_for_read(&self, buf: RegisteredBuf) -> Result<ReadLoan, MemError> {
         if buf.is_empty() {
             return Err(MemError::InvalidConfig(
                 "nothing to lend: the buffer is empty".into(),
+            ));
+        }
+        let writes =
+            byteexpress_verbs::Access::LOCAL_WRITE | byteexpress_verbs::Access::REMOTE_WRITE;
+        let cfg = self.config();
+        if !cfg.lends_for_read && cfg.access.0 & writes.0 != 0 {
+            return Err(MemError::InvalidConfig(
+                "the pool was not made to lend for READ (PoolConfig::lends_for_read)".into(),
             ));
         }
         let mr = self.shared.register_range(

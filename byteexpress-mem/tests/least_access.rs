@@ -204,7 +204,25 @@ fn message(pool: &Pool, len: usize) -> RegisteredBuf {
 fn memory_lent_for_a_read_is_readable_for_that_message_only() {
     let ctx = provider();
     const LEN: usize = 1000;
-    let pool_on = |pd: &Pd| Pool::new(pd, PoolConfig::for_device(&ctx)).unwrap();
+    let pool_on = |pd: &Pd| {
+        let cfg = PoolConfig {
+            lends_for_read: true,
+            ..PoolConfig::for_device(&ctx)
+        };
+        Pool::new(pd, cfg).unwrap()
+    };
+
+    // A pool not made to lend (a receive ring's, a reassembly pool's memory stays local)
+    // refuses, on every provider.
+    let pair = Pair::new(&ctx);
+    let local = Pool::new(&pair.pd, PoolConfig::for_device(&ctx)).unwrap();
+    assert!(
+        matches!(
+            local.lend_for_read(message(&local, LEN)),
+            Err(byteexpress_mem::MemError::InvalidConfig(_))
+        ),
+        "a pool without lends_for_read lent a message"
+    );
 
     // The pool itself grants no REMOTE_READ.
     let pair = Pair::new(&ctx);
@@ -254,8 +272,12 @@ fn memory_lent_for_a_read_is_readable_for_that_message_only() {
 fn only_filled_buffers_of_the_pool_itself_can_be_lent() {
     let ctx = provider();
     let pd = ctx.alloc_pd().unwrap();
-    let a = Pool::new(&pd, PoolConfig::for_device(&ctx)).unwrap();
-    let b = Pool::new(&pd, PoolConfig::for_device(&ctx)).unwrap();
+    let lending = PoolConfig {
+        lends_for_read: true,
+        ..PoolConfig::for_device(&ctx)
+    };
+    let a = Pool::new(&pd, lending.clone()).unwrap();
+    let b = Pool::new(&pd, lending).unwrap();
     assert!(matches!(
         a.lend_for_read(a.try_alloc(64).unwrap()),
         Err(byteexpress_mem::MemError::InvalidConfig(_))

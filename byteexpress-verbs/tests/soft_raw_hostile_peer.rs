@@ -11,27 +11,18 @@ mod common;
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Child;
 use std::time::Duration;
 
-use byteexpress_verbs::{Access, ConnectAttr, Context, Endpoint, QpCap, QpState, WcStatus, WrOp};
+use byteexpress_verbs::{Access, ConnectAttr, Context, QpCap, QpState, WcStatus, WrOp};
 use common::peer::{self, get, put};
+use common::raw::{
+    self, OFF_ANNOUNCED, OFF_COMP_PROD, attach, attach_granting, recv_msg, send_msg,
+};
 use common::*;
 
 const T: Duration = Duration::from_secs(10);
-
-/// Ring geometry of the hostile peer's own QP (soft/ring.rs: 512-byte header, WQEs of
-/// 16 + 16·sge bytes, completions of 32 bytes).
-const CAP: u32 = 4;
-const SGE: u32 = 1;
-
-fn ring_bytes(cap: u32, sge: u32) -> usize {
-    512 + (16 + 16 * sge as usize) * cap as usize + 32 * cap as usize
-}
-
-/// `comp_prod` in a ring's header (written by the sender, here the hostile peer).
-const OFF_COMP_PROD: usize = 128;
 
 #[test]
 fn child_entry() {
@@ -39,313 +30,244 @@ fn child_entry() {
         return;
     };
     match role.as_str() {
-        "hostile" => child_hostile(&mut s),
+        r if r.starts_with("hostile-") => child_hostile(&mut s, &r["hostile-".len()..]),
+        "tamperer" => child_tamperer(&mut s),
         "inspector" => child_inspector(&mut s),
         "liar" => child_liar(&mut s),
         other => panic!("unknown role {other}"),
     }
 }
 
-fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
-    // SAFETY: an all-zero sockaddr_un is valid.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in a.sun_path[1..].iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
-    (a, len as libc::socklen_t)
-}
-
-fn seqpacket() -> OwnedFd {
-    // SAFETY: plain syscall; the fd is owned below.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0);
-    // SAFETY: just created, owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval {
-        tv_sec: 10,
-        tv_usec: 0,
-    };
-    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-        // SAFETY: a valid timeval.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&raw const tv).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-    }
-    fd
-}
-
-fn dial(name: &[u8]) -> OwnedFd {
-    let fd = seqpacket();
-    let (a, len) = abstract_addr(name);
-    // SAFETY: a valid address of `len` bytes.
-    assert_eq!(
-        unsafe { libc::connect(fd.as_raw_fd(), (&raw const a).cast(), len) },
-        0,
-        "connect to the device"
-    );
-    fd
-}
-
-/// Sends one record with `fds`.
-fn send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) {
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: an all-zero msghdr is valid; the control buffer fits up to 4 fds.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        if !fds.is_empty() {
-            let bytes = std::mem::size_of_val(fds) as u32;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(bytes) as _;
-            let c = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr().cast::<u8>(),
-                libc::CMSG_DATA(c),
-                bytes as usize,
-            );
-        }
-        assert_eq!(
-            libc::sendmsg(sock, &raw const msg, libc::MSG_NOSIGNAL),
-            data.len() as isize
-        );
-    }
-}
-
-/// Receives one record and its fds.
-fn recv_msg(sock: RawFd) -> (Vec<u8>, Vec<OwnedFd>) {
-    let mut buf = vec![0u8; 2048];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    let mut fds = Vec::new();
-    // SAFETY: valid iovec and control buffers; the fds the kernel installed are owned here.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-        let n = libc::recvmsg(sock, &raw mut msg, libc::MSG_CMSG_CLOEXEC);
-        assert!(n > 0, "no record from the device");
-        buf.truncate(n as usize);
-        let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
-        while !c.is_null() {
-            if (*c).cmsg_type == libc::SCM_RIGHTS {
-                let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                for i in 0..k {
-                    let fd =
-                        std::ptr::read_unaligned(libc::CMSG_DATA(c).add(i * 4).cast::<RawFd>());
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&raw const msg, c);
-        }
-    }
-    (buf, fds)
-}
-
-/// `Connect` as soft/wire.rs encodes it (tag 3).
-fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<u8> {
-    let mut v = vec![3u8];
-    v.extend_from_slice(&1u16.to_le_bytes());
-    v.extend_from_slice(&0xBAD_u64.to_le_bytes());
-    for x in [src_qpn, dst_qpn, CAP, SGE, access] {
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    v.extend_from_slice(name);
-    v
-}
-
-/// `ConnectReply { ok: true }` (tag 4, ok, empty reason).
-const CONNECT_OK: [u8; 4] = [4, 1, 0, 0];
-
-/// What the hostile peer holds once attached: the control channel (one socket per QP pair),
-/// the victim's ring (mapped read-write, as the protocol has it) and its doorbell.
-struct Attached {
-    chan: OwnedFd,
-    victim_ring: *mut libc::c_void,
-    victim_fds: Vec<OwnedFd>,
-}
-
-/// Steps 1–3 of the hostile peer: probe, attach a QP of ours to the victim QP, take the
-/// victim's ring when it connects back.
-fn attach(s: &mut TcpStream) -> Attached {
-    attach_granting(s, 0)
-}
-
-/// As [`attach`], our QP granting the victim's `access` (its `Connect`'s access flags).
-fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
-    let dev_name = get(s);
-    let nonce = u64::from_le_bytes(get(s).try_into().unwrap());
-    let victim_qpn = u32::from_le_bytes(get(s).try_into().unwrap());
-    // The name our QP claims as its device's socket (the victim never dials it: it answers
-    // over our channel).
-    let my_name = format!("bx-hostile-{}", std::process::id()).into_bytes();
-    // 1. The probe, as link set-up makes it.
-    let p = dial(&dev_name);
-    let mut probe = vec![1u8];
-    probe.extend_from_slice(&nonce.to_le_bytes());
-    send_msg(p.as_raw_fd(), &probe, &[]);
-    let (reply, _) = recv_msg(p.as_raw_fd());
-    assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
-    // 2. Our Connect to the victim QP, with a ring and a doorbell of ours.
-    // SAFETY: valid name and flags.
-    let ring = unsafe {
-        libc::memfd_create(
-            c"hostile-ring".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    // SAFETY: `ring` is our memfd; eventfd has no preconditions.
-    let bell = unsafe {
-        assert_eq!(
-            libc::ftruncate(ring, ring_bytes(CAP, SGE) as libc::off_t),
-            0
-        );
-        assert_eq!(libc::fcntl(ring, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
-        libc::eventfd(0, libc::EFD_CLOEXEC)
-    };
-    let c = dial(&dev_name);
-    send_msg(
-        c.as_raw_fd(),
-        &connect_msg(0x4242, victim_qpn, &my_name, access),
-        &[ring, bell],
-    );
-    let (reply, _) = recv_msg(c.as_raw_fd());
-    assert_eq!(&reply[..2], &[4, 1], "our Connect accepted");
-    put(s, &my_name);
-    // 3. The victim connects back over our channel (one socket per QP pair, as the device
-    // does): its Connect carries its ring and doorbell.
-    let back = c.as_raw_fd();
-    let (m, fds) = recv_msg(back);
-    assert_eq!(m[0], 3, "a Connect");
-    let cap = u32::from_le_bytes(m[19..23].try_into().unwrap());
-    let sge = u32::from_le_bytes(m[23..27].try_into().unwrap());
-    assert_eq!(fds.len(), 2, "ring and doorbell");
-    send_msg(back, &CONNECT_OK, &[]);
-    let bytes = ring_bytes(cap, sge);
-    // SAFETY: maps the victim's ring, which is at least `bytes` long (its device sized it).
-    let victim_ring = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fds[0].as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(victim_ring, libc::MAP_FAILED);
-    Attached {
-        chan: c,
-        victim_ring,
-        victim_fds: fds,
-    }
-}
-
-fn child_hostile(s: &mut TcpStream) {
-    let Attached {
-        victim_ring,
-        victim_fds: fds,
-        chan: _chan, // open to the end: its close would be our death
-    } = attach(s);
+/// The hostile peer breaks the ring protocol in the way its role names: `indices` (an
+/// impossible completion producer index), `key` (a SEND descriptor naming an MR it never
+/// announced), `offset` (a staged payload starting past its staging region), `length` (a
+/// staged payload running past its end).
+fn child_hostile(s: &mut TcpStream, how: &str) {
+    let at = attach(s);
     assert_eq!(get(s), b"corrupt");
-    // 4. An impossible completion producer index, and the doorbell.
-    // SAFETY: offset 128 is inside the mapped header, 8-aligned.
-    unsafe {
-        std::ptr::write_volatile(
-            victim_ring.cast::<u8>().add(OFF_COMP_PROD).cast::<u64>(),
-            1 << 40,
-        );
-        let one = 1u64;
-        libc::write(fds[1].as_raw_fd(), (&raw const one).cast(), 8);
+    match how {
+        // SAFETY: OFF_COMP_PROD is inside the mapped header, 8-aligned.
+        "indices" => unsafe {
+            raw::put64(at.victim_ring, OFF_COMP_PROD, 1 << 40);
+            let one = 1u64;
+            libc::write(at.victim_fds[1].as_raw_fd(), (&raw const one).cast(), 8);
+        },
+        "key" => at.post_send(0, 16, raw::SRC_MR, 0xDEAD_BEEF, 0x1000),
+        "offset" => at.post_send(0, 16, raw::SRC_STAGED, 0, raw::STAGE as u64 + 64),
+        "length" => at.post_send(0, 32, raw::SRC_STAGED, 0, raw::STAGE as u64 - 16),
+        other => panic!("unknown breakage {other}"),
     }
     put(s, b"corrupted");
     assert_eq!(get(s), b"done");
     s.flush().unwrap();
+    drop(at); // open to the end: its close would be our death
 }
 
-/// Spawns the raw peer playing `role`, which probes our device with `nonce` (expected here)
-/// and attaches a QP of its own to `victim`'s QP; then `victim` connects back to the socket
-/// the peer names (it probed us: allowed). Returns the child and its control stream.
+/// Spawns the raw peer playing `role` and connects `victim` to it (default attributes).
 fn raw_peer_connected(ctx: &Context, victim: &Side, role: &str, nonce: u64) -> (Child, TcpStream) {
-    ctx.expect_probe(nonce);
-    let (child, mut s) = peer::spawn_peer("child_entry", role, T);
-    let info = ctx.device_info().to_bytes();
-    put(&mut s, &info[3 + 8..]); // the device's socket name
-    put(&mut s, &nonce.to_le_bytes());
-    put(&mut s, &victim.qp.qp_num().to_le_bytes());
-    let name = get(&mut s);
-    let mut ep = victim.qp.endpoint().to_bytes()[..31].to_vec();
-    ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
-    ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    ep.extend_from_slice(&name);
-    victim
-        .qp
-        .connect(&Endpoint::from_bytes(&ep).unwrap(), &ConnectAttr::default())
-        .unwrap_or_else(|e| panic!("victim connects to the {role} peer: {e:?}"));
-    (child, s)
+    raw::raw_peer_connected(
+        ctx,
+        victim,
+        "child_entry",
+        role,
+        nonce,
+        &ConnectAttr::default(),
+    )
 }
 
 #[test]
-fn a_raw_peer_writing_impossible_ring_indices_fails_only_its_own_qp() {
+fn a_raw_peer_writing_impossible_ring_indices_or_descriptors_fails_only_its_own_qp() {
+    if peer::peer_role().is_some() {
+        return;
+    }
+    let ctx = soft();
+    let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
+    for (i, how) in ["indices", "key", "offset", "length"]
+        .into_iter()
+        .enumerate()
+    {
+        let victim = soft_side(QpCap::default(), 4096);
+        let nonce = (0x5EED_u64 + i as u64) ^ u64::from(std::process::id());
+        let role = format!("hostile-{how}");
+        let (mut child, mut s) = raw_peer_connected(&ctx, &victim, &role, nonce);
+        victim.post_recv(1, 0, 64);
+        victim.post_recv(2, 64, 64);
+        put(&mut s, b"corrupt");
+        assert_eq!(get(&mut s), b"corrupted");
+        // The victim's receives flush: its QP failed, not the process.
+        let rx = poll_n(&victim.recv_cq, 2, T);
+        assert_eq!(
+            rx.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)],
+            "{how}"
+        );
+        assert_eq!(victim.qp.state(), QpState::Err, "{how}");
+        // Another pair of the same device delivers meanwhile.
+        for i in 0..20u64 {
+            b.post_recv(i, 0, 256);
+            a.write(0, &i.to_le_bytes());
+            a.send(i, WrOp::Send, 0, 8, true).unwrap();
+            let rx = poll_n(&b.recv_cq, 1, T);
+            assert_eq!((rx[0].wr_id, rx[0].status), (i, WcStatus::Success));
+            assert_eq!(b.read(0, 8), i.to_le_bytes());
+            assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::Success);
+        }
+        put(&mut s, b"done");
+        assert!(
+            child.wait().unwrap().success(),
+            "the hostile peer ({how}) ran to the end"
+        );
+    }
+}
+
+/// The tamperer: sends the victim a body from its staging region (as a SEND of ours would go),
+/// and once the victim's handler has it, tries to change it: rewrites its own copy, and looks
+/// for the body in every fd and mapping the victim ever gave it, writing over it wherever it
+/// can map it writable. Reports what it found.
+fn child_tamperer(s: &mut TcpStream) {
+    let at = attach(s);
+    let body = get(s);
+    let recv_key = u32::from_le_bytes(get(s).try_into().unwrap());
+    // SAFETY: the body fits our staging region, which is mapped read-write here.
+    unsafe { std::ptr::copy(body.as_ptr(), at.my_stage.cast::<u8>(), body.len()) };
+    at.post_send(0, body.len() as u32, raw::SRC_STAGED, 0, 0);
+    put(s, b"sent");
+    assert_eq!(get(s), b"tamper");
+    let mut facts = Vec::new();
+    // SAFETY: slot 0's ack word and the header's comp_cons lie inside the victim's ring.
+    let (acked, ack) = unsafe {
+        (
+            raw::get64(at.victim_ring, raw::OFF_COMP_CONS),
+            raw::get32(
+                at.victim_ring,
+                raw::comp_off(at.victim_cap, at.victim_sge, 0) + 36,
+            ),
+        )
+    };
+    facts.push(format!("acknowledged: {}", acked == 1 && ack == 0));
+    // Our own copy, changed after delivery.
+    // SAFETY: as above.
+    unsafe { std::ptr::write_bytes(at.my_stage.cast::<u8>(), b'X', body.len()) };
+    // Every announcement the victim sent: is the receive buffer's MR among them?
+    // SAFETY: OFF_ANNOUNCED is inside the mapped header, 8-aligned.
+    let n = unsafe { raw::get64(at.victim_ring, OFF_ANNOUNCED) };
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut announced_recv = false;
+    for _ in 0..n {
+        let (m, got) = recv_msg(at.chan.as_raw_fd());
+        if m[0] == 6 {
+            announced_recv |= u32::from_le_bytes(m[1..5].try_into().unwrap()) == recv_key;
+        }
+        fds.extend(got);
+    }
+    facts.push(format!("receive MR announced: {announced_recv}"));
+    // Every fd we got (regions, the victim's ring and staging region), mapped writable where
+    // it lets us: the body in any of them is overwritten.
+    let mut found_writable = false;
+    for fd in fds.iter().chain(&at.victim_fds) {
+        // SAFETY: fstat into a zeroed stat; fresh mappings of fds we hold, unmapped after.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 || st.st_size == 0 {
+                continue;
+            }
+            let len = st.st_size as usize;
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                continue;
+            }
+            let bytes = std::slice::from_raw_parts_mut(p.cast::<u8>(), len);
+            if let Some(at) = bytes.windows(body.len()).position(|w| w == body.as_slice()) {
+                found_writable = true;
+                bytes[at..at + body.len()].fill(b'X');
+            }
+            libc::munmap(p, len);
+        }
+    }
+    facts.push(format!("body found writable: {found_writable}"));
+    put(s, facts.join("\n").as_bytes());
+    assert_eq!(get(s), b"done");
+    drop(at);
+}
+
+/// FNV-1a: the handler's checksum of the body it was given.
+fn checksum(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[test]
+fn a_body_a_raw_peer_sent_cannot_change_under_the_handler_reading_it() {
     if peer::peer_role().is_some() {
         return;
     }
     let ctx = soft();
     let victim = soft_side(QpCap::default(), 4096);
-    let (a, b) = soft_pair(QpCap::default(), ConnectAttr::default());
-    let nonce = 0x5EED_u64 ^ u64::from(std::process::id());
-    let (mut child, mut s) = raw_peer_connected(&ctx, &victim, "hostile", nonce);
-    victim.post_recv(1, 0, 64);
-    victim.post_recv(2, 64, 64);
-    put(&mut s, b"corrupt");
-    assert_eq!(get(&mut s), b"corrupted");
-    // The victim's receives flush: its QP failed, not the process.
-    let rx = poll_n(&victim.recv_cq, 2, T);
+    // A receive buffer as links register them: LOCAL_WRITE only.
+    let rx_mem = victim
+        .pd
+        .alloc_shared_for(4096, Access::LOCAL_WRITE)
+        .unwrap();
+    let rx_mr = victim
+        .pd
+        .reg_shared(&rx_mem, 0, 4096, Access::LOCAL_WRITE)
+        .unwrap();
+    let nonce = 0x7A3_u64 ^ u64::from(std::process::id());
+    let (mut child, mut s) = raw_peer_connected(&ctx, &victim, "tamperer", nonce);
+    victim
+        .qp
+        .post_recv(&byteexpress_verbs::RecvWr {
+            wr_id: 9,
+            sg_list: &[byteexpress_verbs::Sge {
+                addr: rx_mr.addr(),
+                len: 4096,
+                lkey: rx_mr.lkey(),
+            }],
+        })
+        .unwrap();
+    let body = format!("request body {} 0123456789abcdef", std::process::id()).into_bytes();
+    put(&mut s, &body);
+    put(&mut s, &rx_mr.lkey().to_le_bytes());
+    assert_eq!(get(&mut s), b"sent");
+    let rx = poll_n(&victim.recv_cq, 1, T);
     assert_eq!(
-        rx.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
+        (rx[0].wr_id, rx[0].status, rx[0].byte_len as usize),
+        (9, WcStatus::Success, body.len())
     );
-    assert_eq!(victim.qp.state(), QpState::Err);
-    // Another pair of the same device delivers meanwhile.
-    for i in 0..20u64 {
-        b.post_recv(i, 0, 256);
-        a.write(0, &i.to_le_bytes());
-        a.send(i, WrOp::Send, 0, 8, true).unwrap();
-        let rx = poll_n(&b.recv_cq, 1, T);
-        assert_eq!((rx[0].wr_id, rx[0].status), (i, WcStatus::Success));
-        assert_eq!(b.read(0, 8), i.to_le_bytes());
-        assert_eq!(poll_n(&a.send_cq, 1, T)[0].status, WcStatus::Success);
-    }
+    // The handler reads the body in place and checksums it.
+    // SAFETY: the receive completed: its bytes are ours to read.
+    let got = unsafe { std::slice::from_raw_parts(rx_mem.as_ptr(), body.len()) };
+    let sum = checksum(got);
+    assert_eq!(got, body.as_slice());
+    put(&mut s, b"tamper");
+    let facts = String::from_utf8(get(&mut s)).unwrap();
+    // SAFETY: as above.
+    let again = unsafe { std::slice::from_raw_parts(rx_mem.as_ptr(), body.len()) };
+    assert_eq!(checksum(again), sum, "the body changed under the handler");
     put(&mut s, b"done");
     assert!(
         child.wait().unwrap().success(),
-        "the hostile peer ran to the end"
+        "the tamperer ran to the end"
     );
+    for want in [
+        "acknowledged: true",
+        "receive MR announced: false",
+        "body found writable: false",
+    ] {
+        assert!(
+            facts.lines().any(|l| l == want),
+            "want {want:?}; the peer saw:\n{facts}"
+        );
+    }
 }
-
-/// `announced` in a ring's header: control messages the owner sent after its `Connect`.
-const OFF_ANNOUNCED: usize = 320;
 
 /// Whether `hay` contains `needle`.
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

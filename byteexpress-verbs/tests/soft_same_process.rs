@@ -385,3 +385,24 @@ fn a_short_send_completes_and_fails_as_a_general_one() {
         eprintln!("{case}: {short:#?}");
     }
 }
+
+/// Issue 22, item 2: a send completes on the receiver's ACK, and a receiver whose application
+/// never polls still ACKs: the sender nudges, the receiver's progress thread delivers into the
+/// CQ's queue. Without that, the send would wait for a poll that never comes and fail
+/// RETRY_EXC_ERR at the retry timeout.
+#[test]
+fn a_send_to_a_receiver_that_never_polls_is_delivered_by_its_progress_thread() {
+    let (a, b) = soft_pair(QpCap::default(), fast_attr());
+    b.post_recv(1, 0, 64);
+    a.write(0, b"nobody polls here");
+    a.send(9, WrOp::Send, 0, 17, true).unwrap();
+    let tx = poll_n(&a.send_cq, 1, T);
+    assert_eq!(
+        (tx[0].wr_id, tx[0].status, tx[0].byte_len),
+        (9, WcStatus::Success, 17)
+    );
+    // Delivered before the application's first poll: the bytes are there already.
+    assert_eq!(b.read(0, 17), b"nobody polls here");
+    let rx = poll_n(&b.recv_cq, 1, T);
+    assert_eq!((rx[0].wr_id, rx[0].byte_len), (1, 17));
+}

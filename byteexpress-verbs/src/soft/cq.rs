@@ -1,10 +1,11 @@
 //! Completion queues. Each process writes only its own CQs: a CQ holds local completions (send
-//! completions, flushes) and polls the inbound completion rings of the QPs whose recv CQ it is,
-//! turning their entries into receive completions.
+//! completions, flushes), polls the inbound completion rings of the QPs whose recv CQ it is
+//! (delivering their messages: [`super::deliver`]), and reaps the ACKs of the SENDs of the QPs
+//! whose send CQ it is.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -99,9 +100,61 @@ struct Locked {
     any_srq: bool,
 }
 
+/// What a CQ needs of a QP whose send CQ it is, readable without a lock: whether the peer
+/// acknowledged what the QP's oldest executed WR waits for.
+#[derive(Debug)]
+pub(crate) struct Outbound {
+    qp: Weak<SoftQp>,
+    /// The peer's `comp_cons` value that completes the oldest executed WR (`u64::MAX`: none
+    /// waits).
+    pub(crate) wait: AtomicU64,
+    /// The peer's ring, once attached (where its `comp_cons` is).
+    pub(crate) ring: OnceLock<Ring>,
+}
+
+impl Outbound {
+    pub(crate) fn new(qp: Weak<SoftQp>) -> Outbound {
+        Outbound {
+            qp,
+            wait: AtomicU64::new(u64::MAX),
+            ring: OnceLock::new(),
+        }
+    }
+
+    /// The ACK the oldest executed WR waits for came.
+    #[inline]
+    pub(crate) fn ready(&self) -> bool {
+        let w = self.wait.load(Ordering::Acquire);
+        w != u64::MAX
+            && self
+                .ring
+                .get()
+                .is_some_and(|r| r.comp_cons().load(Ordering::Acquire) >= w)
+    }
+
+    /// Our send CQ sleeps: asks the peer to ring it when it acknowledges what we wait for.
+    /// True if that ACK already came.
+    fn arm(&self) -> bool {
+        if self.wait.load(Ordering::Acquire) == u64::MAX {
+            return false;
+        }
+        if let Some(r) = self.ring.get() {
+            r.tx_armed().store(1, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        self.ready()
+    }
+}
+
+/// The QPs whose send CQ a CQ is (their sends complete on the peer's ACK): an immutable
+/// snapshot, as for inbound rings.
+type Senders = Arc<[Arc<Outbound>]>;
+
 /// A completion queue with an eventfd as its completion channel.
 #[derive(Debug)]
 pub(crate) struct SoftCq {
+    /// QPs whose send CQ this is (a leaf lock; read once per poll, arm and spin).
+    senders: Mutex<Senders>,
     me: Weak<SoftCq>,
     efd: EventFd,
     armed: AtomicBool,
@@ -119,6 +172,7 @@ impl SoftCq {
         let efd = EventFd::new()?;
         let id = crate::events::next_object_id();
         Ok(Arc::new_cyclic(|me| SoftCq {
+            senders: Mutex::new(Arc::new([])),
             me: me.clone(),
             efd,
             armed: AtomicBool::new(false),
@@ -200,6 +254,58 @@ impl SoftCq {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
+    /// A QP whose send CQ this is.
+    pub(crate) fn attach_sender(&self, o: Arc<Outbound>) {
+        let mut s = self.senders.lock();
+        let mut v: Vec<Arc<Outbound>> = s
+            .iter()
+            .filter(|o| o.qp.strong_count() > 0)
+            .cloned()
+            .collect();
+        v.push(o);
+        *s = v.into();
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn senders(&self) -> Senders {
+        self.senders.lock().clone()
+    }
+
+    /// Completes the sends whose ACK came (outside this CQ's lock: a QP's send lock is taken
+    /// before its send CQ's).
+    fn reap_senders(&self, senders: &[Arc<Outbound>]) {
+        for o in senders.iter().filter(|o| o.ready()) {
+            if let Some(qp) = o.qp.upgrade() {
+                qp.reap();
+            }
+        }
+    }
+
+    /// The progress thread, when a peer nudges because nobody polls: delivers the messages
+    /// of this CQ's inbound rings into its queue (the application's next poll returns them)
+    /// and wakes a sleeping consumer.
+    pub(crate) fn progress(&self) {
+        let mut failed: Vec<Arc<SoftQp>> = Vec::new();
+        let mut keep = super::send::Keep::default();
+        {
+            let mut guard = self.state.lock();
+            self.prune(&mut guard);
+            let st = &mut *guard;
+            for e in st.inbound.iter().filter(|e| e.pending()) {
+                let Some(qp) = e.qp.upgrade() else { continue };
+                if qp.state() != QpState::Err && !qp.drain_into(&mut st.cq, &mut keep, true) {
+                    failed.push(qp);
+                }
+            }
+            self.queued.store(st.cq.local.len(), Ordering::Release);
+        }
+        drop(keep);
+        for qp in failed {
+            qp.fail_from_cq();
+        }
+        self.notify();
+    }
+
     /// Called from a QP's drop: its ring leaves the snapshot at the next poll (never under
     /// this CQ's lock, which a poll may hold while it drops the last handle of a QP).
     pub(crate) fn qp_dropped(&self) {
@@ -232,8 +338,10 @@ impl SoftCq {
         (st.inbound.clone(), self.generation.load(Ordering::Acquire))
     }
 
-    fn pending_in(&self, inbound: &[Arc<Inbound>]) -> bool {
-        self.queued.load(Ordering::Acquire) > 0 || inbound.iter().any(|e| e.pending())
+    fn pending_in(&self, inbound: &[Arc<Inbound>], senders: &[Arc<Outbound>]) -> bool {
+        self.queued.load(Ordering::Acquire) > 0
+            || inbound.iter().any(|e| e.pending())
+            || senders.iter().any(|o| o.ready())
     }
 }
 
@@ -246,8 +354,10 @@ fn overrun_error() -> Error {
 
 impl CqImpl for SoftCq {
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        self.reap_senders(&self.senders());
         // Allocates only when a QP fails.
         let mut failed: Vec<Arc<SoftQp>> = Vec::new();
+        let mut keep = super::send::Keep::default();
         let mut n = 0;
         for round in 0..2 {
             let srq_fed = {
@@ -259,12 +369,16 @@ impl CqImpl for SoftCq {
                         // Dropping a QP's last handle here is fine: its drop does not lock
                         // this CQ (`qp_dropped`).
                         let Some(qp) = e.qp.upgrade() else { continue };
-                        if qp.state() != QpState::Err && !qp.drain_into(&mut st.cq) {
+                        if qp.state() != QpState::Err
+                            && !qp.drain_into(&mut st.cq, &mut keep, false)
+                        {
                             failed.push(qp);
                         }
                     }
                 }
                 if st.cq.overrun {
+                    drop(guard);
+                    drop(keep);
                     return Err(overrun_error());
                 }
                 while n < out.len() {
@@ -298,20 +412,21 @@ impl CqImpl for SoftCq {
 
     fn pending(&self) -> bool {
         let (inbound, _) = self.snapshot();
-        self.pending_in(&inbound)
+        self.pending_in(&inbound, &self.senders())
     }
 
     /// Spins without a lock: the snapshot of inbound rings is read once (again only when it
     /// changed), each turn loads the local queue length and the producer index of every ring.
     fn spin(&self, budget: Duration) -> bool {
         let (mut inbound, mut generation) = self.snapshot();
+        let mut senders = self.senders();
         if budget.is_zero() {
-            return self.pending_in(&inbound);
+            return self.pending_in(&inbound, &senders);
         }
         let t0 = Instant::now();
         let mut turns: u32 = 0;
         loop {
-            if self.pending_in(&inbound) {
+            if self.pending_in(&inbound, &senders) {
                 return true;
             }
             turns = turns.wrapping_add(1);
@@ -323,6 +438,7 @@ impl CqImpl for SoftCq {
                     || self.qp_gone.load(Ordering::Relaxed)
                 {
                     (inbound, generation) = self.snapshot();
+                    senders = self.senders();
                 }
             }
             std::hint::spin_loop();
@@ -338,9 +454,18 @@ impl CqImpl for SoftCq {
         let (inbound, _) = self.snapshot();
         for e in inbound.iter() {
             e.ring.armed().store(1, Ordering::SeqCst);
+            // About to sleep: ACKs we owe a peer whose doorbell our SENDs would have rung.
+            if let Some(qp) = e.qp.upgrade() {
+                qp.ring_owed_ack();
+            }
+        }
+        let senders = self.senders();
+        let mut acked = false;
+        for o in senders.iter() {
+            acked |= o.arm();
         }
         fence(Ordering::SeqCst);
-        Ok(self.pending_in(&inbound))
+        Ok(acked || self.pending_in(&inbound, &senders))
     }
 
     fn ack_event(&self) -> Result<()> {

@@ -14,14 +14,14 @@ use rand::Rng;
 use super::cq::SoftCq;
 use super::limits;
 use super::pd::{SoftMr, SoftPd};
-use super::peer::Peer;
+use super::peer::{Peer, PeerParts};
 use super::qp::SoftQp;
 use super::ring::{Layout, Ring};
 use super::shm::{EventFd, Mapping};
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
 use super::srq::SoftSrq;
 use super::trust::Trust;
-use super::wire::{ConnectMsg, Msg};
+use super::wire::{CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg};
 use crate::events::EventHub;
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_SOFT, PdImpl};
 use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
@@ -243,8 +243,14 @@ impl SoftDevice {
     /// Runs `qp.on_timer()` on the progress thread at `at` (or soon after).
     pub(crate) fn schedule(&self, at: Instant, qp: Weak<SoftQp>) {
         let seq = self.timer_seq.fetch_add(1, Ordering::Relaxed);
-        self.timers.lock().push(Reverse(Timer { at, seq, qp }));
-        self.wake.signal();
+        let mut timers = self.timers.lock();
+        // The progress thread sleeps until the earliest timer: wake it only for an earlier one.
+        let earlier = timers.peek().is_none_or(|Reverse(t)| at < t.at);
+        timers.push(Reverse(Timer { at, seq, qp }));
+        drop(timers);
+        if earlier {
+            self.wake.signal();
+        }
     }
 
     pub(crate) fn watch(&self, w: Watch) {
@@ -513,14 +519,22 @@ impl SoftDevice {
         fds: Vec<OwnedFd>,
         sock: &Arc<Sock>,
     ) -> std::result::Result<Arc<SoftQp>, String> {
-        if !(2..=3).contains(&fds.len()) {
-            return Err("connect needs 2 or 3 fds".to_string());
+        if fds.len() != 2 + (c.flags & 7).count_ones() as usize {
+            return Err("connect: the fds do not match its flags".to_string());
         }
         let mut fds = fds.into_iter();
         let (Some(ring_fd), Some(bell_fd)) = (fds.next(), fds.next()) else {
-            return Err("connect needs 2 or 3 fds".to_string());
+            return Err("connect needs a ring and a doorbell".to_string());
         };
-        let refill_fd = fds.next();
+        let send_bell_fd = (c.flags & CONNECT_SEND_BELL != 0)
+            .then(|| fds.next())
+            .flatten();
+        let stage_fd = (c.flags & CONNECT_STAGING != 0)
+            .then(|| fds.next())
+            .flatten();
+        let refill_fd = (c.flags & CONNECT_REFILL != 0)
+            .then(|| fds.next())
+            .flatten();
         let qp = self
             .qps
             .lock()
@@ -545,13 +559,25 @@ impl SoftDevice {
             c.dst_qpn,
             c.src_dev
         );
+        let staging = match stage_fd {
+            Some(fd) if (1..=limits::MAX_STAGE).contains(&c.stage_len) => {
+                Some(Mapping::open(fd, 0, c.stage_len as usize).map_err(|e| e.to_string())?)
+            }
+            Some(_) => return Err("staging region size out of range".into()),
+            None => None,
+        };
         let refill = refill_fd.map(|fd| self.shared_refill(sock, c.src_dev, fd));
+        let parts = PeerParts {
+            doorbell: Arc::new(EventFd::from_peer(bell_fd)),
+            tx_bell: send_bell_fd.map(|fd| Arc::new(EventFd::from_peer(fd))),
+            staging,
+            refill,
+        };
         let peer = Peer::new(
             c.name,
             c.src_qpn,
             ring,
-            EventFd::from_peer(bell_fd),
-            refill,
+            parts,
             Access(c.access),
             sock.clone(),
         );

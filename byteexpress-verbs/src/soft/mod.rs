@@ -4,14 +4,19 @@
 //! - [`device`]: the one device per process (`soft0`), its abstract Unix socket, its progress
 //!   thread (listener, control channels, RNR and retry timers, peer death).
 //! - [`pd`]: PDs, shared memory (`alloc_shared`, memfd) and MRs, announced to connected peers.
-//! - [`qp`]: QP state machine, connect, receive side; [`send`]: the initiator's copy engine.
+//! - [`qp`]: QP state machine, connect; [`send`]: the initiator (WRITE/READ copy engine, SEND
+//!   descriptors); [`ack`]: completion on the peer's ACK; [`deliver`]: the receiver's copy of
+//!   a SEND; [`stage`]: the
+//!   staging region for SEND payloads a peer cannot read in place.
 //! - [`cq`]: CQs: local completions plus the inbound rings of their QPs.
 //! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
 //! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids).
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
+mod ack;
 mod cq;
+mod deliver;
 mod device;
 mod pd;
 mod peer;
@@ -21,6 +26,7 @@ mod send;
 mod shm;
 mod sock;
 mod srq;
+mod stage;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 mod timing;
@@ -42,6 +48,8 @@ pub(crate) mod limits {
     pub const MTU: u32 = 4096;
     /// Regions / MRs a peer may announce on one connection.
     pub const MAX_PEER_REGIONS: usize = 1 << 16;
+    /// Largest staging region a peer may send (bytes).
+    pub const MAX_STAGE: u32 = 16 << 20;
 }
 
 /// Opens the process's soft device (the same context every time).

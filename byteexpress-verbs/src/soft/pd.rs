@@ -137,20 +137,22 @@ impl Conn {
 /// classes, so an fd never grants more than its class (issue 22, item 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Exposure {
-    /// No flag that lets the peer touch it: never sent to a peer (its own memfd, closed once
-    /// mapped here).
+    /// No flag that lets the peer touch it (LOCAL_WRITE only, e.g. receive buffers and the
+    /// reassembly pool, or no flag at all): never sent to a peer (its own memfd, closed once
+    /// mapped here). A SEND into it is copied by this process ([`super::deliver`]); a SEND
+    /// from it is staged ([`super::stage`]).
     Local,
-    /// REMOTE_READ: passed sealed `F_SEAL_FUTURE_WRITE` as an `O_RDONLY` fd.
+    /// REMOTE_READ (the hint for send pools too, whose SENDs the peer reads in place): passed
+    /// sealed `F_SEAL_FUTURE_WRITE` as an `O_RDONLY` fd.
     ReadOnly,
-    /// REMOTE_WRITE, or LOCAL_WRITE (a receive buffer, which the peer's sender still writes
-    /// into: the SEND copy is the initiator's, DESIGN.md 3.1): passed read-write.
+    /// REMOTE_WRITE: passed read-write.
     Writable,
 }
 
 impl Exposure {
     /// The class registration with `access` needs.
     pub(crate) fn of(access: Access) -> Exposure {
-        if access.contains(Access::REMOTE_WRITE) || access.contains(Access::LOCAL_WRITE) {
+        if access.contains(Access::REMOTE_WRITE) {
             Exposure::Writable
         } else if access.contains(Access::REMOTE_READ) {
             Exposure::ReadOnly
@@ -223,8 +225,10 @@ pub(crate) struct SoftPd {
 }
 
 impl SoftPd {
-    /// Refuses receive SGEs in user memory (`reg_user`): the peer writes receives straight into
-    /// our memory through its mapping of it, which user memory does not have.
+    /// Refuses receive SGEs in user memory (`reg_user`), as `DeviceAttr::
+    /// remote_access_needs_shared` promises. Made for the initiator's copy (the peer wrote
+    /// receives through its mapping of our memory); since this process copies SENDs into its
+    /// receive buffers itself ([`super::deliver`]) it could be lifted (DESIGN.md 3.1, not built).
     #[inline]
     pub(crate) fn check_recv_sges(&self, sges: &[crate::Sge]) -> Result<()> {
         // Counted before a user MR is published, so an MR whose key the caller holds counts.
@@ -346,6 +350,8 @@ struct CachedMr {
     mr: Weak<SoftMr>,
     pd: u64,
     access: Access,
+    /// Announced to the PD's peers (they can read it in place).
+    announced: bool,
     backing: Backing,
     offset: usize,
     addr: u64,
@@ -382,16 +388,21 @@ impl MrCache {
     /// Like [`MrCache::resolve`], from the cache alone (`None` on a miss, or when the range
     /// is not inside the cached MR): takes no lock and no MR handle.
     #[inline]
-    pub(crate) fn hit(&self, key: u32, addr: u64, len: u64) -> Option<(*mut u8, u64, Access)> {
+    pub(crate) fn hit(
+        &self,
+        key: u32,
+        addr: u64,
+        len: u64,
+    ) -> Option<(*mut u8, u64, Access, bool)> {
         let e = self.slots.iter().flatten().find(|e| e.key == key)?;
         if !e.registered() {
             return None;
         }
-        Some((e.range(addr, len)?, e.pd, e.access))
+        Some((e.range(addr, len)?, e.pd, e.access, e.announced))
     }
 
     /// Where `[addr, addr + len)` lies in memory, if inside the MR with `key` registered on
-    /// `dev`, with that MR's PD id and access flags. Hits in the cache take no lock; a miss
+    /// `dev`, with that MR's PD id, access flags and whether it is announced to peers. Hits in the cache take no lock; a miss
     /// looks the key up in the device's table and hands the MR to `keep` (dropped after the
     /// caller's locks), which also keeps user memory alive during the caller's copy.
     #[inline]
@@ -402,7 +413,7 @@ impl MrCache {
         addr: u64,
         len: u64,
         keep: &mut super::send::Keep,
-    ) -> Option<(*mut u8, u64, Access)> {
+    ) -> Option<(*mut u8, u64, Access, bool)> {
         let mut hit = None;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             match slot {
@@ -412,10 +423,12 @@ impl MrCache {
             }
         }
         if let Some(e) = hit.and_then(|i| self.slots[i].as_ref()) {
-            return Some((e.range(addr, len)?, e.pd, e.access));
+            return Some((e.range(addr, len)?, e.pd, e.access, e.announced));
         }
         let mr = dev.lookup_mr(key)?;
-        let found = mr.range(addr, len).map(|p| (p, mr.pd.id, mr.access));
+        let found = mr
+            .range(addr, len)
+            .map(|p| (p, mr.pd.id, mr.access, mr.announced()));
         if !mr.is_user() {
             let i = self.next;
             self.next = (i + 1) % MR_CACHE;
@@ -424,6 +437,7 @@ impl MrCache {
                 mr: Arc::downgrade(&mr),
                 pd: mr.pd.id,
                 access: mr.access,
+                announced: mr.announced(),
                 backing: mr.backing.clone(),
                 offset: mr.offset,
                 addr: mr.addr,
@@ -463,6 +477,11 @@ impl SoftMr {
     /// True for memory the application owns (`reg_user`), which peers cannot reach.
     pub(crate) fn is_user(&self) -> bool {
         matches!(self.backing, Backing::User(_))
+    }
+
+    /// Announced to the peers of its PD ([`Conn::announce`]): they can read it in place.
+    pub(crate) fn announced(&self) -> bool {
+        !self.is_user() && self.exposure != Exposure::Local
     }
 }
 

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::limits;
 use super::ring::Ring;
 use super::shm::{EventFd, Mapping};
@@ -34,41 +36,79 @@ pub(crate) enum Fault {
     Access,
 }
 
-/// The peer of a QP (attached by the device's listener when the peer's `connect` arrives).
+/// The peer of a QP (attached by the device's listener when the peer's `connect` arrives),
+/// as the send side uses it (under the QP's send lock).
 #[derive(Debug)]
 pub(crate) struct Peer {
     pub(crate) name: Vec<u8>,
     pub(crate) qpn: u32,
     pub(crate) ring: Ring,
-    pub(crate) doorbell: EventFd,
+    /// The peer's recv CQ doorbell: rung when we publish a completion and its CQ sleeps.
+    pub(crate) doorbell: Arc<EventFd>,
     /// The peer device's refill eventfd: rung when an SRQ-fed ring of the peer runs low.
     /// One per peer process and device, shared by all our QPs attached to it (an fd per link
     /// saved, [`super::device`]).
     pub(crate) refill: Option<Arc<EventFd>>,
     /// Access the peer's QP grants us (`qp_access_flags`).
     pub(crate) access: Access,
-    chan: Arc<Sock>,
+    /// What the receive side needs of the peer too: its announced memory, staging region,
+    /// send-CQ doorbell.
+    pub(crate) shared: Arc<PeerShared>,
     /// The connecting side has its ConnectReply: the channel may carry our own Connect and
     /// announcements back (one socket per QP pair instead of two, [`super::qp`]).
     pub(crate) chan_ready: bool,
-    /// The answer to our own Connect sent back over this channel: `Some(Ok)` once the peer
-    /// attached us, `Some(Err(reason))` if it refused.
-    pub(crate) connect_answer: Option<std::result::Result<(), String>>,
+    /// Our private copies of the indices only we advance in the peer's ring.
+    pub(crate) recv_cons: u64,
+    pub(crate) comp_prod: u64,
+    /// The peer's `recv_prod` as we last read (and checked) it: read again only when the ring
+    /// looks empty, so in the steady state the line the peer writes stays in its cache.
+    pub(crate) recv_prod_seen: u64,
+    /// Completions of ours the peer acknowledged and we reaped (their slots are free again).
+    pub(crate) acked: u64,
+}
+
+/// The parts of a peer both sides of a QP use: the control channel and what arrived on it
+/// (regions, MRs: a leaf lock), the peer's staging region, its send CQ's doorbell.
+#[derive(Debug)]
+pub(crate) struct PeerShared {
+    chan: Arc<Sock>,
+    /// The peer's ring, for its `announced` counter.
+    ring: Ring,
+    /// The peer's send CQ doorbell (its recv CQ's when they are one CQ): rung when we
+    /// acknowledge its SENDs and it sleeps waiting for that.
+    pub(crate) tx_bell: Arc<EventFd>,
+    /// Whether `tx_bell` is the same eventfd as the peer's recv CQ doorbell.
+    pub(crate) tx_bell_shared: bool,
+    /// The peer's staging region, mapped read-only (inline SENDs and SENDs from memory the
+    /// peer does not announce are copied there by the peer).
+    pub(crate) staging: Option<Mapping>,
+    table: Mutex<Table>,
+}
+
+/// Announcements applied from the control channel.
+#[derive(Debug, Default)]
+struct Table {
     regions: HashMap<u64, Arc<Mapping>>,
     mrs: HashMap<u32, RemoteMr>,
     /// The MR `resolve` found last, by key (cleared whenever an announcement is applied).
     last: Option<(u32, RemoteMr)>,
-    /// Our private copies of the indices only we advance in the peer's ring.
-    pub(crate) recv_cons: u64,
-    pub(crate) comp_prod: u64,
-    /// The peer's indices as we last read (and checked) them: `recv_prod` is read again only
-    /// when the ring looks empty, `comp_cons` only when the completion ring looks full, so in
-    /// the steady state the cache lines the peer writes for them stay in its cache.
-    pub(crate) recv_prod_seen: u64,
-    pub(crate) comp_cons_seen: u64,
     /// Announcements received (compared with the peer's `announced` counter).
     applied: u64,
     eof: bool,
+    /// The answer to our own Connect sent back over this channel: `Some(Ok)` once the peer
+    /// attached us, `Some(Err(reason))` if it refused.
+    connect_answer: Option<std::result::Result<(), String>>,
+    /// The peer asked us to deliver (`Nudge`) since the last `take_nudge`.
+    nudged: bool,
+}
+
+/// How a Connect's optional parts arrived.
+#[derive(Debug)]
+pub(crate) struct PeerParts {
+    pub(crate) doorbell: Arc<EventFd>,
+    pub(crate) tx_bell: Option<Arc<EventFd>>,
+    pub(crate) staging: Option<Mapping>,
+    pub(crate) refill: Option<Arc<EventFd>>,
 }
 
 impl Peer {
@@ -76,75 +116,112 @@ impl Peer {
         name: Vec<u8>,
         qpn: u32,
         ring: Ring,
-        doorbell: EventFd,
-        refill: Option<Arc<EventFd>>,
+        parts: PeerParts,
         access: Access,
         chan: Arc<Sock>,
     ) -> Peer {
+        let shared = Arc::new(PeerShared {
+            chan,
+            ring: ring.clone(),
+            tx_bell_shared: parts.tx_bell.is_none(),
+            tx_bell: parts.tx_bell.unwrap_or_else(|| parts.doorbell.clone()),
+            staging: parts.staging,
+            table: Mutex::new(Table::default()),
+        });
         Peer {
             name,
             qpn,
             ring,
-            doorbell,
-            refill,
+            doorbell: parts.doorbell,
+            refill: parts.refill,
             access,
-            chan,
+            shared,
             chan_ready: false,
-            connect_answer: None,
-            regions: HashMap::new(),
-            mrs: HashMap::new(),
-            last: None,
             recv_cons: 0,
             comp_prod: 0,
             recv_prod_seen: 0,
-            comp_cons_seen: 0,
-            applied: 0,
-            eof: false,
+            acked: 0,
         }
     }
 
     /// The control channel the peer's announcements arrive on.
     pub(crate) fn chan(&self) -> &Arc<Sock> {
-        &self.chan
+        &self.shared.chan
     }
 
+    /// The answer to our Connect over the shared channel, once it came.
+    pub(crate) fn take_connect_answer(&self) -> Option<std::result::Result<(), String>> {
+        self.shared.table.lock().connect_answer.take()
+    }
+
+    /// See [`PeerShared::resolve`].
+    #[inline]
+    pub(crate) fn resolve(
+        &mut self,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<*mut u8, Fault> {
+        self.shared.resolve(key, addr, len, need)
+    }
+}
+
+impl PeerShared {
     /// Applies every announcement queued on the control channel. False once the channel hit EOF
     /// (the peer process or QP is gone).
-    pub(crate) fn pump(&mut self) -> bool {
-        if self.eof {
+    pub(crate) fn pump(&self) -> bool {
+        let mut t = self.table.lock();
+        self.pump_locked(&mut t)
+    }
+
+    /// Whether the peer sent a `Nudge` since the last call.
+    pub(crate) fn take_nudge(&self) -> bool {
+        std::mem::take(&mut self.table.lock().nudged)
+    }
+
+    /// Asks the peer's device to deliver what we posted even if nobody polls its CQ.
+    pub(crate) fn nudge(&self) {
+        let _ = self.chan.try_send(&Msg::Nudge.encode());
+    }
+
+    fn pump_locked(&self, t: &mut Table) -> bool {
+        if t.eof {
             return false;
         }
         let mut buf = [0u8; MAX_MSG];
         loop {
             match self.chan.recv(&mut buf, false) {
                 Ok(Recv::Msg(n, fds)) => {
-                    // The answer to our Connect over a shared channel is not an announcement
-                    // (the peer's `announced` counter does not count it).
-                    if let Some(Msg::ConnectReply { ok, reason }) =
-                        Msg::decode(&buf[..n]).filter(|_| fds.is_empty())
-                    {
-                        self.connect_answer = Some(if ok { Ok(()) } else { Err(reason) });
-                        continue;
+                    // The answer to our Connect over a shared channel and a nudge are not
+                    // announcements (the peer's `announced` counter does not count them).
+                    match Msg::decode(&buf[..n]).filter(|_| fds.is_empty()) {
+                        Some(Msg::ConnectReply { ok, reason }) => {
+                            t.connect_answer = Some(if ok { Ok(()) } else { Err(reason) });
+                            continue;
+                        }
+                        Some(Msg::Nudge) => {
+                            t.nudged = true;
+                            continue;
+                        }
+                        _ => {}
                     }
-                    self.applied += 1;
-                    self.apply(&buf[..n], fds);
+                    t.applied += 1;
+                    Self::apply(t, &buf[..n], fds);
                 }
                 Ok(Recv::Empty) => return true,
                 Ok(Recv::Eof) | Err(_) => {
-                    self.eof = true;
+                    t.eof = true;
                     return false;
                 }
             }
         }
     }
 
-    fn apply(&mut self, b: &[u8], fds: Vec<OwnedFd>) {
-        self.last = None;
+    fn apply(t: &mut Table, b: &[u8], fds: Vec<OwnedFd>) {
+        t.last = None;
         let Some(msg) = Msg::decode(b).filter(|m| m.fds() == fds.len()) else {
-            tracing::warn!(
-                "soft: malformed announcement from peer QP {:#x} ignored",
-                self.qpn
-            );
+            tracing::warn!("soft: malformed announcement from a peer ignored");
             return;
         };
         match msg {
@@ -152,13 +229,13 @@ impl Peer {
                 let Some(fd) = fds.into_iter().next() else {
                     return;
                 };
-                if self.regions.len() >= limits::MAX_PEER_REGIONS || len > limits::MAX_MR_SIZE {
+                if t.regions.len() >= limits::MAX_PEER_REGIONS || len > limits::MAX_MR_SIZE {
                     tracing::warn!("soft: peer region {id} refused (limits)");
                     return;
                 }
                 match Mapping::open(fd, offset, len as usize) {
                     Ok(m) => {
-                        self.regions.insert(id, Arc::new(m));
+                        t.regions.insert(id, Arc::new(m));
                     }
                     Err(e) => tracing::warn!("soft: peer region {id} refused: {e}"),
                 }
@@ -171,7 +248,7 @@ impl Peer {
                 addr,
                 access,
             } => {
-                let Some(map) = self.regions.get(&region) else {
+                let Some(map) = t.regions.get(&region) else {
                     tracing::warn!("soft: peer MR {key:#x} names unknown region {region}");
                     return;
                 };
@@ -179,24 +256,23 @@ impl Peer {
                     .checked_add(len)
                     .is_some_and(|e| e <= map.len() as u64)
                     && addr.checked_add(len).is_some();
-                if !fits || self.mrs.len() >= limits::MAX_PEER_REGIONS {
+                if !fits || t.mrs.len() >= limits::MAX_PEER_REGIONS {
                     tracing::warn!("soft: peer MR {key:#x} refused (range or limits)");
                     return;
                 }
-                // A read-only grant backs no MR we would write into (a receive buffer or a
-                // WRITE target): we never store through a read-only mapping.
-                if !map.writable()
-                    && Access(access).0 & (Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0) != 0
-                {
+                // A read-only grant backs no MR we would write into (a WRITE target): we
+                // never store through a read-only mapping.
+                if !map.writable() && Access(access).contains(Access::REMOTE_WRITE) {
                     tracing::warn!(
                         "soft: peer MR {key:#x} refused (writable over a read-only grant)"
                     );
                     return;
                 }
-                self.mrs.insert(
+                let region = map.clone();
+                t.mrs.insert(
                     key,
                     RemoteMr {
-                        region: map.clone(),
+                        region,
                         offset,
                         len,
                         addr,
@@ -205,7 +281,7 @@ impl Peer {
                 );
             }
             Msg::MrDel { key } => {
-                self.mrs.remove(&key);
+                t.mrs.remove(&key);
             }
             _ => tracing::warn!("soft: unexpected message on control channel ignored"),
         }
@@ -213,31 +289,33 @@ impl Peer {
 
     /// Pointer (in our mapping of the peer's memory) to the peer's `[addr, addr + len)` in its
     /// MR `key`, which must grant `need`. An unknown key, or announcements the peer sent that
-    /// we have not applied yet, first drain the control channel.
+    /// we have not applied yet, first drain the control channel. The pointer stays valid while
+    /// this `PeerShared` lives: a region, once mapped, is never unmapped before it.
     #[inline]
     pub(crate) fn resolve(
-        &mut self,
+        &self,
         key: u32,
         addr: u64,
         len: u64,
         need: Access,
     ) -> Result<*mut u8, Fault> {
+        let mut t = self.table.lock();
         if self
             .ring
             .announced()
             .load(std::sync::atomic::Ordering::Acquire)
-            != self.applied
+            != t.applied
         {
-            self.pump();
+            self.pump_locked(&mut t);
         }
-        if self.last.as_ref().is_none_or(|(k, _)| *k != key) {
-            if !self.mrs.contains_key(&key) {
-                self.pump();
+        if t.last.as_ref().is_none_or(|(k, _)| *k != key) {
+            if !t.mrs.contains_key(&key) {
+                self.pump_locked(&mut t);
             }
-            let mr = self.mrs.get(&key).ok_or(Fault::Key)?;
-            self.last = Some((key, mr.clone()));
+            let mr = t.mrs.get(&key).ok_or(Fault::Key)?.clone();
+            t.last = Some((key, mr));
         }
-        let Some((_, mr)) = &self.last else {
+        let Some((_, mr)) = &t.last else {
             return Err(Fault::Key);
         };
         if !mr.access.contains(need) {
@@ -251,5 +329,18 @@ impl Peer {
         // SAFETY: `off + len <= mr.offset + mr.len <= region.len()` (checked when the MR was
         // announced and above), so the pointer stays inside our mapping of the region.
         Ok(unsafe { mr.region.ptr().add(off) })
+    }
+
+    /// Pointer to `[off, off + len)` of the peer's staging region (mapped read-only), if the
+    /// peer sent one and the range lies inside it.
+    pub(crate) fn staged(&self, off: u64, len: u64) -> Option<*const u8> {
+        let st = self.staging.as_ref()?;
+        let end = off.checked_add(len)?;
+        if end > st.len() as u64 {
+            return None;
+        }
+        // SAFETY: `off + len <= st.len()`, checked above: inside the mapping, which lives as
+        // long as `self`.
+        Some(unsafe { st.ptr().add(off as usize) }.cast_const())
     }
 }

@@ -9,17 +9,18 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rand::Rng;
 
-use super::cq::{CqState, Inbound, SoftCq};
+use super::cq::{CqState, Inbound, Outbound, SoftCq};
+use super::deliver::{RecvSges, RecvSide};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
 use super::limits;
 use super::pd::{Conn, SoftPd};
 use super::peer::Peer;
-use super::ring::{ERR_BIT, Layout, RawSge, Ring};
-use super::send::SendSide;
+use super::ring::{ERR_BIT, Layout, Ring};
+use super::send::{Blame, Keep, SendSide};
 use super::shm::Mapping;
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
 use super::srq::SoftSrq;
-use super::wire::{ConnectMsg, Msg};
+use super::wire::{CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg};
 use crate::provider::{CqImpl, PROVIDER_IBVERBS, PROVIDER_SOFT, QpImpl};
 use crate::{
     AsyncEvent, ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode,
@@ -58,22 +59,8 @@ pub(crate) struct Posted {
     pub(crate) wr_id: u64,
     /// Bytes the SGEs hold.
     pub(crate) total: u64,
-    /// The SGEs as written to the ring (kept so an SRQ can lend the WQE again).
-    pub(crate) sges: Vec<RawSge>,
-}
-
-#[derive(Debug, Default)]
-struct RecvSide {
-    /// Posted receives not yet completed, in order.
-    shadow: VecDeque<Posted>,
-    /// WQEs produced into the ring.
-    prod: u64,
-    /// Inbound completions consumed.
-    comp_cons: u64,
-    /// The peer wrote something impossible: its ring is no longer read.
-    poisoned: bool,
-    /// Flushed (ERR): an SRQ lends nothing more to this ring.
-    closed: bool,
+    /// The SGEs: where delivery copies to (and what an SRQ lends to a ring again).
+    pub(crate) sges: RecvSges,
 }
 
 /// An RC QP.
@@ -91,8 +78,13 @@ pub(crate) struct SoftQp {
     /// Own ring region (receive WQEs out, completions in).
     pub(crate) ring: Ring,
     /// The inbound completion ring as the recv CQ watches it.
-    inbound: Arc<Inbound>,
-    recv: Mutex<RecvSide>,
+    pub(crate) inbound: Arc<Inbound>,
+    pub(crate) recv: Mutex<RecvSide>,
+    /// We acknowledged SENDs (advanced `comp_cons`) without ringing the sender's doorbell,
+    /// which is also the one our next SEND rings ([`super::deliver`]).
+    pub(crate) ack_owed: AtomicBool,
+    /// What our send CQ reads without a lock: the ACK our oldest executed WR waits for.
+    pub(crate) outbound: Arc<Outbound>,
     pub(crate) send: Mutex<SendSide>,
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
@@ -180,6 +172,7 @@ impl SoftQp {
         let dev = pd.dev.clone();
         let qpn = dev.alloc_qpn();
         let psn = rand::rng().random::<u32>() & 0xff_ffff;
+        let send = SendSide::new()?;
         let qp = Arc::new_cyclic(|me| SoftQp {
             me: me.clone(),
             dev: dev.clone(),
@@ -193,7 +186,9 @@ impl SoftQp {
             inbound: Arc::new(Inbound::new(me.clone(), ring.clone(), srq.is_some())),
             ring,
             recv: Mutex::new(RecvSide::default()),
-            send: Mutex::new(SendSide::new()),
+            ack_owed: AtomicBool::new(false),
+            outbound: Arc::new(Outbound::new(me.clone())),
+            send: Mutex::new(send),
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
             connecting: Mutex::new(()),
@@ -203,6 +198,7 @@ impl SoftQp {
         });
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
         recv_cq.attach(qp.inbound.clone());
+        qp.send_cq.attach_sender(qp.outbound.clone());
         if let Some(srq) = &srq {
             srq.attach(Arc::downgrade(&qp));
         }
@@ -236,7 +232,7 @@ impl SoftQp {
         let mut n = 0;
         while recv.shadow.len() < cap {
             let Some(p) = queue.pop_front() else { break };
-            self.ring.write_wqe(recv.prod, &p.sges);
+            self.ring.write_wqe(recv.prod, p.sges.as_slice());
             recv.prod += 1;
             recv.shadow.push_back(p);
             n += 1;
@@ -293,6 +289,8 @@ impl SoftQp {
         if send.peer.is_some() {
             return Err("QP already has a peer".into());
         }
+        let _ = self.outbound.ring.set(peer.ring.clone());
+        self.recv.lock().src = Some(peer.shared.clone());
         send.peer = Some(peer);
         drop(send);
         // Sends waiting for the peer may go now.
@@ -326,98 +324,36 @@ impl SoftQp {
 
     /// Progress thread: the inbound control channel is readable. False when it hit EOF.
     pub(crate) fn pump_inbound(&self) -> bool {
-        let alive = match self.send.lock().peer.as_mut() {
-            Some(p) => p.pump(),
-            None => false,
+        let shared = self.send.lock().peer.as_ref().map(|p| p.shared.clone());
+        let Some(shared) = shared else {
+            self.connect_answered.notify_all();
+            return false;
         };
+        let alive = shared.pump();
+        // `connect` holds the send lock from reading the answer until it waits: taking that
+        // lock once after the pump means a `connect` that read no answer is waiting by now, so
+        // the notification below reaches it (none is lost between its check and its wait).
+        drop(self.send.lock());
         self.connect_answered.notify_all();
+        if shared.take_nudge() {
+            // The peer's SEND waits for our ACK and nobody polls: deliver now.
+            self.recv_cq.progress();
+        }
         alive
     }
 
     // ---- receive side ----
 
-    /// Moves inbound completions into `cq` (the recv CQ's locked state), validating every index
-    /// and length the peer wrote. False when the QP must fail: the peer wrote something
-    /// impossible (the ring is then no longer trusted) or an error completion.
-    pub(crate) fn drain_into(&self, cq: &mut CqState) -> bool {
+    /// Moves inbound messages into `cq` (the recv CQ's locked state): see
+    /// [`SoftQp::drain_locked`].
+    pub(crate) fn drain_into(&self, cq: &mut CqState, keep: &mut Keep, ring_now: bool) -> bool {
         let mut recv = self.recv.lock();
-        self.drain_locked(&mut recv, cq)
+        self.drain_locked(&mut recv, cq, keep, ring_now)
     }
 
-    fn drain_locked(&self, recv: &mut RecvSide, cq: &mut CqState) -> bool {
-        if recv.poisoned {
-            return true;
-        }
-        let prod = self.ring.comp_prod().load(Ordering::Acquire);
-        if prod == recv.comp_cons {
-            return true;
-        }
-        // That the peer claimed each WQE it completes is checked per entry (its tag), not by
-        // reading `recv_cons`: that line stays with the peer, whose claims are then cheap.
-        let outstanding = recv.shadow.len() as u64;
-        if prod < recv.comp_cons || prod - recv.comp_cons > outstanding {
-            tracing::warn!(
-                "soft QP {:#x}: peer wrote impossible ring indices",
-                self.qpn
-            );
-            recv.poisoned = true;
-            return false;
-        }
-        let mut ok = true;
-        while recv.comp_cons < prod {
-            let Some(c) = self.ring.read_comp(recv.comp_cons) else {
-                recv.poisoned = true;
-                return false;
-            };
-            let total = recv.shadow.front().map_or(0, |p| p.total);
-            let opcode = match c.opcode {
-                x if x == WcOpcode::Recv as u32 && c.byte_len as u64 <= total => WcOpcode::Recv,
-                x if x == WcOpcode::RecvRdmaWithImm as u32 && c.imm.is_some() => {
-                    WcOpcode::RecvRdmaWithImm
-                }
-                _ => {
-                    recv.poisoned = true;
-                    return false;
-                }
-            };
-            let status = match c.status {
-                0 => WcStatus::Success,
-                1 => WcStatus::LocLenErr,
-                4 => WcStatus::LocProtErr,
-                _ => {
-                    recv.poisoned = true;
-                    return false;
-                }
-            };
-            let posted = recv
-                .shadow
-                .pop_front()
-                .expect("checked against outstanding");
-            if let Some(srq) = &self.srq {
-                srq.consumed(1);
-            }
-            let success = status == WcStatus::Success;
-            cq.push(Wc {
-                wr_id: posted.wr_id,
-                status,
-                opcode,
-                byte_len: if success { c.byte_len } else { 0 },
-                imm: if success { c.imm } else { None },
-                qp_num: self.qpn,
-            });
-            recv.comp_cons += 1;
-            if !success {
-                ok = false;
-                break;
-            }
-        }
-        self.ring
-            .comp_cons()
-            .store(recv.comp_cons, Ordering::Release);
-        self.inbound
-            .consumed
-            .store(recv.comp_cons, Ordering::Release);
-        ok
+    /// The peer's shared parts, once attached.
+    pub(crate) fn recv_src(&self) -> Option<Arc<super::peer::PeerShared>> {
+        self.recv.lock().src.clone()
     }
 
     /// Stops the peer from claiming more receive WQEs, waits briefly for those it claimed,
@@ -433,9 +369,10 @@ impl SoftQp {
         {
             std::thread::yield_now();
         }
+        let mut keep = Keep::default();
         let back = self.recv_cq.with(|cq| {
             let mut recv = self.recv.lock();
-            self.drain_locked(&mut recv, cq);
+            self.drain_locked(&mut recv, cq, &mut keep, true);
             recv.closed = true;
             let mut back = Vec::new();
             match &self.srq {
@@ -460,21 +397,39 @@ impl SoftQp {
             recv.comp_cons = self.ring.comp_prod().load(Ordering::Acquire);
             back
         });
+        drop(keep);
         if let Some(srq) = &self.srq {
             srq.give_back(back);
             srq.refill_all();
         }
     }
 
-    /// Moves the QP to ERR: `first` (if any) completes the oldest send WR with that status,
-    /// every other outstanding WR is flushed, sends first, then receives.
-    pub(crate) fn fail_locked(&self, send: &mut SendSide, first: Option<WcStatus>) {
+    /// Moves the QP to ERR: `first` (if any) completes the WR `blame` names with that status,
+    /// every other outstanding WR is flushed, in order (executed ones awaiting their ACK,
+    /// then queued ones), sends first, then receives.
+    pub(crate) fn fail_locked(&self, send: &mut SendSide, first: Option<WcStatus>, blame: Blame) {
         let was = self.set_state(QpState::Err);
+        let flights = std::mem::take(&mut send.inflight);
         let jobs = std::mem::take(&mut send.pending);
+        send.stage.release_all();
+        send.deferred = None;
+        self.outbound.wait.store(u64::MAX, Ordering::Release);
         let mut first = first;
+        let mut oldest = if blame == Blame::Oldest {
+            first.take()
+        } else {
+            None
+        };
         self.send_cq.with(|cq| {
+            for (wr_id, opcode) in flights.iter().map(|f| f.id()) {
+                let st = oldest.take().unwrap_or(WcStatus::WrFlushErr);
+                cq.push(self.wc(wr_id, st, opcode));
+            }
             for j in jobs {
-                let st = first.take().unwrap_or(WcStatus::WrFlushErr);
+                let st = oldest
+                    .take()
+                    .or_else(|| first.take())
+                    .unwrap_or(WcStatus::WrFlushErr);
                 cq.push(self.wc(j.wr_id, st, j.opcode()));
             }
         });
@@ -491,7 +446,7 @@ impl SoftQp {
     pub(crate) fn fail_from_cq(&self) {
         let mut send = self.send.lock();
         let fatal = self.recv.lock().poisoned && self.state() != QpState::Err;
-        self.fail_locked(&mut send, None);
+        self.fail_locked(&mut send, None, Blame::Oldest);
         if fatal {
             self.dev
                 .events
@@ -519,6 +474,8 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         // The peer may claim no more receive WQEs; its sends time out once our channels close.
         let old = self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
+        // Our send CQ waits for nothing of ours any more.
+        self.outbound.wait.store(u64::MAX, Ordering::Release);
         if let Some(srq) = &self.srq {
             // Claimed WQEs were consumed (their completions die with the QP); the others go
             // back to the SRQ.
@@ -634,6 +591,21 @@ impl QpImpl for SoftQp {
                 Arc::new(s)
             }
         };
+        // The send CQ's doorbell goes too when it is another CQ (the peer rings it with its
+        // ACKs); a QP on one CQ (a link) sends none, so its peer keeps no fd for it. The
+        // refill eventfd only serves a ring fed by an SRQ (its low water set).
+        let send_bell = !Arc::ptr_eq(&self.send_cq, &self.recv_cq);
+        let stage_arena = self.send.lock().stage.arena().cloned();
+        let mut flags = 0;
+        if send_bell {
+            flags |= CONNECT_SEND_BELL;
+        }
+        if stage_arena.is_some() {
+            flags |= CONNECT_STAGING;
+        }
+        if self.srq.is_some() {
+            flags |= CONNECT_REFILL;
+        }
         let hello = Msg::Connect(ConnectMsg {
             src_dev: self.dev.dev_id,
             src_qpn: self.qpn,
@@ -641,22 +613,39 @@ impl QpImpl for SoftQp {
             ring_cap: self.ring.layout().cap,
             ring_sge: self.ring.layout().max_sge,
             access: attr.access.0,
+            flags,
+            stage_len: super::stage::STAGE_BYTES as u32,
             name: self.dev.sock_name.clone(),
         });
         let ring_fd = self.ring.mapping().fd().ok_or_else(|| {
             Error::InvalidState("the QP's ring was already passed to a peer".into())
         })?;
-        // The refill eventfd only serves a ring fed by an SRQ (its low water set): a QP
-        // without one sends none, so its peer keeps no fd for it.
-        let ring_and_bell = [ring_fd, self.recv_cq.doorbell_fd()];
-        let with_refill = [ring_fd, self.recv_cq.doorbell_fd(), self.dev.wake_fd()];
-        let fds: &[std::os::fd::RawFd] = if self.srq.is_some() {
-            &with_refill
-        } else {
-            &ring_and_bell
+        let send_with = |stage_fd: Option<std::os::fd::RawFd>| {
+            let mut fds = Vec::with_capacity(5);
+            fds.extend([ring_fd, self.recv_cq.doorbell_fd()]);
+            if send_bell {
+                fds.push(self.send_cq.doorbell_fd());
+            }
+            fds.extend(stage_fd);
+            if self.srq.is_some() {
+                fds.push(self.dev.wake_fd());
+            }
+            sock.send(&hello.encode(), &fds)
         };
-        sock.send(&hello.encode(), fds)
-            .map_err(|e| peer_err("connect to", &e))?;
+        let sent = match &stage_arena {
+            // The staging region goes sealed against writes, as an `O_RDONLY` fd.
+            Some(a) => match a.pass(|fd| send_with(Some(fd))) {
+                Some(Ok(r)) => r,
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(Error::InvalidState(
+                        "the QP's staging region was already passed to a peer".into(),
+                    ));
+                }
+            },
+            None => send_with(None),
+        };
+        sent.map_err(|e| peer_err("connect to", &e))?;
         let mut buf = [0u8; MAX_MSG];
         let reply = if reused {
             // The message holds its own reference to the ring's memfd until the peer takes it.
@@ -665,7 +654,7 @@ impl QpImpl for SoftQp {
             let deadline = Instant::now() + CONTROL_TIMEOUT;
             let mut send = self.send.lock();
             loop {
-                match send.peer.as_mut().map(|p| p.connect_answer.take()) {
+                match send.peer.as_ref().map(|p| p.take_connect_answer()) {
                     Some(Some(Ok(()))) => break,
                     Some(Some(Err(reason))) => return Err(peer_err("refused by", &reason)),
                     None => return Err(peer_err("no reply from", &"peer gone")),
@@ -730,6 +719,8 @@ impl QpImpl for SoftQp {
             }
         }
         *self.out.lock() = Some(conn);
+        // The peer mapped the staging region: its memfd costs no fd from here on.
+        self.send.lock().stage.passed();
         self.pd.qp_connected();
         if !reused {
             self.dev.watch(Watch::Outbound {
@@ -762,7 +753,7 @@ impl QpImpl for SoftQp {
 
     fn to_err(&self) -> Result<()> {
         let mut send = self.send.lock();
-        self.fail_locked(&mut send, None);
+        self.fail_locked(&mut send, None, Blame::Oldest);
         Ok(())
     }
 
@@ -847,8 +838,7 @@ impl QpImpl for SoftQp {
         recv.shadow.push_back(Posted {
             wr_id: wr.wr_id,
             total: wr.sg_list.iter().map(|s| u64::from(s.len)).sum(),
-            // Only WQEs an SRQ lends are written to a ring again.
-            sges: Vec::new(),
+            sges: RecvSges::of(wr.sg_list),
         });
         Ok(())
     }

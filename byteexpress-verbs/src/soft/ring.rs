@@ -1,6 +1,7 @@
 //! The per-QP ring region in shared memory: the owner's receive ring (WQEs produced by the owner
-//! in `post_recv`, consumed by the peer's sender) and the inbound completion ring (entries
-//! produced by the peer's sender, consumed by the owner's CQ).
+//! in `post_recv`, claimed by the peer's sender) and the inbound completion ring (descriptors
+//! produced by the peer's sender, consumed by the owner's CQ, which copies a SEND's payload
+//! itself and then acknowledges it by advancing `comp_cons`: [`super::deliver`]).
 //!
 //! Layout (bytes; every index is a free-running u64 counter, slot = counter % cap):
 //!
@@ -13,8 +14,18 @@
 //! | 256 | `armed` u32: owner's CQ sleeps, ring the doorbell | owner sets, peer clears |
 //! | 320 | `announced`: control messages the owner sent after `Connect` | owner (Release) |
 //! | 384 | `low_water`: 0, or (ring fed by an SRQ) the count of unclaimed WQEs at or below which the peer rings the owner's refill eventfd | owner, at creation |
-//! | 512 | `cap` receive WQEs of `16 + 16·max_sge` bytes: `num_sge u32, pad`, then `addr u64, len u32, lkey u32` per SGE | owner |
-//! | … | `cap` completions of 32 bytes: `opcode u32, status u32, byte_len u32, has_imm u32, imm u32, pad u32, tag u64` (tag = the completion's counter + 1: it completes the receive WQE of that counter, which the peer claimed) | peer |
+//! | 448 | `tx_armed` u32: the peer's send CQ sleeps with sends awaiting acknowledgement: ring its send-CQ doorbell when `comp_cons` advances | peer sets, owner clears |
+//! | 512 | `cap` receive WQEs of `16 + 16·max_sge` bytes: `num_sge u32, pad`, then `addr u64, len u32, lkey u32` per SGE (the peer only counts them: the owner delivers into its own private record of each WQE) | owner |
+//! | … | `cap` completion slots of 64 bytes (below) | peer, except `ack` |
+//!
+//! A completion slot (the descriptor of one inbound message): `opcode u32` (RECV for a SEND,
+//! RECV_RDMA_WITH_IMM for a WRITE_WITH_IMM), `status u32` (0), `byte_len u32`, `has_imm u32`,
+//! `imm u32`, `src u32` (where a SEND's payload lies: 1 = in the peer's MR `key` at the peer's
+//! address `addr`, 2 = at offset `addr` of the peer's staging region, 0 = nowhere: a
+//! WRITE_WITH_IMM's data is already in place), `tag u64` (the completion's counter + 1: it
+//! completes the receive WQE of that counter, which the peer claimed), `key u32`, `ack u32`
+//! (written by the owner before it advances `comp_cons` past the slot: 0, or the status the
+//! peer's send completes with), `addr u64`, 16 bytes of padding.
 //!
 //! Both sides validate every value the other side wrote before using it.
 
@@ -30,10 +41,11 @@ const OFF_COMP_CONS: usize = 192;
 const OFF_ARMED: usize = 256;
 const OFF_ANNOUNCED: usize = 320;
 const OFF_LOW_WATER: usize = 384;
+const OFF_TX_ARMED: usize = 448;
 const HDR: usize = 512;
 const WQE_HDR: usize = 16;
 const SGE: usize = 16;
-const COMP: usize = 32;
+const COMP: usize = 64;
 
 /// Bit 63 of `recv_cons`: the owner's QP is in ERR; the peer may claim no more WQEs.
 pub(crate) const ERR_BIT: u64 = 1 << 63;
@@ -46,28 +58,25 @@ pub(crate) struct RawSge {
     pub key: u32,
 }
 
-impl RawSge {
-    /// A receive WR's SGEs as ring entries, and their total length in bytes.
-    pub(crate) fn from_sges(sg_list: &[crate::Sge]) -> (Vec<RawSge>, u64) {
-        let raw = sg_list
-            .iter()
-            .map(|s| RawSge {
-                addr: s.addr,
-                len: s.len,
-                key: s.lkey,
-            })
-            .collect();
-        (raw, sg_list.iter().map(|s| u64::from(s.len)).sum())
-    }
+/// Where the payload of an inbound message lies (a completion slot's `src`, `key`, `addr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Src {
+    /// Already in place (WRITE_WITH_IMM: the initiator wrote it into REMOTE_WRITE memory).
+    Placed,
+    /// In the sender's MR `key`, at the sender's virtual address `addr`.
+    Mr { key: u32, addr: u64 },
+    /// At offset `off` of the sender's staging region.
+    Staged { off: u64 },
 }
 
-/// An inbound completion entry as stored in the ring.
+/// An inbound completion entry (a message's descriptor) as stored in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RawComp {
     pub opcode: u32,
     pub status: u32,
     pub byte_len: u32,
     pub imm: Option<u32>,
+    pub src: Src,
 }
 
 /// Ring geometry.
@@ -238,6 +247,19 @@ impl Ring {
         self.w64(OFF_LOW_WATER)
     }
 
+    /// The peer's send CQ sleeps waiting for `comp_cons` to move (see the layout).
+    #[inline]
+    pub(crate) fn tx_armed(&self) -> &AtomicU32 {
+        self.w32(OFF_TX_ARMED)
+    }
+
+    /// The `ack` word of completion slot `seq`: written by the owner before `comp_cons` passes
+    /// `seq`, read by the peer after it saw that.
+    #[inline]
+    pub(crate) fn comp_ack(&self, seq: u64) -> &AtomicU32 {
+        self.w32(self.comp_off(seq) + 36)
+    }
+
     /// Owner: stores WQE `seq` (published by a later Release store of `recv_prod`).
     pub(crate) fn write_wqe(&self, seq: u64, sges: &[RawSge]) {
         self.write_wqe_from(seq, sges.iter().copied());
@@ -269,9 +291,10 @@ impl Ring {
         }
     }
 
-    /// Peer: reads WQE `seq`, handing its SGEs to `out`; returns their count, `None` (and
-    /// nothing handed) when it exceeds the layout.
-    #[inline]
+    /// Reads WQE `seq`, handing its SGEs to `out`; returns their count, `None` (and nothing
+    /// handed) when it exceeds the layout. Only tests read WQEs back: the peer's sender only
+    /// counts them, and the owner delivers into its private record of each.
+    #[cfg(test)]
     pub(crate) fn read_wqe(&self, seq: u64, mut out: impl FnMut(RawSge)) -> Option<usize> {
         let off = self.wqe_off(seq);
         let n = self.w32(off).load(Ordering::Relaxed);
@@ -303,8 +326,17 @@ impl Ring {
             .store(c.imm.is_some() as u32, Ordering::Relaxed);
         self.w32(off + 16)
             .store(c.imm.unwrap_or(0), Ordering::Relaxed);
+        let (src, key, addr) = match c.src {
+            Src::Placed => (0, 0, 0),
+            Src::Mr { key, addr } => (1, key, addr),
+            Src::Staged { off } => (2, 0, off),
+        };
+        self.w32(off + 20).store(src, Ordering::Relaxed);
         self.w64(off + 24)
             .store(seq.wrapping_add(1), Ordering::Relaxed);
+        self.w32(off + 32).store(key, Ordering::Relaxed);
+        self.w32(off + 36).store(0, Ordering::Relaxed);
+        self.w64(off + 40).store(addr, Ordering::Relaxed);
     }
 
     /// The tag word of completion `seq` (see the layout).
@@ -313,8 +345,9 @@ impl Ring {
         self.w64(self.comp_off(seq) + 24)
     }
 
-    /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1 or its tag
-    /// does not name `seq` (the peer did not write this completion for the WQE it claimed).
+    /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1, its `src`
+    /// is unknown, or its tag does not name `seq` (the peer did not write this completion for
+    /// the WQE it claimed).
     #[inline]
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
         let off = self.comp_off(seq);
@@ -330,6 +363,17 @@ impl Ring {
             imm: match has_imm {
                 0 => None,
                 1 => Some(imm),
+                _ => return None,
+            },
+            src: match self.w32(off + 20).load(Ordering::Relaxed) {
+                0 => Src::Placed,
+                1 => Src::Mr {
+                    key: self.w32(off + 32).load(Ordering::Relaxed),
+                    addr: self.w64(off + 40).load(Ordering::Relaxed),
+                },
+                2 => Src::Staged {
+                    off: self.w64(off + 40).load(Ordering::Relaxed),
+                },
                 _ => return None,
             },
         })
@@ -376,6 +420,11 @@ mod tests {
                 status: 0,
                 byte_len: seq as u32,
                 imm: Some(5),
+                src: if seq % 2 == 0 {
+                    Src::Mr { key: 9, addr: seq }
+                } else {
+                    Src::Staged { off: seq * 3 }
+                },
             };
             ring.write_comp(seq, c);
             assert_eq!(ring.read_comp(seq), Some(c));

@@ -1,25 +1,35 @@
-//! The initiator's side of a soft QP: post_send, the copy engine (exactly one copy, from local
-//! registered memory straight into the peer's mapped memory or back for READ), in-order
-//! execution, RNR and transport-retry timers.
+//! The initiator's side of a soft QP: post_send, the copy engine for RDMA WRITE / READ (one
+//! copy, from local registered memory straight into the peer's mapped REMOTE_WRITE memory or
+//! back for READ), SEND descriptors (the receiver copies: [`super::deliver`]), in-order
+//! execution, RNR and transport-retry timers. Completion on the peer's ACK: [`super::ack`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
+use super::ack::Flight;
 use super::pd::{MrCache, SoftMr};
 use super::peer::Peer;
 use super::qp::SoftQp;
-use super::ring::{ERR_BIT, RawComp, RawSge};
+use super::ring::{ERR_BIT, RawComp, Src};
+use super::stage::{Staged, Staging};
 use super::timing::{ack_timeout, give_up_after, rnr_delay};
 use crate::provider::QpImpl;
 use crate::wr::{MAX_MSG_LEN, check_send, wc_opcode};
-use crate::{
-    Access, ConnectAttr, Error, QpState, Result, SendWr, Sge, Wc, WcOpcode, WcStatus, WrOp,
-};
+use crate::{Access, ConnectAttr, Error, QpState, Result, SendWr, Sge, WcOpcode, WcStatus, WrOp};
 
 /// Retry period when the ACK timeout is infinite (code 0).
 const IDLE_RETRY: Duration = Duration::from_millis(10);
+
+/// Which outstanding WR a failure's status goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blame {
+    /// The oldest outstanding WR (awaiting its ACK, or queued).
+    Oldest,
+    /// The first queued WR (it failed executing): the executed ones before it are flushed.
+    Queued,
+}
 
 /// A posted send WR waiting to execute (RNR, peer not ready) or about to.
 #[derive(Debug)]
@@ -61,25 +71,50 @@ pub(crate) struct SendSide {
     pub(crate) peer: Option<Peer>,
     /// Local MRs the last sends used.
     mrs: MrCache,
+    /// Executed WRs not yet completed, in order (before every WR of `pending`).
+    pub(crate) inflight: VecDeque<Flight>,
+    /// Where payloads the peer cannot read in place are staged.
+    pub(crate) stage: Staging,
+    /// The ACK timer runs (while SENDs await ACKs): when it fires next.
+    pub(crate) tx_timer: Option<Instant>,
+    /// The oldest SEND awaiting its ACK as the timer last saw it: its slot, since when, and
+    /// whether the peer was nudged for it.
+    pub(crate) tx_since: Option<(u64, Instant, bool)>,
+    /// The first queued WR failed with this status while executed WRs before it still wait
+    /// for their ACKs: it completes (and the QP fails) once they did.
+    pub(crate) deferred: Option<WcStatus>,
 }
 
 impl SendSide {
-    pub(crate) fn new() -> SendSide {
-        SendSide {
+    pub(crate) fn new() -> Result<SendSide> {
+        Ok(SendSide {
             pending: VecDeque::new(),
             attr: ConnectAttr::default(),
             remote: None,
             dead_deadline: None,
             peer: None,
             mrs: MrCache::default(),
-        }
+            inflight: VecDeque::new(),
+            stage: Staging::new()?,
+            tx_timer: None,
+            tx_since: None,
+            deferred: None,
+        })
     }
 }
 
 /// Result of one attempt at the head WR.
-enum Outcome {
+pub(crate) enum Outcome {
     /// Done; bytes moved.
     Done(u64),
+    /// Executed; complete once the peer acknowledges completion slot `seq`.
+    Posted {
+        len: u64,
+        seq: u64,
+        stage_end: Option<u64>,
+    },
+    /// The completion ring or the staging region is full of unacknowledged messages.
+    Busy,
     /// The peer has no receive posted.
     Rnr,
     /// The peer does not answer (not attached, in ERR, or dead): transport retry.
@@ -88,11 +123,11 @@ enum Outcome {
     Fail(WcStatus),
 }
 
-type Seg = (*mut u8, usize);
+pub(crate) type Seg = (*mut u8, usize);
 
 /// A short list: the first [`FEW`] items on the stack, more (a WR with several SGEs) on the
 /// heap. Callers bound the length by SGE counts checked against the device limits.
-struct Few<T> {
+pub(crate) struct Few<T> {
     few: [T; FEW],
     n: usize,
     more: Vec<T>,
@@ -111,7 +146,7 @@ impl<T: Copy> Few<T> {
     }
 
     #[inline]
-    fn push(&mut self, v: T) {
+    pub(crate) fn push(&mut self, v: T) {
         if self.more.is_empty()
             && let Some(slot) = self.few.get_mut(self.n)
         {
@@ -126,7 +161,7 @@ impl<T: Copy> Few<T> {
     }
 
     #[inline]
-    fn as_slice(&self) -> &[T] {
+    pub(crate) fn as_slice(&self) -> &[T] {
         if self.more.is_empty() {
             &self.few[..self.n]
         } else {
@@ -136,10 +171,10 @@ impl<T: Copy> Few<T> {
 }
 
 /// Segments of a WR.
-type Segs = Few<Seg>;
+pub(crate) type Segs = Few<Seg>;
 
 #[inline]
-fn segs() -> Segs {
+pub(crate) fn segs() -> Segs {
     Few::new((std::ptr::null_mut(), 0))
 }
 
@@ -181,7 +216,7 @@ impl Keep {
 /// # Safety
 /// Every `(ptr, len)` of `src` must be valid for reads and every one of `dst` for writes of
 /// `len` bytes for the whole call. They may overlap (memmove semantics).
-unsafe fn scatter_gather(src: &[Seg], dst: &[Seg]) {
+pub(crate) unsafe fn scatter_gather(src: &[Seg], dst: &[Seg]) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
@@ -241,8 +276,12 @@ impl SoftQp {
                     .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.op)));
                 return Ok(());
             }
-            if send.pending.len() >= self.cap.max_send_wr as usize {
-                return Err(Error::QueueFull("send queue (max_send_wr) full"));
+            if send.pending.len() + send.inflight.len() >= self.cap.max_send_wr as usize {
+                // Completed WRs free their slots: reap the ACKs that came.
+                self.reap_locked(send);
+                if send.pending.len() + send.inflight.len() >= self.cap.max_send_wr as usize {
+                    return Err(Error::QueueFull("send queue (max_send_wr) full"));
+                }
             }
             // Nothing queued before it (state RTS: post_send refuses SQD and the state does not
             // change under the send lock): execute it now, without building a job. Only a WR
@@ -253,7 +292,7 @@ impl SoftQp {
                 } else {
                     Local::Sges(wr.sg_list)
                 };
-                self.execute(wr.op, local, &mut send.peer, &mut send.mrs, &mut keep)
+                self.execute(wr.op, local, send, &mut keep)
             });
             self.settle(send, wr, inline.as_slice(), attempt, &mut keep);
         }
@@ -273,13 +312,8 @@ impl SoftQp {
         keep: &mut Keep,
     ) {
         match attempt {
-            Some(Outcome::Done(len)) => {
-                if wr.signaled {
-                    self.send_cq.push(Wc {
-                        byte_len: len as u32,
-                        ..self.wc(wr.wr_id, WcStatus::Success, wc_opcode(wr.op))
-                    });
-                }
+            Some(done @ (Outcome::Done(_) | Outcome::Posted { .. })) => {
+                self.executed(send, wr.wr_id, wc_opcode(wr.op), wr.signaled, done);
             }
             attempt => {
                 let rnr_retry = send.attr.rnr_retry;
@@ -300,8 +334,8 @@ impl SoftQp {
                 match attempt {
                     // It failed, side effects done (an error completion for the peer):
                     // as `run_pending` would, without executing it again.
-                    Some(Outcome::Fail(st)) => self.fail_locked(send, Some(st)),
-                    // RNR or no answer, nothing happened: the queue takes it from here.
+                    Some(Outcome::Fail(st)) => self.fail_queued(send, st),
+                    // RNR, busy or no answer, nothing happened: the queue takes it from here.
                     Some(_) => self.run_pending(send, keep),
                     None if send.pending.len() == 1 => self.run_pending(send, keep),
                     None => {}
@@ -337,7 +371,7 @@ impl SoftQp {
         let mut guard = self.send.lock();
         let send = &mut *guard;
         if !send.pending.is_empty()
-            || self.cap.max_send_wr == 0
+            || send.inflight.len() >= self.cap.max_send_wr as usize
             || self.state() != QpState::Rts
             || self.peer_dead.load(Ordering::SeqCst)
         {
@@ -345,17 +379,26 @@ impl SoftQp {
         }
         // Inline data may lie in any MR of the device; SGEs need one of this PD (a SEND's
         // local buffer needs no access flag).
-        let Some((p, pd, _)) = send.mrs.hit(s.lkey, s.addr, len) else {
+        let Some((p, pd, _, announced)) = send.mrs.hit(s.lkey, s.addr, len) else {
             return false;
         };
         if !wr.inline && pd != self.pd.id {
             return false;
         }
-        let Some(peer) = send.peer.as_mut() else {
+        let SendSide { peer, stage, .. } = send;
+        let Some(peer) = peer.as_mut() else {
             return false;
         };
         let seg = [(p, s.len as usize)];
-        let outcome = self.deliver(peer, &seg, len, imm, None);
+        let from = if announced && !wr.inline {
+            From::InPlace(Src::Mr {
+                key: s.lkey,
+                addr: s.addr,
+            })
+        } else {
+            From::Stage(&seg)
+        };
+        let outcome = self.deliver(peer, stage, What::Send(from), len, imm);
         // Under the send lock, as every completion of the QP's sends: they stay in order.
         let mut keep = Keep::default();
         self.settle(send, wr, &seg, Some(outcome), &mut keep);
@@ -377,7 +420,7 @@ impl SoftQp {
         for s in sges.iter().filter(|s| s.len > 0) {
             let len = u64::from(s.len);
             let p = match mrs.resolve(&self.dev, s.lkey, s.addr, len, keep) {
-                Some((p, _, _)) => Some(p),
+                Some((p, _, _, _)) => Some(p),
                 None => {
                     // Every handle the scan takes goes to `keep`, dropped after all locks: if
                     // its owner deregisters meanwhile, ours is the last handle, and the MR's
@@ -405,17 +448,25 @@ impl SoftQp {
         Ok(())
     }
 
-    /// Progress thread: an RNR or retry timer expired, a peer attached or died.
+    /// Progress thread: an RNR, retry or ACK timer expired, a peer attached or died.
     pub(crate) fn on_timer(&self) {
         let mut keep = Keep::default();
         {
             let mut send = self.send.lock();
             if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
+                send.tx_timer = None;
                 return;
             }
             if send.dead_deadline.is_some_and(|d| Instant::now() >= d) {
-                let first = (!send.pending.is_empty()).then_some(WcStatus::RetryExcErr);
-                self.fail_locked(&mut send, first);
+                let first = (!send.pending.is_empty() || !send.inflight.is_empty())
+                    .then_some(WcStatus::RetryExcErr);
+                self.fail_locked(&mut send, first, Blame::Oldest);
+                return;
+            }
+            self.reap_locked(&mut send);
+            // Only the ACK timer's own expiry checks ACKs (other timers run this too): one
+            // ACK timer per QP.
+            if send.tx_timer.is_some_and(|at| Instant::now() >= at) && !self.check_acks(&mut send) {
                 return;
             }
             self.run_pending(&mut send, &mut keep);
@@ -427,35 +478,51 @@ impl SoftQp {
     /// still execute (the send queue drains); once none is left, SQ_DRAINED is raised.
     pub(crate) fn run_pending(&self, send: &mut SendSide, keep: &mut Keep) {
         let attr = send.attr;
+        if let Some(st) = send.deferred {
+            if send.inflight.is_empty() {
+                self.fail_locked(send, Some(st), Blame::Queued);
+            }
+            return;
+        }
         loop {
             if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
                 return;
             }
             let Some(job) = send.pending.front_mut() else {
-                self.note_drained(send);
+                if send.inflight.is_empty() {
+                    self.note_drained(send);
+                }
                 return;
             };
             if let Some(at) = job.next_try.filter(|&at| at > Instant::now()) {
                 self.dev.schedule(at, self.me.clone());
                 return;
             }
+            let (op, inline, sges) = (job.op, job.inline.take(), std::mem::take(&mut job.sges));
             let outcome = {
-                let local = match &job.inline {
+                let local = match &inline {
                     Some(d) => Local::Copy(d),
-                    None => Local::Sges(&job.sges),
+                    None => Local::Sges(&sges),
                 };
-                self.execute(job.op, local, &mut send.peer, &mut send.mrs, keep)
+                self.execute(op, local, send, keep)
             };
+            let job = send.pending.front_mut().expect("front exists");
+            job.inline = inline;
+            job.sges = sges;
             let fail = match outcome {
-                Outcome::Done(len) => {
+                done @ (Outcome::Done(_) | Outcome::Posted { .. }) => {
                     let job = send.pending.pop_front().expect("front exists");
-                    if job.signaled {
-                        self.send_cq.push(Wc {
-                            byte_len: len as u32,
-                            ..self.wc(job.wr_id, WcStatus::Success, job.opcode())
-                        });
-                    }
+                    let opcode = job.opcode();
+                    self.executed(send, job.wr_id, opcode, job.signaled, done);
                     continue;
+                }
+                Outcome::Busy => {
+                    // Room comes with ACKs: reap those that came, else wait for the next
+                    // (the send CQ's poll or the ACK timer runs the queue again).
+                    if self.reap_locked(send) {
+                        continue;
+                    }
+                    return;
                 }
                 Outcome::Rnr => match job.rnr_left {
                     Some(0) => WcStatus::RnrRetryExcErr,
@@ -472,7 +539,7 @@ impl SoftQp {
                     let since = *job.retry_since.get_or_insert(now);
                     let at = match give_up_after(attr.timeout, attr.retry_cnt) {
                         Some(limit) if now >= since + limit => {
-                            self.fail_locked(send, Some(WcStatus::RetryExcErr));
+                            self.fail_queued(send, WcStatus::RetryExcErr);
                             return;
                         }
                         Some(limit) => {
@@ -487,13 +554,13 @@ impl SoftQp {
                 }
                 Outcome::Fail(st) => st,
             };
-            self.fail_locked(send, Some(fail));
+            self.fail_queued(send, fail);
             return;
         }
     }
 
     /// Local SGEs as pointers into `out`, each checked against its lkey's MR (same PD, `need`
-    /// access).
+    /// access); true when every MR is announced to peers (the peer can read it in place).
     fn local_segments(
         &self,
         sges: &[Sge],
@@ -501,26 +568,22 @@ impl SoftQp {
         mrs: &mut MrCache,
         out: &mut Segs,
         keep: &mut Keep,
-    ) -> Option<()> {
+    ) -> Option<bool> {
+        let mut all_announced = true;
         for s in sges.iter().filter(|s| s.len > 0) {
-            let (p, pd, access) = mrs.resolve(&self.dev, s.lkey, s.addr, u64::from(s.len), keep)?;
+            let (p, pd, access, announced) =
+                mrs.resolve(&self.dev, s.lkey, s.addr, u64::from(s.len), keep)?;
             if pd != self.pd.id || !access.contains(need) {
                 return None;
             }
+            all_announced &= announced;
             out.push((p, s.len as usize));
         }
-        Some(())
+        Some(all_announced)
     }
 
     /// One attempt at a WR.
-    fn execute(
-        &self,
-        op: WrOp,
-        local: Local<'_>,
-        slot: &mut Option<Peer>,
-        mrs: &mut MrCache,
-        keep: &mut Keep,
-    ) -> Outcome {
+    fn execute(&self, op: WrOp, local: Local<'_>, send: &mut SendSide, keep: &mut Keep) -> Outcome {
         if self.peer_dead.load(Ordering::SeqCst) {
             return Outcome::NoAnswer;
         }
@@ -528,7 +591,10 @@ impl SoftQp {
             op,
             WrOp::Send | WrOp::SendWithImm(_) | WrOp::WriteWithImm { .. }
         );
-        let Some(peer) = slot.as_mut() else {
+        let SendSide {
+            peer, mrs, stage, ..
+        } = send;
+        let Some(peer) = peer.as_mut() else {
             // The peer's connect has not arrived: as if no receive were posted.
             return if consumes_recv {
                 Outcome::Rnr
@@ -545,6 +611,8 @@ impl SoftQp {
             Access(0)
         };
         let mut segs = segs();
+        // A SEND from one SGE of memory the peer was announced: it reads it in place.
+        let mut in_place = None;
         let local: &[Seg] = match local {
             Local::Copy(d) => {
                 segs.push((d.as_ptr().cast_mut(), d.len()));
@@ -553,15 +621,32 @@ impl SoftQp {
             Local::Inline(s) => s,
             Local::Sges(sges) => {
                 match self.local_segments(sges, local_need, mrs, &mut segs, keep) {
-                    Some(()) => segs.as_slice(),
+                    Some(announced) => {
+                        if let (true, [s]) = (announced, sges) {
+                            in_place = Some(Src::Mr {
+                                key: s.lkey,
+                                addr: s.addr,
+                            });
+                        }
+                        segs.as_slice()
+                    }
                     None => return Outcome::Fail(WcStatus::LocProtErr),
                 }
             }
         };
         let total: u64 = local.iter().map(|s| s.1 as u64).sum();
         match op {
-            WrOp::Send => self.deliver(peer, local, total, None, None),
-            WrOp::SendWithImm(imm) => self.deliver(peer, local, total, Some(imm), None),
+            WrOp::Send | WrOp::SendWithImm(_) => {
+                let imm = match op {
+                    WrOp::SendWithImm(imm) => Some(imm),
+                    _ => None,
+                };
+                let what = match in_place {
+                    Some(src) if total > 0 => What::Send(From::InPlace(src)),
+                    _ => What::Send(From::Stage(local)),
+                };
+                self.deliver(peer, stage, what, total, imm)
+            }
             WrOp::Write { remote_addr, rkey }
             | WrOp::WriteWithImm {
                 remote_addr, rkey, ..
@@ -571,7 +656,7 @@ impl SoftQp {
                     Err(st) => return Outcome::Fail(st),
                 };
                 if let WrOp::WriteWithImm { imm, .. } = op {
-                    return self.deliver(peer, local, total, Some(imm), Some(dst));
+                    return self.deliver(peer, stage, What::WriteImm(local, dst), total, Some(imm));
                 }
                 // SAFETY: `local` lies in live local MRs (held in `keep`; inline data read in
                 // place too) or in a queued WR's inline copy;
@@ -592,16 +677,17 @@ impl SoftQp {
         }
     }
 
-    /// SEND / SEND_WITH_IMM (`write_to = None`: into the peer's next receive buffer) and the
-    /// receive half of WRITE_WITH_IMM (`write_to` = checked target): claims the peer's next
-    /// receive WQE, copies, and pushes an inbound completion into the peer's ring.
+    /// SEND / SEND_WITH_IMM and WRITE_WITH_IMM: claims the peer's next receive WQE and leaves
+    /// the message's descriptor in the completion slot that goes with it (a WRITE_WITH_IMM's
+    /// data is written first, into the checked target). The WR completes once the peer
+    /// acknowledges the slot (it copied a SEND's payload: [`super::deliver`]).
     fn deliver(
         &self,
         peer: &mut Peer,
-        src: &[Seg],
+        stage: &mut Staging,
+        what: What<'_>,
         total: u64,
         imm: Option<u32>,
-        write_to: Option<*mut u8>,
     ) -> Outcome {
         let cap = u64::from(peer.ring.layout().cap);
         let cons = peer.ring.recv_cons().load(Ordering::Acquire);
@@ -632,52 +718,28 @@ impl SoftQp {
             }
             return Outcome::Rnr;
         }
-        // Slot `comp_prod` is free once the peer consumed completion `comp_prod - cap`: read
-        // its consumer index (Acquire) only when the last value read does not show that.
-        if peer.comp_prod - peer.comp_cons_seen >= cap {
-            let comp_cons = peer.ring.comp_cons().load(Ordering::Acquire);
-            if comp_cons > peer.comp_prod || peer.comp_prod - comp_cons >= cap {
-                tracing::warn!(
-                    "soft QP {:#x}: peer's completion ring indices are impossible",
-                    self.qpn
-                );
-                return Outcome::Fail(WcStatus::RemOpErr);
-            }
-            peer.comp_cons_seen = comp_cons;
+        // Slot `comp_prod` is ours again once we reaped the ACK of completion
+        // `comp_prod - cap` (its `ack` word is read before the slot is reused).
+        if peer.comp_prod - peer.acked >= cap {
+            return Outcome::Busy;
         }
-        let mut wqe = Few::new(RawSge::default());
-        if peer.ring.read_wqe(cons, |s| wqe.push(s)).is_none() {
-            return Outcome::Fail(WcStatus::RemOpErr);
-        }
-        let wqe = wqe.as_slice();
-        // Where the payload goes, or why the receiver and we fail.
-        let mut dst = segs();
-        let mut verdict: Option<(WcStatus, WcStatus)> = None; // (receiver, sender)
-        match write_to {
-            Some(p) => dst.push((p, total as usize)),
-            None => {
-                let room: u64 = wqe.iter().map(|s| u64::from(s.len)).sum();
-                if total > room {
-                    verdict = Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr));
+        let (src, stage_end) = match what {
+            What::WriteImm(..) => (Src::Placed, None),
+            What::Send(From::InPlace(src)) => (src, None),
+            What::Send(From::Stage(local)) => {
+                if total as usize > stage.len() {
+                    return Outcome::Fail(WcStatus::LocLenErr);
+                }
+                if total == 0 {
+                    (Src::Placed, None)
                 } else {
-                    let mut left = total;
-                    for s in wqe {
-                        if left == 0 {
-                            break;
-                        }
-                        let take = left.min(u64::from(s.len));
-                        match peer.resolve(s.key, s.addr, take, Access::LOCAL_WRITE) {
-                            Ok(p) => dst.push((p, take as usize)),
-                            Err(_) => {
-                                verdict = Some((WcStatus::LocProtErr, WcStatus::RemOpErr));
-                                break;
-                            }
-                        }
-                        left -= take;
+                    match stage.put(local, total as usize) {
+                        Some(st) => (Src::Staged { off: st.off }, Some(st)),
+                        None => return Outcome::Busy,
                     }
                 }
             }
-        }
+        };
         // Claim the WQE; only the owner's ERR bit may have changed the index meanwhile.
         if let Err(now) = peer.ring.recv_cons().compare_exchange(
             cons,
@@ -685,6 +747,9 @@ impl SoftQp {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
+            if let Some(st) = stage_end {
+                stage.unput(st);
+            }
             return if now & ERR_BIT != 0 {
                 Outcome::NoAnswer
             } else {
@@ -698,34 +763,25 @@ impl SoftQp {
         {
             r.signal();
         }
-        if verdict.is_none() {
-            // SAFETY: `src` lies in live local MRs or the inline copy; every `dst` segment was
-            // checked against an MR the peer announced and lies inside our mapping of its
-            // region (held by `peer`, which stays locked). The usual message, one buffer into
-            // one buffer cut to its size, is the same copy without `scatter_gather`'s loop.
-            unsafe {
-                match (src, dst.as_slice()) {
-                    (&[(s, n)], &[(d, m)]) if n == m => std::ptr::copy(s, d, n),
-                    (src, dst) => scatter_gather(src, dst),
-                }
+        let opcode = match what {
+            What::WriteImm(src, dst) => {
+                // SAFETY: `src` lies in live local MRs or the inline copy; `dst` was checked
+                // against an MR the peer announced REMOTE_WRITE and lies inside our mapping of
+                // its region (held by `peer`, which stays locked).
+                unsafe { scatter_gather(src, &[(dst, total as usize)]) };
+                WcOpcode::RecvRdmaWithImm
             }
-        }
-        let (rx_status, tx) = match verdict {
-            Some((rx, tx)) => (rx, Some(tx)),
-            None => (WcStatus::Success, None),
+            What::Send(_) => WcOpcode::Recv,
         };
-        let opcode = if write_to.is_some() {
-            WcOpcode::RecvRdmaWithImm
-        } else {
-            WcOpcode::Recv
-        };
+        let seq = peer.comp_prod;
         peer.ring.write_comp(
-            peer.comp_prod,
+            seq,
             RawComp {
                 opcode: opcode as u32,
-                status: rx_status.code(),
-                byte_len: if tx.is_none() { total as u32 } else { 0 },
+                status: 0,
+                byte_len: total as u32,
                 imm,
+                src,
             },
         );
         peer.comp_prod += 1;
@@ -738,11 +794,34 @@ impl SoftQp {
         if armed.load(Ordering::Relaxed) != 0 && armed.swap(0, Ordering::SeqCst) != 0 {
             peer.doorbell.signal();
         }
-        match tx {
-            Some(st) => Outcome::Fail(st),
-            None => Outcome::Done(total),
+        // Whatever we owed the peer in ACKs, its CQ now polls (it was rung or is awake).
+        if self.ack_owed.load(Ordering::Relaxed) {
+            self.ack_owed.store(false, Ordering::Relaxed);
+        }
+        Outcome::Posted {
+            len: total,
+            seq,
+            stage_end: stage_end.map(|st: Staged| st.end),
         }
     }
+}
+
+/// What a receive-consuming WR hands the peer.
+#[derive(Clone, Copy)]
+enum What<'a> {
+    /// A SEND's payload.
+    Send(From<'a>),
+    /// WRITE_WITH_IMM: copy these segments to the checked target, then complete.
+    WriteImm(&'a [Seg], *mut u8),
+}
+
+/// Where the peer's receiver reads a SEND's payload.
+#[derive(Clone, Copy)]
+enum From<'a> {
+    /// Where it lies: memory announced to the peer.
+    InPlace(Src),
+    /// Copied into our staging region first.
+    Stage(&'a [Seg]),
 }
 
 /// A peer address for WRITE/READ: QP access flags, then the MR's key, bounds and access.

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Most fds one control message carries.
-pub(crate) const MAX_FDS: usize = 4;
+pub(crate) const MAX_FDS: usize = 5;
 /// Largest control message.
 pub(crate) const MAX_MSG: usize = 2048;
 /// Longest abstract socket name (sun_path minus the leading NUL).
@@ -179,6 +179,16 @@ impl Sock {
 
     /// Sends one record with `fds` attached.
     pub(crate) fn send(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        self.send_flags(data, fds, libc::MSG_NOSIGNAL)
+    }
+
+    /// Sends one record without fds unless that would block (a peer that reads nothing
+    /// cannot stall the caller).
+    pub(crate) fn try_send(&self, data: &[u8]) -> io::Result<()> {
+        self.send_flags(data, &[], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+    }
+
+    fn send_flags(&self, data: &[u8], fds: &[RawFd], flags: libc::c_int) -> io::Result<()> {
         if fds.len() > MAX_FDS {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
         }
@@ -215,8 +225,7 @@ impl Sock {
         }
         loop {
             // SAFETY: `msg` points to live iovec and control buffers set up above.
-            let r =
-                unsafe { libc::sendmsg(self.fd.as_raw_fd(), &raw const msg, libc::MSG_NOSIGNAL) };
+            let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &raw const msg, flags) };
             if r >= 0 {
                 return if r as usize == data.len() {
                     Ok(())

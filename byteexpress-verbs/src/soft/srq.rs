@@ -20,10 +20,10 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::deliver::RecvSges;
 use super::limits;
 use super::pd::SoftPd;
 use super::qp::{Posted, SoftQp};
-use super::ring::RawSge;
 use crate::provider::{QpImpl, SrqImpl};
 use crate::{AsyncEvent, Error, QpState, RecvWr, Result, SrqAttr};
 
@@ -202,7 +202,8 @@ impl SrqImpl for SoftSrq {
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         crate::wr::check_srq_recv(wr, self.max_sge)?;
         self.pd.check_recv_sges(wr.sg_list)?;
-        let (sges, total) = RawSge::from_sges(wr.sg_list);
+        let sges = RecvSges::of(wr.sg_list);
+        let total = wr.sg_list.iter().map(|s| u64::from(s.len)).sum();
         let mut st = self.lock();
         if self.outstanding.load(Ordering::Acquire) >= u64::from(self.max_wr) {
             return Err(Error::QueueFull("shared receive queue (max_wr) full"));

@@ -4,19 +4,27 @@
 //! |---|---|---|
 //! | 1 | `Probe { nonce u64 }` | — |
 //! | 2 | `ProbeReply { ok u8, dev_id u64 }` | — |
-//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, name_len u16, name }` | ring memfd, doorbell eventfd, refill eventfd (sent only by a QP fed by an SRQ: rung when its ring runs low) |
+//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, flags u32, stage_len u32, name_len u16, name }` | ring memfd, doorbell eventfd (the recv CQ's), then as `flags` says: the send CQ's doorbell eventfd (bit 0: a CQ other than the recv CQ), the staging region (bit 1: `stage_len` bytes, an `O_RDONLY` memfd sealed against writes), the refill eventfd (bit 2: sent only by a QP fed by an SRQ, rung when its ring runs low) |
 //! | 4 | `ConnectReply { ok u8, reason_len u16, reason }` | — |
 //! | 5 | `Region { id u64, offset u64, len u64 }`: `len` bytes at `offset` (page-aligned) of the memfd | memfd (the PD's arena, shared by its regions; the receiver closes it once mapped) |
 //! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }` | — |
 //! | 7 | `MrDel { key u32 }` | — |
+//! | 8 | `Nudge`: a SEND of ours waits for your acknowledgement; deliver even if nobody polls | — |
 //!
 //! A connection starts with `Probe` (answered, then closed) or `Connect` (answered, then kept as
 //! the control channel of that QP: `Region`/`MrAdd`/`MrDel` announcements follow). The peer QP
 //! may later send its own `Connect` back over that channel (answered there with
 //! `ConnectReply`); the channel then carries both directions' announcements.
 
-/// Protocol version carried in `Connect`.
-pub(crate) const VERSION: u16 = 1;
+/// Protocol version carried in `Connect` (2: receiver-side SEND copy, issue 22 item 2).
+pub(crate) const VERSION: u16 = 2;
+
+/// `Connect` flag: the send CQ's doorbell follows the recv CQ's.
+pub(crate) const CONNECT_SEND_BELL: u32 = 1;
+/// `Connect` flag: the staging region's memfd follows.
+pub(crate) const CONNECT_STAGING: u32 = 2;
+/// `Connect` flag: the refill eventfd comes last.
+pub(crate) const CONNECT_REFILL: u32 = 4;
 
 /// `Connect` fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +38,10 @@ pub(crate) struct ConnectMsg {
     pub ring_sge: u32,
     /// Access the sender's QP grants to the receiver (`qp_access_flags`).
     pub access: u32,
+    /// Which optional fds follow (`CONNECT_*`).
+    pub flags: u32,
+    /// Bytes of the staging region (with `CONNECT_STAGING`).
+    pub stage_len: u32,
     /// Sender device's socket name.
     pub name: Vec<u8>,
 }
@@ -65,13 +77,14 @@ pub(crate) enum Msg {
     MrDel {
         key: u32,
     },
+    Nudge,
 }
 
 impl Msg {
     /// How many fds must accompany this message.
     pub(crate) fn fds(&self) -> usize {
         match self {
-            Msg::Connect(_) => 2,
+            Msg::Connect(c) => 2 + (c.flags & 7).count_ones() as usize,
             Msg::Region { .. } => 1,
             _ => 0,
         }
@@ -93,7 +106,15 @@ impl Msg {
                 v.push(3);
                 v.extend_from_slice(&VERSION.to_le_bytes());
                 v.extend_from_slice(&c.src_dev.to_le_bytes());
-                for x in [c.src_qpn, c.dst_qpn, c.ring_cap, c.ring_sge, c.access] {
+                for x in [
+                    c.src_qpn,
+                    c.dst_qpn,
+                    c.ring_cap,
+                    c.ring_sge,
+                    c.access,
+                    c.flags,
+                    c.stage_len,
+                ] {
                     v.extend_from_slice(&x.to_le_bytes());
                 }
                 v.extend_from_slice(&(c.name.len() as u16).to_le_bytes());
@@ -131,6 +152,7 @@ impl Msg {
                 v.push(7);
                 v.extend_from_slice(&key.to_le_bytes());
             }
+            Msg::Nudge => v.push(8),
         }
         v
     }
@@ -152,6 +174,10 @@ impl Msg {
                 let src_dev = r.u64()?;
                 let (src_qpn, dst_qpn, ring_cap, ring_sge, access) =
                     (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+                let (flags, stage_len) = (r.u32()?, r.u32()?);
+                if flags & !7 != 0 {
+                    return None;
+                }
                 let n = r.u16()? as usize;
                 let name = r.bytes(n)?.to_vec();
                 Msg::Connect(ConnectMsg {
@@ -161,6 +187,8 @@ impl Msg {
                     ring_cap,
                     ring_sge,
                     access,
+                    flags,
+                    stage_len,
                     name,
                 })
             }
@@ -184,6 +212,7 @@ impl Msg {
                 access: r.u32()?,
             },
             7 => Msg::MrDel { key: r.u32()? },
+            8 => Msg::Nudge,
             _ => return None,
         };
         (r.at == b.len()).then_some(msg)
@@ -233,6 +262,8 @@ mod tests {
                 ring_cap: 4,
                 ring_sge: 5,
                 access: 6,
+                flags: CONNECT_SEND_BELL | CONNECT_STAGING,
+                stage_len: 65536,
                 name: b"bx-soft-1-2".to_vec(),
             }),
             Msg::ConnectReply {
@@ -253,6 +284,7 @@ mod tests {
                 access: 7,
             },
             Msg::MrDel { key: 11 },
+            Msg::Nudge,
         ]
     }
 

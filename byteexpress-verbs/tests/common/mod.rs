@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod peer;
+pub mod raw;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
