@@ -44,6 +44,18 @@ pub struct LinkStats {
     /// Cap of the QP's software window now (bytes; `u64::MAX` = unlimited, 0 on TCP). Fixed at
     /// `Config::window_bytes` unless `Config::window_target_delay` makes it adaptive.
     pub window_cap: u64,
+    /// The link's state now ([`crate::LinkState`]); `None` only in a snapshot not taken from a
+    /// link.
+    pub link_state: Option<crate::LinkState>,
+    /// Transitions of the link's state machine so far (set-up's included).
+    pub transitions: u64,
+    /// Times the link fell back from RDMA to its TCP control connection (its QP failed).
+    pub fallbacks: u64,
+    /// Re-probes started: new QP handshakes tried while in fallback.
+    pub reprobes: u64,
+    /// Messages re-sent over TCP after a fallback because the peer's resync said they were
+    /// never delivered.
+    pub resent: u64,
 }
 
 /// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
@@ -63,8 +75,9 @@ pub(crate) struct LinkCounters {
     pub bypassed: AtomicU64,
     pub reassembled_on_heap: AtomicU64,
     pub window_cap: AtomicU64,
+    pub resent: AtomicU64,
     /// The link's QP (RDMA), to read its state.
-    pub qp: std::sync::OnceLock<Qp>,
+    pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
     pub metrics: crate::metrics::LinkMetrics,
 }
@@ -78,7 +91,7 @@ impl LinkCounters {
     pub(crate) fn snapshot(&self) -> LinkStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         LinkStats {
-            qp_state: self.qp.get().map(Qp::state),
+            qp_state: self.qp.lock().as_ref().map(Qp::state),
             qp_errors: g(&self.qp_errors),
             rnr_errors: g(&self.rnr_errors),
             credit_blocked: g(&self.credit_blocked),
@@ -93,6 +106,8 @@ impl LinkCounters {
             bypassed: g(&self.bypassed),
             reassembled_on_heap: g(&self.reassembled_on_heap),
             window_cap: g(&self.window_cap),
+            resent: g(&self.resent),
+            ..LinkStats::default()
         }
     }
 }

@@ -23,11 +23,12 @@ use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCa
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::engine::keepalive::{self, Liveness};
+use crate::engine::keepalive::Liveness;
 use crate::engine::rdma::{self, RdmaParts};
-use crate::engine::{Dispatch, LinkTx, tcp};
+use crate::engine::{Dispatch, LinkTx, control, tcp};
+use crate::link_state::{LinkEvent, LinkMachine};
 use crate::wire::CONN_MAGIC;
-use crate::wire::header::{HEADER_LEN, Kind};
+use crate::wire::header::HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 use crate::{Code, Config, Status};
 
@@ -278,76 +279,6 @@ fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
         .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
 }
 
-/// Keeps the TCP control connection of an RDMA link: answers the peer's PINGs, sends its own
-/// and watches the link's liveness (`live`, [`keepalive`]), reports its end through the
-/// returned receiver and closes it when the link closes.
-fn spawn_control(
-    mut r: Reader,
-    mut w: Writer,
-    live: Liveness,
-    dispatch: Arc<dyn Dispatch>,
-) -> (
-    tokio::sync::oneshot::Receiver<Status>,
-    tokio::sync::oneshot::Sender<LinkTx>,
-) {
-    let (dead_tx, dead_rx) = tokio::sync::oneshot::channel();
-    let (link_tx, link_rx) = tokio::sync::oneshot::channel::<LinkTx>();
-    tokio::spawn(async move {
-        let Ok(link) = link_rx.await else { return };
-        let (ping_tx, mut ping_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-        let watcher = keepalive::watch(&link, live, &*dispatch, move |n| {
-            let _ = ping_tx.send(n);
-        });
-        tokio::pin!(watcher);
-        let why = loop {
-            let reply = tokio::select! {
-                f = r.read_frame() => match f {
-                    Ok(Some(frame)) => match crate::message::Incoming::parse(frame) {
-                        Ok(msg) if msg.header.kind == Kind::Ping => {
-                            link.touch();
-                            tcp::control(Kind::Pong, msg.header.call_id)
-                        }
-                        Ok(msg) if msg.header.kind == Kind::Pong => {
-                            link.touch();
-                            continue;
-                        }
-                        Ok(msg) => break tcp::peer_error(&msg),
-                        Err(e) => break unavailable(format!("control channel: {e}")),
-                    },
-                    Ok(None) => break unavailable("peer closed the control connection"),
-                    Err(e) => break unavailable(format!("control connection: {e}")),
-                },
-                Some(n) = ping_rx.recv() => tcp::control(Kind::Ping, n),
-                why = &mut watcher => break why,
-                _ = link.close_requested() => break unavailable("link closed"),
-            };
-            let h = reply.final_header().encode();
-            if let Err(e) = w.write_frame(&[&h]).await {
-                break unavailable(format!("control connection: {e}"));
-            }
-            if let Err(e) = w.flush().await {
-                break unavailable(format!("control connection: {e}"));
-            }
-        };
-        let _ = dead_tx.send(why);
-        let _ = w.shutdown().await;
-    });
-    (dead_rx, link_tx)
-}
-
-fn start_rdma(
-    parts: RdmaParts,
-    (r, w): (Reader, Writer),
-    dispatch: Arc<dyn Dispatch>,
-    posted: rdma::Posted,
-    live: Liveness,
-) -> LinkTx {
-    let (dead, give_link) = spawn_control(r, w, live, dispatch.clone());
-    let link = rdma::spawn(parts, posted, dispatch, dead);
-    let _ = give_link.send(link.clone());
-    link
-}
-
 fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
@@ -428,14 +359,19 @@ pub(crate) async fn connect(
             }
             send(&mut w, &Hello::SelectTcp).await?;
             log_link(false, addr, "tcp", "-", &why);
+            let machine = LinkMachine::new("client");
+            let _ = machine.apply(LinkEvent::HelloTcp, &"SELECT_TCP sent");
             return Ok(tcp::spawn(
                 r,
                 w,
                 cfg.max_message,
                 dispatch,
                 Liveness::from_config(cfg),
+                machine,
             ));
         };
+        let machine = LinkMachine::new("client");
+        let _ = machine.apply(LinkEvent::HelloRdma, &format_args!("{} chosen", ctx.name()));
         let mut parts = build_rdma(ctx, cfg, cfg.recv_buf_size)?;
         let endpoint = parts.qp.endpoint().to_bytes();
         send(
@@ -479,12 +415,14 @@ pub(crate) async fn connect(
             }
         }
         log_link(false, addr, "rdma", ctx.name(), &why);
-        Ok(start_rdma(
+        let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
+        Ok(control::start_rdma(
             parts,
             (r, w),
             dispatch,
             posted,
             Liveness::from_config(cfg),
+            machine,
         ))
     };
     let link = tokio::time::timeout(cfg.connect_timeout, fut)
@@ -637,27 +575,38 @@ pub(crate) async fn accept(
                 };
                 send(&mut w, &accept).await?;
                 log_link(true, &peer, "rdma", ctx.name(), "");
-                Ok(Some((parts, posted)))
+                Ok(Some((parts, posted, ctx.name())))
             }
             Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),
             _ => Err(unavailable("set-up: expected SELECT")),
         }
     };
     match tokio::time::timeout(cfg.handshake_timeout, fut).await {
-        Ok(Ok(None)) => Ok(tcp::spawn(
-            r,
-            w,
-            cfg.max_message,
-            dispatch,
-            Liveness::from_config(cfg),
-        )),
-        Ok(Ok(Some((parts, posted)))) => Ok(start_rdma(
-            parts,
-            (r, w),
-            dispatch,
-            posted,
-            Liveness::from_config(cfg),
-        )),
+        Ok(Ok(None)) => {
+            let machine = LinkMachine::new("server");
+            let _ = machine.apply(LinkEvent::HelloTcp, &"SELECT_TCP received");
+            Ok(tcp::spawn(
+                r,
+                w,
+                cfg.max_message,
+                dispatch,
+                Liveness::from_config(cfg),
+                machine,
+            ))
+        }
+        Ok(Ok(Some((parts, posted, device)))) => {
+            let machine = LinkMachine::new("server");
+            let _ = machine.apply(LinkEvent::HelloRdma, &format_args!("{device} chosen"));
+            let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
+            Ok(control::start_rdma(
+                parts,
+                (r, w),
+                dispatch,
+                posted,
+                Liveness::from_config(cfg),
+                machine,
+            ))
+        }
         Ok(Err(e)) => Err(e),
         Err(_) => Err(unavailable("set-up timed out")),
     }

@@ -23,14 +23,33 @@ pub(crate) fn spawn<R, W>(
     max_message: usize,
     dispatch: Arc<dyn Dispatch>,
     live: Liveness,
+    machine: crate::link_state::LinkMachine,
 ) -> LinkTx
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = LinkTx::new(tx, Transport::Tcp, max_message);
+    let link = LinkTx::with_machine(tx, Transport::Tcp, max_message, machine);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
+    resume(reader, writer, rx, link.clone(), dispatch, closer, live);
+    link
+}
+
+/// Runs `link` as a TCP link on `(reader, writer)`, sending what the callers queue on `rx`:
+/// a link set up on TCP, or an RDMA link fallen back to its control connection.
+pub(crate) fn resume<R, W>(
+    reader: FrameReader<R>,
+    writer: FrameWriter<W>,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+    link: LinkTx,
+    dispatch: Arc<dyn Dispatch>,
+    closer: Arc<Closer>,
+    live: Liveness,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone()));
     tokio::spawn(read_loop(
         reader,
@@ -48,7 +67,6 @@ where
             () = watched.close_requested() => {}
         }
     });
-    link
 }
 
 /// A PING or PONG number `n`: the 40-byte header alone.
@@ -81,6 +99,10 @@ impl Closer {
     pub(crate) fn close(&self, why: Status) {
         if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
             tracing::debug!(%why, "link closed");
+            let _ = self
+                .link
+                .machine()
+                .apply(crate::link_state::LinkEvent::Closed, &why);
             self.link.close();
             self.link.counters().metrics.link_down();
             self.dispatch.closed(why);
@@ -180,7 +202,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 Ok(msg) if msg.header.kind == Kind::Ping => {
                     let _ = link.send(control(Kind::Pong, msg.header.call_id));
                 }
-                Ok(msg) if msg.header.kind == Kind::Pong => {}
+                Ok(msg) if matches!(msg.header.kind, Kind::Pong | Kind::Resync) => {}
                 Ok(msg) => dispatch.incoming(&link, msg),
                 Err(e) => {
                     protocol_error(&link, &closer, Code::Internal, &e.to_string());
