@@ -14,6 +14,7 @@
 //! device, and why a faster path was not taken.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use byteexpress_flow::credit::QueueConfig;
 use byteexpress_flow::window::{AdaptiveConfig, Window};
@@ -279,6 +280,129 @@ fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
         .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
 }
 
+/// What a fallen-back RDMA link needs to take RDMA back (a re-probe, DESIGN.md 3.5 "Link
+/// life"): the local device and settings its first QP was built with and, on the client, the
+/// server device it reached. Both sides build a new QP on the same devices.
+#[derive(Debug, Clone)]
+pub(crate) struct Prober {
+    ctx: &'static Context,
+    /// The settings the link's QP was built with (on the server, with the client's
+    /// receive-buffer size).
+    cfg: Config,
+    /// Client: the server device's `DeviceInfo` (probed again before each re-probe) and its
+    /// index in HELLO_ACK's list. `None` on the server.
+    server_dev: Option<(DeviceInfo, u8)>,
+}
+
+impl Prober {
+    /// Whether this side starts re-probes (the client does; the server answers).
+    pub(crate) fn is_client(&self) -> bool {
+        self.server_dev.is_some()
+    }
+
+    /// First wait before a re-probe, the most it grows to (`Config::reprobe_backoff`,
+    /// `Config::reprobe_backoff_max`), and the time limit of one (`Config::handshake_timeout`).
+    pub(crate) fn timing(&self) -> (Duration, Duration, Duration) {
+        (
+            self.cfg.reprobe_backoff,
+            self.cfg.reprobe_backoff_max.max(self.cfg.reprobe_backoff),
+            self.cfg.handshake_timeout,
+        )
+    }
+
+    /// Client: probes the server's device with `nonce` (armed by the server), builds a new QP
+    /// and returns it with the SELECT_RDMA that offers it.
+    pub(crate) fn offer(&self, nonce: u64) -> Result<(RdmaParts, Vec<u8>), Status> {
+        let Some((info, dev)) = &self.server_dev else {
+            return Err(unavailable("re-probe offered by the server"));
+        };
+        if !self.ctx.probe(info, nonce).unwrap_or(false) {
+            return Err(unavailable(
+                "re-probe: the server's device does not answer its probe",
+            ));
+        }
+        let parts = build_rdma(self.ctx, &self.cfg, self.cfg.recv_buf_size)?;
+        let select = Hello::SelectRdma {
+            device: *dev,
+            grant: self.cfg.grant,
+            recv_buf: self.cfg.recv_buf_size as u32,
+            endpoint: parts.qp.endpoint().to_bytes(),
+        };
+        Ok((parts, select.encode()))
+    }
+
+    /// Client: connects `parts` to the server's answer (RDMA_ACCEPT) and posts its receives.
+    pub(crate) fn complete(
+        &self,
+        parts: &mut RdmaParts,
+        answer: &[u8],
+    ) -> Result<rdma::Posted, Status> {
+        let decoded =
+            Hello::decode(answer).map_err(|e| unavailable(format!("re-probe answer: {e}")))?;
+        let (grant, recv_buf, ep) = match decoded {
+            Hello::RdmaAccept {
+                grant,
+                recv_buf,
+                endpoint,
+            } => (grant, recv_buf as usize, endpoint),
+            Hello::Refuse { reason } => {
+                return Err(unavailable(format!(
+                    "server refused the re-probe: {reason}"
+                )));
+            }
+            _ => return Err(unavailable("re-probe: expected RDMA_ACCEPT")),
+        };
+        if recv_buf != self.cfg.recv_buf_size {
+            return Err(unavailable(
+                "re-probe: the server changed the receive-buffer size",
+            ));
+        }
+        let ep =
+            Endpoint::from_bytes(&ep).map_err(|e| unavailable(format!("server endpoint: {e}")))?;
+        connect_qp(parts, &ep, grant.min(self.cfg.grant))
+    }
+
+    /// Server: arms a fresh nonce on its device for the client's next re-probe.
+    pub(crate) fn arm(&self) -> u64 {
+        let nonce = rand::random::<u64>();
+        self.ctx.expect_probe(nonce);
+        nonce
+    }
+
+    /// Server: answers a client's SELECT_RDMA with a new QP connected to the client's, its
+    /// receives posted, and the RDMA_ACCEPT to send back.
+    pub(crate) fn answer(
+        &self,
+        select: &[u8],
+    ) -> Result<(RdmaParts, rdma::Posted, Vec<u8>), Status> {
+        let decoded = Hello::decode(select).map_err(|e| unavailable(format!("re-probe: {e}")))?;
+        let Hello::SelectRdma {
+            grant,
+            recv_buf,
+            endpoint,
+            ..
+        } = decoded
+        else {
+            return Err(unavailable("re-probe: expected SELECT_RDMA"));
+        };
+        if recv_buf as usize != self.cfg.recv_buf_size {
+            return Err(unavailable(
+                "re-probe: the client changed the receive-buffer size",
+            ));
+        }
+        let ep = Endpoint::from_bytes(&endpoint)
+            .map_err(|e| unavailable(format!("client endpoint: {e}")))?;
+        let mut parts = build_rdma(self.ctx, &self.cfg, recv_buf as usize)?;
+        let posted = connect_qp(&mut parts, &ep, grant.min(self.cfg.grant))?;
+        let accept = Hello::RdmaAccept {
+            grant: self.cfg.grant,
+            recv_buf,
+            endpoint: parts.qp.endpoint().to_bytes(),
+        };
+        Ok((parts, posted, accept.encode()))
+    }
+}
+
 fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
@@ -416,6 +540,13 @@ pub(crate) async fn connect(
         }
         log_link(false, addr, "rdma", ctx.name(), &why);
         let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
+        let info = DeviceInfo::from_bytes(&remote[server_dev])
+            .map_err(|e| unavailable(format!("server device: {e}")))?;
+        let prober = Prober {
+            ctx,
+            cfg: cfg.clone(),
+            server_dev: Some((info, server_dev as u8)),
+        };
         Ok(control::start_rdma(
             parts,
             (r, w),
@@ -423,6 +554,7 @@ pub(crate) async fn connect(
             posted,
             Liveness::from_config(cfg),
             machine,
+            prober,
         ))
     };
     let link = tokio::time::timeout(cfg.connect_timeout, fut)
@@ -575,7 +707,12 @@ pub(crate) async fn accept(
                 };
                 send(&mut w, &accept).await?;
                 log_link(true, &peer, "rdma", ctx.name(), "");
-                Ok(Some((parts, posted, ctx.name())))
+                let prober = Prober {
+                    ctx,
+                    cfg: scfg,
+                    server_dev: None,
+                };
+                Ok(Some((parts, posted, prober)))
             }
             Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),
             _ => Err(unavailable("set-up: expected SELECT")),
@@ -594,9 +731,12 @@ pub(crate) async fn accept(
                 machine,
             ))
         }
-        Ok(Ok(Some((parts, posted, device)))) => {
+        Ok(Ok(Some((parts, posted, prober)))) => {
             let machine = LinkMachine::new("server");
-            let _ = machine.apply(LinkEvent::HelloRdma, &format_args!("{device} chosen"));
+            let _ = machine.apply(
+                LinkEvent::HelloRdma,
+                &format_args!("{} chosen", prober.ctx.name()),
+            );
             let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
             Ok(control::start_rdma(
                 parts,
@@ -605,6 +745,7 @@ pub(crate) async fn accept(
                 posted,
                 Liveness::from_config(cfg),
                 machine,
+                prober,
             ))
         }
         Ok(Err(e)) => Err(e),

@@ -39,6 +39,8 @@ mod faults {
         held: AtomicU64,
         /// The link's QP now (RDMA; replaced at a re-probe).
         qp: parking_lot::Mutex<Option<Qp>>,
+        /// Re-probes fail while set (the path stays down).
+        reprobes_blocked: std::sync::atomic::AtomicBool,
     }
 
     impl LinkFaults {
@@ -65,6 +67,16 @@ mod faults {
                 return true;
             }
             qp.to_err().is_ok()
+        }
+
+        /// While `blocked`, this link's re-probes fail as if the path to the peer were still
+        /// down (the client's side starts them; set it there). Fallback and backoff go on.
+        pub fn block_reprobes(&self, blocked: bool) {
+            self.inner.reprobes_blocked.store(blocked, Ordering::SeqCst);
+        }
+
+        pub(crate) fn reprobes_blocked(&self) -> bool {
+            self.inner.reprobes_blocked.load(Ordering::SeqCst)
         }
 
         pub(crate) fn set_qp(&self, qp: Option<Qp>) {

@@ -19,6 +19,14 @@ fn rdma() -> Config {
     }
 }
 
+/// RDMA, and a link that stays on TCP once its QP failed (no re-probe).
+fn rdma_no_reprobe() -> Config {
+    Config {
+        reprobe_backoff: Duration::ZERO,
+        ..rdma()
+    }
+}
+
 /// Echo call `id` (logged by the server as `x-id` and `x-seq`), held `delay_ms` in the handler.
 fn echo(id: u64, body: Bytes, delay_ms: u64) -> Request {
     let mut md = Metadata::new();
@@ -121,16 +129,16 @@ async fn served(client: &Client) -> Vec<String> {
 /// each once, and it saw the small calls in the order they were sent.
 async fn calls_survive_a_qp_error(at: FaultAt) {
     let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
-    let small = Client::connect(&server.addr, &rdma())
+    let small = Client::connect(&server.addr, &rdma_no_reprobe())
         .await
         .expect("connect");
     assert_eq!(small.transport(), rdma_here());
     // Two more logical connections on the same link (the process's link registry): one for
     // messages of several chunks, one for the test's controls.
-    let bulk = Client::connect(&server.addr, &rdma())
+    let bulk = Client::connect(&server.addr, &rdma_no_reprobe())
         .await
         .expect("connect");
-    let ctl = Client::connect(&server.addr, &rdma())
+    let ctl = Client::connect(&server.addr, &rdma_no_reprobe())
         .await
         .expect("connect");
     let first = wave(&small, 0..CALLS, |id| 100 + id as usize, 1500);
@@ -192,4 +200,90 @@ async fn a_client_qp_error_under_64_calls_falls_back_to_tcp_and_every_call_runs_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_qp_error_under_64_calls_falls_back_to_tcp_and_every_call_runs_once_in_order() {
     calls_survive_a_qp_error(FaultAt::Server).await;
+}
+
+/// A client whose link re-probes quickly: first after 50 ms, doubling up to 400 ms.
+fn quick_reprobe() -> Config {
+    Config {
+        reprobe_backoff: Duration::from_millis(50),
+        reprobe_backoff_max: Duration::from_millis(400),
+        ..rdma()
+    }
+}
+
+/// While the path stays down (re-probes blocked) the link stays on TCP and keeps re-probing
+/// with backoff; once it clears, the link is back on RDMA within the backoff cap (plus the
+/// re-probe's own time limit), calls sent across the switch run once each and in order, and
+/// a second QP error falls back again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_fault_clears_the_link_takes_rdma_back_and_calls_keep_their_order() {
+    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+    let cfg = quick_reprobe();
+    let client = Client::connect(&server.addr, &cfg).await.expect("connect");
+    assert_eq!(client.transport(), rdma_here());
+    let faults = client.link_faults();
+    faults.block_reprobes(true);
+    assert!(faults.inject_qp_error());
+    wait_for_fallback(&client).await;
+    let next_id = std::cell::Cell::new(0u64);
+    let calls = |n: u64| {
+        let ids = next_id.get()..next_id.get() + n;
+        next_id.set(ids.end);
+        wave(&client, ids, |id| 50 + id as usize % 300, 0)
+    };
+    // Failed re-probes, backing off, while calls go over TCP.
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.link_stats().reprobes < 3 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{:?}",
+            client.link_stats()
+        );
+        for (id, body, r) in calls(8).await.unwrap() {
+            assert_eq!(r.unwrap().body, body, "call {id}");
+        }
+    }
+    assert!(matches!(client.transport(), Transport::TcpFallback { .. }));
+    // The path clears: calls keep going while the link switches back.
+    faults.block_reprobes(false);
+    let cleared = tokio::time::Instant::now();
+    let limit = cfg.reprobe_backoff_max + cfg.handshake_timeout;
+    while client.transport() != rdma_here() {
+        assert!(
+            cleared.elapsed() < limit + Duration::from_secs(5),
+            "not back on RDMA within the backoff cap {:?} + the re-probe limit {:?}: {:?}",
+            cfg.reprobe_backoff_max,
+            cfg.handshake_timeout,
+            client.link_stats()
+        );
+        for (id, body, r) in calls(16).await.unwrap() {
+            assert_eq!(r.unwrap().body, body, "call {id}");
+        }
+    }
+    eprintln!(
+        "back on RDMA {:?} after the fault cleared",
+        cleared.elapsed()
+    );
+    let before = client.link_stats();
+    for (id, body, r) in calls(64).await.unwrap() {
+        let r = r.unwrap();
+        assert_eq!(r.body, body, "call {id}");
+        assert_eq!(
+            r.metadata.get("x-transport").map(|v| &v[..]),
+            Some(rdma_here().to_string().as_bytes()),
+            "the server is back on RDMA too"
+        );
+    }
+    let st = client.link_stats();
+    assert_eq!(st.link_state, Some(LinkState::Rdma), "{st:?}");
+    assert!(st.chunks_sent >= before.chunks_sent + 64, "{st:?}");
+    let want: Vec<String> = (0..next_id.get()).map(|id| format!("{id}:1")).collect();
+    assert_eq!(served(&client).await, want, "each call ran once, in order");
+    // The new QP can fail too.
+    assert!(faults.inject_qp_error());
+    wait_for_fallback(&client).await;
+    for (id, body, r) in calls(8).await.unwrap() {
+        assert_eq!(r.unwrap().body, body, "call {id}");
+    }
+    assert_eq!(client.link_stats().fallbacks, 2);
 }

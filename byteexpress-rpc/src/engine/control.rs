@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use byteexpress_tcp_fallback::{FrameError, FrameReader, FrameWriter};
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::keepalive::{self, Liveness};
 use super::rdma::failover::Handover;
@@ -29,6 +30,7 @@ use super::tcp::{self, Closer};
 use super::{Dispatch, LinkTx};
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::message::{Incoming, Outgoing};
+use crate::setup::Prober;
 use crate::wire::header::{Header, Kind};
 use crate::{Code, Status};
 
@@ -78,7 +80,7 @@ impl From<FallbackError> for Status {
 const RESYNC_LIMIT: Duration = Duration::from_secs(10);
 
 /// Starts an RDMA link: its engine on `parts`, and the control connection `(r, w)` with its
-/// keepalive and fallback. `machine` is in `Rdma`.
+/// keepalive, fallback and re-probes (`prober`). `machine` is in `Rdma`.
 pub(crate) fn start_rdma<R, W>(
     parts: RdmaParts,
     (r, w): (FrameReader<R>, FrameWriter<W>),
@@ -86,6 +88,7 @@ pub(crate) fn start_rdma<R, W>(
     posted: Posted,
     live: Liveness,
     machine: LinkMachine,
+    prober: Prober,
 ) -> LinkTx
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -94,7 +97,13 @@ where
     let (dead_tx, dead_rx) = oneshot::channel();
     let (ho_tx, ho_rx) = oneshot::channel();
     let link = rdma::spawn(parts, posted, dispatch.clone(), dead_rx, machine, ho_tx);
-    tokio::spawn(run(r, w, live, dispatch, link.clone(), dead_tx, ho_rx));
+    let phase = RdmaPhase {
+        r,
+        w,
+        dead_tx,
+        ho_rx,
+    };
+    tokio::spawn(run(phase, live, dispatch, link.clone(), prober));
     link
 }
 
@@ -102,8 +111,26 @@ where
 enum End {
     /// The link closes, for this reason.
     Close(Status),
-    /// The link falls back; the peer's RESYNC count when it came first.
-    FallBack(Option<u64>),
+    /// The link falls back; the peer's RESYNC (count, body) when it came first.
+    FallBack(Option<(u64, Bytes)>),
+}
+
+/// The control connection while the link runs on a QP, and its ties to the engine.
+struct RdmaPhase<R, W> {
+    r: FrameReader<R>,
+    w: FrameWriter<W>,
+    /// Tells the engine the control connection ended.
+    dead_tx: oneshot::Sender<Status>,
+    /// The engine's messages when its QP fails.
+    ho_rx: oneshot::Receiver<Handover>,
+}
+
+/// A link's counts after a resync: (messages sent that the peer received, messages received),
+/// the count a new QP continues from; and, from the server, the nonce for the next re-probe.
+struct Resynced {
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+    seqs: (u64, u64),
+    nonce: Option<u64>,
 }
 
 async fn write_msg<W: AsyncWrite + Unpin>(
@@ -114,108 +141,194 @@ async fn write_msg<W: AsyncWrite + Unpin>(
     w.write_frame(&[&h, &m.meta, &m.body]).await
 }
 
+/// The link's life after set-up: RDMA phases, fallbacks and re-probes, until it closes.
 async fn run<R, W>(
-    mut r: FrameReader<R>,
-    mut w: FrameWriter<W>,
+    mut phase: RdmaPhase<R, W>,
     live: Liveness,
     dispatch: Arc<dyn Dispatch>,
     link: LinkTx,
-    dead_tx: oneshot::Sender<Status>,
-    mut ho_rx: oneshot::Receiver<Handover>,
+    prober: Prober,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (ping_tx, mut ping_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let mut handover = None;
-    let end = {
-        let watcher = keepalive::watch(&link, live, &*dispatch, move |n| {
-            let _ = ping_tx.send(n);
-        });
-        tokio::pin!(watcher);
-        loop {
-            let reply = tokio::select! {
-                f = r.read_frame() => match f {
-                    Ok(Some(frame)) => match Incoming::parse(frame) {
-                        Ok(msg) if msg.header.kind == Kind::Ping => {
-                            link.touch();
-                            tcp::control(Kind::Pong, msg.header.call_id)
-                        }
-                        Ok(msg) if msg.header.kind == Kind::Pong => {
-                            link.touch();
-                            continue;
-                        }
-                        Ok(msg) if msg.header.kind == Kind::Resync => {
-                            link.touch();
-                            link.fall_back();
-                            break End::FallBack(Some(msg.header.call_id));
-                        }
-                        Ok(msg) => break End::Close(tcp::peer_error(&msg)),
-                        Err(e) => break End::Close(unavailable(format!("control channel: {e}"))),
-                    },
-                    Ok(None) => break End::Close(unavailable("peer closed the control connection")),
-                    Err(e) => break End::Close(unavailable(format!("control connection: {e}"))),
-                },
-                Some(n) = ping_rx.recv() => tcp::control(Kind::Ping, n),
-                why = &mut watcher => break End::Close(why),
-                h = &mut ho_rx => match h {
-                    Ok(h) => {
-                        handover = Some(h);
-                        break End::FallBack(None);
-                    }
-                    // The engine closed the link.
-                    Err(_) => break End::Close(unavailable("link closed")),
-                },
-                _ = link.close_requested() => break End::Close(unavailable("link closed")),
-            };
-            let h = reply.final_header().encode();
-            if let Err(e) = w.write_frame(&[&h]).await {
-                break End::Close(unavailable(format!("control connection: {e}")));
+    loop {
+        let (end, handover) = watch_rdma(&mut phase, live, &dispatch, &link).await;
+        let RdmaPhase {
+            mut r,
+            mut w,
+            dead_tx,
+            ho_rx,
+        } = phase;
+        let peer = match end {
+            End::Close(why) => {
+                let _ = dead_tx.send(why);
+                let _ = w.shutdown().await;
+                return;
             }
-            if let Err(e) = w.flush().await {
-                break End::Close(unavailable(format!("control connection: {e}")));
-            }
-        }
-    };
-    let peer_count = match end {
-        End::Close(why) => {
-            let _ = dead_tx.send(why);
-            let _ = w.shutdown().await;
-            return;
-        }
-        End::FallBack(peer) => peer,
-    };
-    let handover = match handover {
-        Some(h) => h,
-        None => tokio::select! {
-            h = ho_rx => match h {
-                Ok(h) => h,
-                Err(_) => return,
+            End::FallBack(peer) => peer,
+        };
+        let handover = match handover {
+            Some(h) => h,
+            None => tokio::select! {
+                h = ho_rx => match h {
+                    Ok(h) => h,
+                    Err(_) => return,
+                },
+                _ = link.close_requested() => return,
             },
-            _ = link.close_requested() => return,
-        },
-    };
-    // From here on the engine is gone: this task closes the link if the fallback fails.
-    drop(dead_tx);
-    let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
-    match fall_back(&mut r, &mut w, handover, peer_count, &link).await {
-        Ok(rx) => tcp::resume(r, w, rx, link, dispatch, closer, live),
-        Err(e) => {
-            tracing::warn!(error = %e, "link fallback failed");
-            closer.close(e.into());
-            let _ = w.shutdown().await;
+        };
+        // From here on the engine is gone: this task closes the link if the fallback fails.
+        drop(dead_tx);
+        let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
+        let resynced = match fall_back(&mut r, &mut w, handover, peer, &link, &prober).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "link fallback failed");
+                closer.close(e.into());
+                let _ = w.shutdown().await;
+                return;
+            }
+        };
+        // The TCP phase, with the hooks a re-probe needs.
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (stop_tx, stop_writing) = oneshot::channel();
+        let (writer_back, writer_rx) = oneshot::channel();
+        let (reader_back, reader_rx) = oneshot::channel();
+        let over = tokio_util::sync::CancellationToken::new();
+        let hooks = tcp::Phase {
+            events: events_tx,
+            stop_writing,
+            writer_back,
+            reader_back,
+            over: over.clone(),
+        };
+        tcp::resume(
+            r,
+            w,
+            resynced.rx,
+            link.clone(),
+            dispatch.clone(),
+            closer,
+            live,
+            Some(hooks),
+        );
+        let ends = PhaseEnd {
+            events,
+            stop_tx,
+            writer_rx,
+            reader_rx,
+        };
+        let next = if prober.is_client() {
+            reprobe_client(&prober, &link, ends, resynced.nonce).await
+        } else {
+            reprobe_server(&prober, &link, ends).await
+        };
+        let Some(next) = next else { return };
+        over.cancel();
+        let (dead_tx, dead_rx) = oneshot::channel();
+        let (ho_tx, ho_rx) = oneshot::channel();
+        link.rearm_fall_back();
+        link.touch();
+        let _ = link.machine().apply(
+            LinkEvent::QpUp,
+            &format_args!("re-probe {} switched", next.probe),
+        );
+        rdma::start(
+            next.parts,
+            next.posted,
+            dispatch.clone(),
+            dead_rx,
+            link.clone(),
+            next.rx,
+            ho_tx,
+            resynced.seqs,
+        );
+        phase = RdmaPhase {
+            r: next.r,
+            w: next.w,
+            dead_tx,
+            ho_rx,
+        };
+    }
+}
+
+/// Runs the control connection while the link is on a QP: PING and PONG, keepalive, and the
+/// signs of a fallback (the engine's hand-over, the peer's RESYNC).
+async fn watch_rdma<R, W>(
+    phase: &mut RdmaPhase<R, W>,
+    live: Liveness,
+    dispatch: &Arc<dyn Dispatch>,
+    link: &LinkTx,
+) -> (End, Option<Handover>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (ping_tx, mut ping_rx) = mpsc::unbounded_channel::<u64>();
+    let watcher = keepalive::watch(link, live, &**dispatch, move |n| {
+        let _ = ping_tx.send(n);
+    });
+    tokio::pin!(watcher);
+    let RdmaPhase { r, w, ho_rx, .. } = phase;
+    loop {
+        let reply = tokio::select! {
+            f = r.read_frame() => match f {
+                Ok(Some(frame)) => match Incoming::parse(frame) {
+                    Ok(msg) if msg.header.kind == Kind::Ping => {
+                        link.touch();
+                        tcp::control(Kind::Pong, msg.header.call_id)
+                    }
+                    Ok(msg) if msg.header.kind == Kind::Pong => {
+                        link.touch();
+                        continue;
+                    }
+                    Ok(msg) if msg.header.kind == Kind::Resync => {
+                        link.touch();
+                        link.fall_back();
+                        return (End::FallBack(Some((msg.header.call_id, msg.body))), None);
+                    }
+                    Ok(msg) => return (End::Close(tcp::peer_error(&msg)), None),
+                    Err(e) => return (End::Close(unavailable(format!("control channel: {e}"))), None),
+                },
+                Ok(None) => return (End::Close(unavailable("peer closed the control connection")), None),
+                Err(e) => return (End::Close(unavailable(format!("control connection: {e}"))), None),
+            },
+            Some(n) = ping_rx.recv() => tcp::control(Kind::Ping, n),
+            why = &mut watcher => return (End::Close(why), None),
+            h = &mut *ho_rx => return match h {
+                Ok(h) => (End::FallBack(None), Some(h)),
+                // The engine closed the link.
+                Err(_) => (End::Close(unavailable("link closed")), None),
+            },
+            _ = link.close_requested() => return (End::Close(unavailable("link closed")), None),
+        };
+        let h = reply.final_header().encode();
+        if let Err(e) = w.write_frame(&[&h]).await {
+            return (
+                End::Close(unavailable(format!("control connection: {e}"))),
+                None,
+            );
+        }
+        if let Err(e) = w.flush().await {
+            return (
+                End::Close(unavailable(format!("control connection: {e}"))),
+                None,
+            );
         }
     }
 }
 
-/// Steps 1 and 2 of the module docs; returns the callers' channel for the TCP engine.
+/// Steps 1 and 2 of the module docs; returns the callers' channel for the TCP engine and the
+/// counts a new QP continues from.
 async fn fall_back<R, W>(
     r: &mut FrameReader<R>,
     w: &mut FrameWriter<W>,
     h: Handover,
-    peer_count: Option<u64>,
+    peer_resync: Option<(u64, Bytes)>,
     link: &LinkTx,
-) -> Result<tokio::sync::mpsc::UnboundedReceiver<Outgoing>, FallbackError>
+    prober: &Prober,
+) -> Result<Resynced, FallbackError>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -238,11 +351,15 @@ where
     let mut resync = Header::new(Kind::Resync);
     resync.call_id = received;
     resync.timeout_us = sent;
-    w.write_frame(&[&resync.encode()])
+    // The server arms a nonce on its device for the client's first re-probe.
+    let nonce = (!prober.is_client()).then(|| prober.arm().to_le_bytes());
+    let body: &[u8] = nonce.as_ref().map_or(&[], |n| &n[..]);
+    resync.body_len = body.len() as u32;
+    w.write_frame(&[&resync.encode(), body])
         .await
         .map_err(FallbackError::Io)?;
     w.flush().await.map_err(FallbackError::Io)?;
-    let peer = match peer_count {
+    let (peer, peer_body) = match peer_resync {
         Some(p) => p,
         None => tokio::time::timeout(RESYNC_LIMIT, read_resync(r, w))
             .await
@@ -266,7 +383,225 @@ where
         resent,
         "link resynced over TCP"
     );
-    Ok(rx)
+    let nonce = <[u8; 8]>::try_from(&peer_body[..])
+        .ok()
+        .map(u64::from_le_bytes);
+    Ok(Resynced {
+        rx,
+        seqs: (peer, received),
+        nonce,
+    })
+}
+
+/// How the control task ends a TCP phase ([`tcp::Phase`]).
+struct PhaseEnd<R, W> {
+    events: mpsc::UnboundedReceiver<Incoming>,
+    stop_tx: oneshot::Sender<Outgoing>,
+    writer_rx: oneshot::Receiver<(FrameWriter<W>, mpsc::UnboundedReceiver<Outgoing>)>,
+    reader_rx: oneshot::Receiver<FrameReader<R>>,
+}
+
+/// A re-probe that worked: the new QP, and the connection and channel back from TCP.
+struct Switched<R, W> {
+    probe: u64,
+    parts: RdmaParts,
+    posted: Posted,
+    r: FrameReader<R>,
+    w: FrameWriter<W>,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+}
+
+/// A re-probe message (REPROBE, REPROBE_ACK or SWITCH) numbered `probe`.
+fn reprobe_msg(kind: Kind, probe: u64, nonce: u64, body: Vec<u8>) -> Outgoing {
+    let mut header = Header::new(kind);
+    header.call_id = probe;
+    header.timeout_us = nonce;
+    Outgoing {
+        header,
+        meta: Vec::new(),
+        body: body.into(),
+    }
+}
+
+/// Ends the TCP phase after the re-probe `probe` was agreed: sends SWITCH last on TCP, and
+/// takes the connection back once the peer's SWITCH was read.
+async fn switch<R, W>(
+    probe: u64,
+    parts: RdmaParts,
+    posted: Posted,
+    end: PhaseEnd<R, W>,
+) -> Option<Switched<R, W>> {
+    let PhaseEnd {
+        stop_tx,
+        writer_rx,
+        reader_rx,
+        ..
+    } = end;
+    stop_tx
+        .send(reprobe_msg(Kind::Switch, probe, 0, Vec::new()))
+        .ok()?;
+    let (w, rx) = writer_rx.await.ok()?;
+    let r = reader_rx.await.ok()?;
+    Some(Switched {
+        probe,
+        parts,
+        posted,
+        r,
+        w,
+        rx,
+    })
+}
+
+/// Client: re-probes with capped exponential backoff until one works (or the link closes).
+async fn reprobe_client<R, W>(
+    prober: &Prober,
+    link: &LinkTx,
+    mut end: PhaseEnd<R, W>,
+    mut nonce: Option<u64>,
+) -> Option<Switched<R, W>> {
+    let (first, max, limit) = prober.timing();
+    if first.is_zero() {
+        // Re-probes are off: the link stays on TCP until it closes.
+        link.close_requested().await;
+        return None;
+    }
+    let mut backoff = first;
+    let mut probe = 0u64;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = link.close_requested() => return None,
+        }
+        probe += 1;
+        let _ = link.machine().apply(
+            LinkEvent::ProbeDue,
+            &format_args!("re-probe {probe} after {backoff:?}"),
+        );
+        let tried = tokio::time::timeout(
+            limit,
+            try_reprobe(prober, link, &mut end, &mut nonce, probe),
+        )
+        .await;
+        match tried {
+            Ok(Ok((parts, posted))) => return switch(probe, parts, posted, end).await,
+            Ok(Err(why)) => {
+                let _ = link.machine().apply(LinkEvent::ProbeFailed, &why);
+            }
+            Err(_) => {
+                let _ = link.machine().apply(
+                    LinkEvent::ProbeFailed,
+                    &format_args!("re-probe {probe}: no answer within {limit:?}"),
+                );
+            }
+        }
+        if link.is_closed() {
+            return None;
+        }
+        backoff = (backoff * 2).min(max);
+    }
+}
+
+/// One re-probe from the client: probe, offer a new QP, wait for the answer, connect.
+async fn try_reprobe<R, W>(
+    prober: &Prober,
+    link: &LinkTx,
+    end: &mut PhaseEnd<R, W>,
+    nonce: &mut Option<u64>,
+    probe: u64,
+) -> Result<(RdmaParts, Posted), Status> {
+    // Answers to earlier probes that timed out carry fresher nonces.
+    while let Ok(m) = end.events.try_recv() {
+        if m.header.kind == Kind::ReprobeAck {
+            *nonce = Some(m.header.timeout_us);
+        }
+    }
+    #[cfg(feature = "test-hooks")]
+    if link.faults().reprobes_blocked() {
+        return Err(unavailable("re-probe refused by a test fault"));
+    }
+    let n = nonce.ok_or_else(|| unavailable("re-probe: no nonce from the server"))?;
+    let (mut parts, select) = prober.offer(n)?;
+    link.send(reprobe_msg(Kind::Reprobe, probe, 0, select))?;
+    let ack = loop {
+        let m = end
+            .events
+            .recv()
+            .await
+            .ok_or_else(|| unavailable("link closed during a re-probe"))?;
+        if m.header.kind == Kind::ReprobeAck {
+            *nonce = Some(m.header.timeout_us);
+            if m.header.call_id == probe {
+                break m;
+            }
+        }
+    };
+    let posted = prober.complete(&mut parts, &ack.body)?;
+    Ok((parts, posted))
+}
+
+/// Server: answers re-probes until the client's SWITCH for an accepted one (or the link
+/// closes).
+async fn reprobe_server<R, W>(
+    prober: &Prober,
+    link: &LinkTx,
+    mut end: PhaseEnd<R, W>,
+) -> Option<Switched<R, W>> {
+    let mut pending: Option<(u64, RdmaParts, Posted)> = None;
+    loop {
+        let m = tokio::select! {
+            m = end.events.recv() => m?,
+            _ = link.close_requested() => return None,
+        };
+        let probe = m.header.call_id;
+        match m.header.kind {
+            Kind::Reprobe => {
+                if link.machine().state() == crate::LinkState::Reprobe {
+                    let _ = link.machine().apply(
+                        LinkEvent::ProbeFailed,
+                        &format_args!("re-probe {probe} replaces the last"),
+                    );
+                }
+                let _ = link
+                    .machine()
+                    .apply(LinkEvent::ProbeDue, &format_args!("REPROBE {probe}"));
+                let next = prober.arm();
+                let answer = match prober.answer(&m.body) {
+                    Ok((parts, posted, accept)) => {
+                        pending = Some((probe, parts, posted));
+                        accept
+                    }
+                    Err(why) => {
+                        pending = None;
+                        let _ = link.machine().apply(LinkEvent::ProbeFailed, &why);
+                        crate::wire::hello::Hello::Refuse {
+                            reason: why.message.clone(),
+                        }
+                        .encode()
+                    }
+                };
+                if link
+                    .send(reprobe_msg(Kind::ReprobeAck, probe, next, answer))
+                    .is_err()
+                {
+                    return None;
+                }
+            }
+            Kind::Switch => {
+                // The read side has ended at the client's SWITCH: it must be for the QP
+                // accepted last, or the link cannot go on.
+                match pending.take() {
+                    Some((p, parts, posted)) if p == probe => {
+                        return switch(probe, parts, posted, end).await;
+                    }
+                    _ => {
+                        link.close();
+                        return None;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The messages to re-send over TCP, in order, once the peer said it received `peer` of the
@@ -296,11 +631,11 @@ fn to_resend<'a>(
 }
 
 /// Reads the control connection up to the peer's RESYNC (answering PINGs on the way) and
-/// returns its count.
+/// returns its count and body.
 async fn read_resync<R, W>(
     r: &mut FrameReader<R>,
     w: &mut FrameWriter<W>,
-) -> Result<u64, FallbackError>
+) -> Result<(u64, Bytes), FallbackError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -311,9 +646,10 @@ where
             .await
             .map_err(FallbackError::Io)?
             .ok_or(FallbackError::PeerClosed)?;
-        let h = Header::decode(&frame).map_err(FallbackError::Garbage)?;
+        let m = Incoming::parse(frame).map_err(FallbackError::Garbage)?;
+        let h = m.header;
         match h.kind {
-            Kind::Resync => return Ok(h.call_id),
+            Kind::Resync => return Ok((h.call_id, m.body)),
             Kind::Ping => {
                 let pong = tcp::control(Kind::Pong, h.call_id).final_header().encode();
                 w.write_frame(&[&pong]).await.map_err(FallbackError::Io)?;

@@ -62,7 +62,10 @@ struct LinkShared {
     machine: LinkMachine,
     /// Fired when the peer's RESYNC says its QP failed: the RDMA engine stops and hands its
     /// messages to the fallback ([`rdma::failover`]).
-    fall_back_now: CancellationToken,
+    fall_back_now: parking_lot::Mutex<CancellationToken>,
+    /// Set by the first [`tcp::Closer`] that closes the link: `Dispatch::closed` runs once
+    /// whichever engine (phase) sees the end.
+    closed_once: std::sync::atomic::AtomicBool,
     /// Test-only faults of this link ([`crate::test_hooks::LinkFaults`]).
     #[cfg(feature = "test-hooks")]
     faults: crate::test_hooks::LinkFaults,
@@ -97,7 +100,8 @@ impl LinkTx {
                 }),
                 last_rx: keepalive::now_us().into(),
                 machine,
-                fall_back_now: CancellationToken::new(),
+                fall_back_now: parking_lot::Mutex::new(CancellationToken::new()),
+                closed_once: std::sync::atomic::AtomicBool::new(false),
                 #[cfg(feature = "test-hooks")]
                 faults: crate::test_hooks::LinkFaults::default(),
             }),
@@ -158,17 +162,31 @@ impl LinkTx {
 
     /// Asks the RDMA engine to stop and hand over to the fallback (the peer's QP failed).
     pub(crate) fn fall_back(&self) {
-        self.inner.fall_back_now.cancel();
+        self.inner.fall_back_now.lock().cancel();
     }
 
-    /// [`LinkTx::fall_back`] was called.
+    /// [`LinkTx::fall_back`] was called since the engine started.
     pub(crate) fn fall_back_pending(&self) -> bool {
-        self.inner.fall_back_now.is_cancelled()
+        self.inner.fall_back_now.lock().is_cancelled()
     }
 
-    /// Resolves when [`LinkTx::fall_back`] was called.
+    /// Resolves when [`LinkTx::fall_back`] is called.
     pub(crate) async fn fall_back_requested(&self) {
-        self.inner.fall_back_now.cancelled().await
+        let t = self.inner.fall_back_now.lock().clone();
+        t.cancelled().await
+    }
+
+    /// A new QP took over (a re-probe): the next fallback needs a new request.
+    pub(crate) fn rearm_fall_back(&self) {
+        *self.inner.fall_back_now.lock() = CancellationToken::new();
+    }
+
+    /// True the first time only: whoever gets it calls `Dispatch::closed`.
+    pub(crate) fn claim_close(&self) -> bool {
+        !self
+            .inner
+            .closed_once
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// The link's test-only faults.

@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
-//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE, 14 RESYNC |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE, 14 RESYNC, 15 REPROBE, 16 REPROBE_ACK, 17 SWITCH |
 //! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bit 5: [`FLAG_REFUSED`] (RESPONSE, server → client: refused before dispatch, no handler ran, so the client may retry it transparently once: `crate::retry`); bits 6–7 sent as 0, not checked on receipt |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
@@ -37,11 +37,20 @@
 //! beyond the window fails the stream RESOURCE_EXHAUSTED, never the link.
 //!
 //! # Resync (kind 14; after the QP of an RDMA link failed)
-//! RESYNC (either way, on the TCP control connection, a header alone): `call_id` = whole
-//! messages this side received from the peer over RDMA (the full count of which `seq` is the low
-//! 16 bits), `timeout_us` = whole messages it sent over RDMA. Each side sends one when it falls
+//! RESYNC (either way, on the TCP control connection): `call_id` = whole messages this side
+//! received from the peer over RDMA (the full count of which `seq` is the low 16 bits),
+//! `timeout_us` = whole messages it sent over RDMA; body: from the server, 8 bytes LE, a nonce
+//! armed on its device for the client's first re-probe (empty from the client). Each side sends one when it falls
 //! back, reads the peer's, and then re-sends over TCP, in order, the messages the peer's
 //! count says it never received, before any new message (DESIGN.md 3.5, "Link life").
+//!
+//! # Re-probe (kinds 15–17; a fallen-back link takes RDMA back)
+//! On the TCP connection of a link in fallback, in order with the messages: REPROBE (client,
+//! `call_id` = probe number, body = SELECT_RDMA with a new QP's endpoint), REPROBE_ACK (server,
+//! same `call_id`, body = RDMA_ACCEPT with its new QP, connected and with receives posted, or
+//! REFUSE), then SWITCH both ways (same `call_id`): each side's last message on TCP. A side
+//! sends over the new QP only after it sent its SWITCH and read the peer's, so everything
+//! either side sent on TCP is delivered before anything it sends on RDMA.
 //!
 //! [`Header::decode`] checks `meta_len` and `body_len` against the bytes actually received
 //! before anything is sliced. The configured maxima are applied before that, where the bytes
@@ -131,6 +140,24 @@ pub enum Kind {
     /// After an RDMA link's QP failed, on its TCP control connection (module docs,
     /// "Resync"): `call_id` = whole messages received over RDMA, `timeout_us` = sent.
     Resync = 14,
+    /// Client → server on a fallen-back link's TCP connection: try a new QP. `call_id` = the
+    /// probe's number; body = a SELECT_RDMA set-up message ([`crate::wire::hello`]) with the
+    /// client's new QP.
+    Reprobe = 15,
+    /// Server → client, answer to REPROBE `call_id`: body = RDMA_ACCEPT (the server's new QP,
+    /// connected, receives posted) or REFUSE.
+    ReprobeAck = 16,
+    /// Either way after an accepted REPROBE `call_id`: the sender's last message on TCP; what
+    /// it sends next goes over the new QP.
+    Switch = 17,
+}
+
+impl Kind {
+    /// REPROBE, REPROBE_ACK or SWITCH: messages of a re-probe, for the link, not the
+    /// application.
+    pub fn is_reprobe(self) -> bool {
+        matches!(self, Kind::Reprobe | Kind::ReprobeAck | Kind::Switch)
+    }
 }
 
 /// A decoded header.
@@ -250,6 +277,9 @@ impl Header {
             12 => Kind::HalfClose,
             13 => Kind::WindowUpdate,
             14 => Kind::Resync,
+            15 => Kind::Reprobe,
+            16 => Kind::ReprobeAck,
+            17 => Kind::Switch,
             k => return err(format!("unknown kind {k}")),
         };
         let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -338,6 +368,9 @@ mod tests {
             (Kind::HalfClose, 12),
             (Kind::WindowUpdate, 13),
             (Kind::Resync, 14),
+            (Kind::Reprobe, 15),
+            (Kind::ReprobeAck, 16),
+            (Kind::Switch, 17),
         ] {
             let mut h = Header::new(kind);
             h.timeout_us = 65_536;
@@ -360,7 +393,7 @@ mod tests {
     fn header_rejects_short_bad_magic_version_and_kind() {
         let good = Header::new(Kind::Cancel).encode();
         assert!(Header::decode(&good[..39]).is_err());
-        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 15)] {
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 18)] {
             let mut b = good;
             b[i] = v;
             assert!(Header::decode(&b).is_err(), "byte {i} = {v}");

@@ -68,11 +68,12 @@ pub(crate) struct Seqs {
 }
 
 impl Seqs {
-    /// Numbers continuing a link's count (`sent` messages already sent over an earlier QP, and
-    /// the peer's count of received ones restarted with it).
-    pub(crate) fn starting_at(sent: u64) -> Self {
+    /// Numbers continuing a link's counts on a new QP: `sent` = what the peer said it received
+    /// (the rest went again over TCP), `received` = what this side received.
+    pub(crate) fn starting_at(sent: u64, received: u64) -> Self {
         Seqs {
             sent,
+            received,
             ..Seqs::default()
         }
     }

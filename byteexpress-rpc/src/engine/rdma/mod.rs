@@ -172,13 +172,14 @@ pub(crate) fn spawn(
         link.clone(),
         rx,
         handover,
-        0,
+        (0, 0),
     );
     link
 }
 
 /// Runs an engine for `link` on `parts` (a link's first QP, or a re-probe's), taking messages
-/// from `rx`; `sent_seq` is the count of messages the link already sent over RDMA.
+/// from `rx`; `seqs` = (sent, received): the link's message counts on RDMA so far
+/// ([`failover::Seqs::starting_at`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     parts: RdmaParts,
@@ -188,7 +189,7 @@ pub(crate) fn start(
     link: LinkTx,
     rx: mpsc::UnboundedReceiver<Outgoing>,
     handover: tokio::sync::oneshot::Sender<failover::Handover>,
-    sent_seq: u64,
+    seqs: (u64, u64),
 ) {
     let counters = link.counters().clone();
     *counters.qp.lock() = Some(parts.qp.clone());
@@ -226,7 +227,7 @@ pub(crate) fn start(
         delivered: false,
         arrived: None,
         batch: Vec::new(),
-        seqs: failover::Seqs::starting_at(sent_seq),
+        seqs: failover::Seqs::starting_at(seqs.0, seqs.1),
         qp_failed: None,
         draining: false,
     };
