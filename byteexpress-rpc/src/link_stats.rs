@@ -56,6 +56,9 @@ pub struct LinkStats {
     /// Messages re-sent over TCP after a fallback because the peer's resync said they were
     /// never delivered.
     pub resent: u64,
+    /// WRs of failed QPs whose completion (a flush) has not come yet: their buffers are held
+    /// until it does; those never completed stay counted (freed only with their QP).
+    pub awaiting_flush: u64,
 }
 
 /// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
@@ -76,6 +79,7 @@ pub(crate) struct LinkCounters {
     pub reassembled_on_heap: AtomicU64,
     pub window_cap: AtomicU64,
     pub resent: AtomicU64,
+    pub awaiting_flush: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
@@ -107,6 +111,7 @@ impl LinkCounters {
             reassembled_on_heap: g(&self.reassembled_on_heap),
             window_cap: g(&self.window_cap),
             resent: g(&self.resent),
+            awaiting_flush: g(&self.awaiting_flush),
             ..LinkStats::default()
         }
     }

@@ -168,6 +168,17 @@ async fn calls_survive_a_qp_error(at: FaultAt) {
         let r = r.unwrap_or_else(|e| panic!("call {id} failed after the QP error ({at:?}): {e}"));
         assert_eq!(r.body, body, "call {id}: its own answer");
     }
+    // Every WR of the failed QP completed (flushed), so each of its buffers was freed at its
+    // completion (it used to keep the completions polled with the failing one unhandled).
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while small.link_stats().awaiting_flush > 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "WRs of the failed QP never completed: {:?}",
+            small.link_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let st = small.link_stats();
     eprintln!("{at:?}: after the fault: {st:?}");
     assert_eq!(st.link_state, Some(LinkState::FallbackTcp), "{st:?}");

@@ -57,7 +57,8 @@ pub fn hold_provider_qp(qp: &Qp) -> Option<ProviderHold> {
 /// send WR completes with `RETRY_EXC_ERR`, every other WR is flushed (`WR_FLUSH_ERR`, sends
 /// first), the QP enters ERR, and its ring refuses the peer's further claims, so the peer's
 /// sends time out with `RETRY_EXC_ERR` as against a dead responder. Per QP: no other QP of the
-/// process is touched. False when `qp` is not a soft QP of this process.
+/// process is touched. False when `qp` is not a soft QP of this process (another provider's
+/// QP with the same number included).
 pub fn inject_qp_error(qp: &Qp) -> bool {
     let Some(dev) = super::device::opened() else {
         return false;
@@ -70,6 +71,10 @@ pub fn inject_qp_error(qp: &Qp) -> bool {
     else {
         return false;
     };
+    // The same QP, not another provider's QP with the same number.
+    if !std::ptr::addr_eq(std::sync::Arc::as_ptr(&qp.inner), std::sync::Arc::as_ptr(&q)) {
+        return false;
+    }
     q.ring
         .recv_cons()
         .fetch_or(super::ring::ERR_BIT, Ordering::AcqRel);

@@ -65,6 +65,9 @@ pub(crate) struct Seqs {
     unconfirmed: VecDeque<(u64, Outgoing)>,
     /// Messages whose completing SEND was granted or built but never posted (a failed post).
     pub(super) unposted: Vec<Outgoing>,
+    /// Completions polled but not handled when the QP failed (the failing one and the rest of
+    /// its poll), for the drain.
+    pub(super) polled: Vec<Wc>,
 }
 
 impl Seqs {
@@ -146,6 +149,8 @@ pub(crate) struct Remains {
     parts: RdmaParts,
     recv_posted: Posted,
     send_posted: PostedBufs<SendMeta>,
+    /// `awaiting_flush` is counted down as the flushes come.
+    counters: std::sync::Arc<crate::link_stats::LinkCounters>,
 }
 
 /// How often [`Remains::reap`] polls for flush completions, and for how long in all before it
@@ -188,8 +193,12 @@ impl Remains {
     }
 
     fn take(&mut self, wc: &Wc) {
-        if self.recv_posted.complete(wc).is_none() {
-            let _ = self.send_posted.complete(wc);
+        let done =
+            self.recv_posted.complete(wc).is_some() || self.send_posted.complete(wc).is_some();
+        if done {
+            self.counters
+                .awaiting_flush
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -210,9 +219,16 @@ impl Engine {
         // Completions already in the CQ: successful receives are delivered (the peer counts
         // them as delivered once its SEND completed), successful SENDs confirmed, flushes
         // free their buffers. Chunks are copied as they come.
+        for wc in std::mem::take(&mut self.seqs.polled) {
+            self.drain_one(&wc);
+        }
         let mut wcs = [Wc::default(); 32];
         let mut empty = 0;
-        while empty < DRAIN_POLLS && !(self.recv_posted.is_empty() && self.send_posted.is_empty()) {
+        // Until every receive WR has completed (a flush comes after any success of the same
+        // queue, so then nothing the peer counts as sent is left behind); send WRs need not
+        // wait: the peer's count decides what goes again, and their buffers go to the reaper.
+        let t0 = std::time::Instant::now();
+        while empty < DRAIN_POLLS && !self.recv_posted.is_empty() {
             let n = match self.parts.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(_) => break,
@@ -226,6 +242,12 @@ impl Engine {
                 self.drain_one(wc);
             }
         }
+        tracing::debug!(
+            waited_us = t0.elapsed().as_micros() as u64,
+            recv_left = self.recv_posted.len(),
+            send_left = self.send_posted.len(),
+            "failed QP drained"
+        );
         let _ = self.copy_chunks(usize::MAX);
         // What the windows hold for SENDs never completed goes back (the device window is
         // shared with other links).
@@ -247,8 +269,13 @@ impl Engine {
             recv_posted,
             send_posted,
             seqs,
+            counters,
             ..
         } = self;
+        counters.awaiting_flush.fetch_add(
+            (recv_posted.len() + send_posted.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         Handover {
             fault,
             received: seqs.received,
@@ -260,6 +287,7 @@ impl Engine {
                 parts,
                 recv_posted,
                 send_posted,
+                counters,
             },
         }
     }

@@ -433,9 +433,12 @@ impl Engine {
         // their bytes summed (completions may be merged, `Window::on_complete`; the RTT plays
         // no part).
         let mut done = 0;
-        for wc in &wcs[..n] {
+        for (i, wc) in wcs[..n].iter().enumerate() {
             if let Err(why) = self.on_completion(wc, &mut done) {
                 let _ = self.release(done, 0);
+                // Taken off the CQ but not handled: a fallback's drain takes them first (their
+                // WRs' buffers are freed only at their completions).
+                self.seqs.polled.extend_from_slice(&wcs[i..n]);
                 return Err(why);
             }
         }
