@@ -209,3 +209,29 @@ impl LinkMachine {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The machine moves only through accepted events, and counts what it did: transitions,
+    /// fallbacks from RDMA, re-probes started; a refused event changes and counts nothing.
+    #[test]
+    fn the_machine_counts_transitions_fallbacks_and_reprobes_and_ignores_refused_events() {
+        let m = LinkMachine::new("client");
+        assert_eq!(m.state(), LinkState::Hello);
+        m.apply(LinkEvent::HelloRdma, &"test").unwrap();
+        m.apply(LinkEvent::QpUp, &"test").unwrap();
+        assert!(m.apply(LinkEvent::ProbeDue, &"out of turn").is_err());
+        assert_eq!((m.state(), m.counts()), (LinkState::Rdma, (2, 0, 0)));
+        m.apply(LinkEvent::QpFailed, &"test").unwrap();
+        m.apply(LinkEvent::ProbeDue, &"test").unwrap();
+        m.apply(LinkEvent::ProbeFailed, &"test").unwrap();
+        m.apply(LinkEvent::ProbeDue, &"test").unwrap();
+        m.apply(LinkEvent::QpUp, &"test").unwrap();
+        assert_eq!((m.state(), m.counts()), (LinkState::Rdma, (7, 1, 2)));
+        m.apply(LinkEvent::Closed, &"test").unwrap();
+        assert!(m.apply(LinkEvent::QpUp, &"after close").is_err());
+        assert_eq!((m.state(), m.counts()), (LinkState::Closed, (8, 1, 2)));
+    }
+}

@@ -10,7 +10,7 @@
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
 //! | 12 | 2 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP); at most grant + 1 ≤ 4,097 |
-//! | 14 | 2 | seq | RDMA: on a SEND that completes a message (a single-chunk message, or the last chunk), the message's number in its direction on the link, mod 2^16 (counted from 0 on the link's first QP, never reset); the receiver checks it against its own count; 0 on other SENDs and on TCP. The resync after a fallback states the full count (RESYNC) |
+//! | 14 | 2 | seq | RDMA: on a SEND that completes a message (a single-chunk message, or the last chunk), the message's number, mod 2^16, among the messages of its direction received over RDMA on this link (from 0; a re-probed QP continues from the count the peer's RESYNC stated); the receiver checks it against its own count; 0 on other SENDs and on TCP. The resync after a fallback states the full count (RESYNC) |
 //! | 16 | 8 | call_id | call number, unique per conn_id while the call lives (a server closes the link of a peer that reuses a running one); PING: the ping's number, echoed by its PONG |
 //! | 24 | 8 | timeout_us | REQUEST, STREAM_OPEN: time left until the deadline in µs, 0 = none; STREAM_MESSAGE: the message's sequence number in its direction (a STREAM_OPEN's message is 0); HALF_CLOSE, and RESPONSE of a stream: messages sent before it in that direction; WINDOW_UPDATE: bytes granted |
 //! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |

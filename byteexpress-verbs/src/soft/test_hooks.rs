@@ -72,7 +72,10 @@ pub fn inject_qp_error(qp: &Qp) -> bool {
         return false;
     };
     // The same QP, not another provider's QP with the same number.
-    if !std::ptr::addr_eq(std::sync::Arc::as_ptr(&qp.inner), std::sync::Arc::as_ptr(&q)) {
+    if !std::ptr::addr_eq(
+        std::sync::Arc::as_ptr(&qp.inner),
+        std::sync::Arc::as_ptr(&q),
+    ) {
         return false;
     }
     q.ring
