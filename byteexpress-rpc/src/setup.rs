@@ -280,6 +280,65 @@ fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
         .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
 }
 
+/// Why a re-probe failed. Crate-private: it becomes the cause of the link's `ProbeFailed`
+/// transition, and the REFUSE reason a server answers; the link itself goes on over TCP.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReprobeError {
+    /// A re-probe offered by the server (only the client starts them).
+    #[error("re-probes are started by the client")]
+    NotClient,
+    /// The server armed no nonce for the probe.
+    #[error("no probe nonce from the server")]
+    NoNonce,
+    /// The server's device did not answer the probe: the path is still down.
+    #[error("the server's device does not answer its probe")]
+    Unreachable,
+    /// Building or connecting the new QP, or posting its receives, failed.
+    #[error("new QP")]
+    Qp(#[source] Status),
+    /// A set-up message in a re-probe does not decode.
+    #[error("undecodable re-probe message")]
+    Wire(#[source] crate::wire::WireError),
+    /// A set-up message of another type than the re-probe step expects.
+    #[error("expected {0}")]
+    Unexpected(&'static str),
+    /// The peer's QP endpoint does not decode.
+    #[error("peer QP endpoint")]
+    Endpoint(#[source] byteexpress_verbs::Error),
+    /// A receive-buffer size other than the link's.
+    #[error("receive buffers of {got} bytes, the link's are {want}")]
+    RecvBuf {
+        /// The size offered.
+        got: usize,
+        /// The link's size.
+        want: usize,
+    },
+    /// The server answered REFUSE.
+    #[error("the server refused: {0}")]
+    Refused(String),
+    /// REPROBE could not be queued: the link closed.
+    #[error("the link closed")]
+    LinkClosed,
+    /// A test fault holds the path down (`LinkFaults::block_reprobes`).
+    #[cfg(feature = "test-hooks")]
+    #[error("blocked by a test fault")]
+    Blocked,
+}
+
+impl ReprobeError {
+    /// The error with its causes, for a log line or a REFUSE reason.
+    pub(crate) fn chain(&self) -> String {
+        let mut msg = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        msg
+    }
+}
+
 /// What a fallen-back RDMA link needs to take RDMA back (a re-probe, DESIGN.md 3.5 "Link
 /// life"): the local device and settings its first QP was built with and, on the client, the
 /// server device it reached. Both sides build a new QP on the same devices.
@@ -312,16 +371,15 @@ impl Prober {
 
     /// Client: probes the server's device with `nonce` (armed by the server), builds a new QP
     /// and returns it with the SELECT_RDMA that offers it.
-    pub(crate) fn offer(&self, nonce: u64) -> Result<(RdmaParts, Vec<u8>), Status> {
+    pub(crate) fn offer(&self, nonce: u64) -> Result<(RdmaParts, Vec<u8>), ReprobeError> {
         let Some((info, dev)) = &self.server_dev else {
-            return Err(unavailable("re-probe offered by the server"));
+            return Err(ReprobeError::NotClient);
         };
         if !self.ctx.probe(info, nonce).unwrap_or(false) {
-            return Err(unavailable(
-                "re-probe: the server's device does not answer its probe",
-            ));
+            return Err(ReprobeError::Unreachable);
         }
-        let parts = build_rdma(self.ctx, &self.cfg, self.cfg.recv_buf_size)?;
+        let parts =
+            build_rdma(self.ctx, &self.cfg, self.cfg.recv_buf_size).map_err(ReprobeError::Qp)?;
         let select = Hello::SelectRdma {
             device: *dev,
             grant: self.cfg.grant,
@@ -336,30 +394,25 @@ impl Prober {
         &self,
         parts: &mut RdmaParts,
         answer: &[u8],
-    ) -> Result<rdma::Posted, Status> {
-        let decoded =
-            Hello::decode(answer).map_err(|e| unavailable(format!("re-probe answer: {e}")))?;
+    ) -> Result<rdma::Posted, ReprobeError> {
+        let decoded = Hello::decode(answer).map_err(ReprobeError::Wire)?;
         let (grant, recv_buf, ep) = match decoded {
             Hello::RdmaAccept {
                 grant,
                 recv_buf,
                 endpoint,
             } => (grant, recv_buf as usize, endpoint),
-            Hello::Refuse { reason } => {
-                return Err(unavailable(format!(
-                    "server refused the re-probe: {reason}"
-                )));
-            }
-            _ => return Err(unavailable("re-probe: expected RDMA_ACCEPT")),
+            Hello::Refuse { reason } => return Err(ReprobeError::Refused(reason)),
+            _ => return Err(ReprobeError::Unexpected("RDMA_ACCEPT or REFUSE")),
         };
         if recv_buf != self.cfg.recv_buf_size {
-            return Err(unavailable(
-                "re-probe: the server changed the receive-buffer size",
-            ));
+            return Err(ReprobeError::RecvBuf {
+                got: recv_buf,
+                want: self.cfg.recv_buf_size,
+            });
         }
-        let ep =
-            Endpoint::from_bytes(&ep).map_err(|e| unavailable(format!("server endpoint: {e}")))?;
-        connect_qp(parts, &ep, grant.min(self.cfg.grant))
+        let ep = Endpoint::from_bytes(&ep).map_err(ReprobeError::Endpoint)?;
+        connect_qp(parts, &ep, grant.min(self.cfg.grant)).map_err(ReprobeError::Qp)
     }
 
     /// Server: arms a fresh nonce on its device for the client's next re-probe.
@@ -374,8 +427,8 @@ impl Prober {
     pub(crate) fn answer(
         &self,
         select: &[u8],
-    ) -> Result<(RdmaParts, rdma::Posted, Vec<u8>), Status> {
-        let decoded = Hello::decode(select).map_err(|e| unavailable(format!("re-probe: {e}")))?;
+    ) -> Result<(RdmaParts, rdma::Posted, Vec<u8>), ReprobeError> {
+        let decoded = Hello::decode(select).map_err(ReprobeError::Wire)?;
         let Hello::SelectRdma {
             grant,
             recv_buf,
@@ -383,17 +436,19 @@ impl Prober {
             ..
         } = decoded
         else {
-            return Err(unavailable("re-probe: expected SELECT_RDMA"));
+            return Err(ReprobeError::Unexpected("SELECT_RDMA"));
         };
         if recv_buf as usize != self.cfg.recv_buf_size {
-            return Err(unavailable(
-                "re-probe: the client changed the receive-buffer size",
-            ));
+            return Err(ReprobeError::RecvBuf {
+                got: recv_buf as usize,
+                want: self.cfg.recv_buf_size,
+            });
         }
-        let ep = Endpoint::from_bytes(&endpoint)
-            .map_err(|e| unavailable(format!("client endpoint: {e}")))?;
-        let mut parts = build_rdma(self.ctx, &self.cfg, recv_buf as usize)?;
-        let posted = connect_qp(&mut parts, &ep, grant.min(self.cfg.grant))?;
+        let ep = Endpoint::from_bytes(&endpoint).map_err(ReprobeError::Endpoint)?;
+        let mut parts =
+            build_rdma(self.ctx, &self.cfg, recv_buf as usize).map_err(ReprobeError::Qp)?;
+        let posted =
+            connect_qp(&mut parts, &ep, grant.min(self.cfg.grant)).map_err(ReprobeError::Qp)?;
         let accept = Hello::RdmaAccept {
             grant: self.cfg.grant,
             recv_buf,

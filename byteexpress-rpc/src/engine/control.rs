@@ -30,7 +30,7 @@ use super::tcp::{self, Closer};
 use super::{Dispatch, LinkTx};
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::message::{Incoming, Outgoing};
-use crate::setup::Prober;
+use crate::setup::{Prober, ReprobeError};
 use crate::wire::header::{Header, Kind};
 use crate::{Code, Status};
 
@@ -485,7 +485,7 @@ async fn reprobe_client<R, W>(
         match tried {
             Ok(Ok((parts, posted))) => return switch(probe, parts, posted, end).await,
             Ok(Err(why)) => {
-                let _ = link.machine().apply(LinkEvent::ProbeFailed, &why);
+                let _ = link.machine().apply(LinkEvent::ProbeFailed, &why.chain());
             }
             Err(_) => {
                 let _ = link.machine().apply(
@@ -508,7 +508,7 @@ async fn try_reprobe<R, W>(
     end: &mut PhaseEnd<R, W>,
     nonce: &mut Option<u64>,
     probe: u64,
-) -> Result<(RdmaParts, Posted), Status> {
+) -> Result<(RdmaParts, Posted), ReprobeError> {
     // Answers to earlier probes that timed out carry fresher nonces.
     while let Ok(m) = end.events.try_recv() {
         if m.header.kind == Kind::ReprobeAck {
@@ -517,17 +517,14 @@ async fn try_reprobe<R, W>(
     }
     #[cfg(feature = "test-hooks")]
     if link.faults().reprobes_blocked() {
-        return Err(unavailable("re-probe refused by a test fault"));
+        return Err(ReprobeError::Blocked);
     }
-    let n = nonce.ok_or_else(|| unavailable("re-probe: no nonce from the server"))?;
+    let n = nonce.ok_or(ReprobeError::NoNonce)?;
     let (mut parts, select) = prober.offer(n)?;
-    link.send(reprobe_msg(Kind::Reprobe, probe, 0, select))?;
+    link.send(reprobe_msg(Kind::Reprobe, probe, 0, select))
+        .map_err(|_| ReprobeError::LinkClosed)?;
     let ack = loop {
-        let m = end
-            .events
-            .recv()
-            .await
-            .ok_or_else(|| unavailable("link closed during a re-probe"))?;
+        let m = end.events.recv().await.ok_or(ReprobeError::LinkClosed)?;
         if m.header.kind == Kind::ReprobeAck {
             *nonce = Some(m.header.timeout_us);
             if m.header.call_id == probe {
@@ -572,11 +569,9 @@ async fn reprobe_server<R, W>(
                     }
                     Err(why) => {
                         pending = None;
-                        let _ = link.machine().apply(LinkEvent::ProbeFailed, &why);
-                        crate::wire::hello::Hello::Refuse {
-                            reason: why.message.clone(),
-                        }
-                        .encode()
+                        let reason = why.chain();
+                        let _ = link.machine().apply(LinkEvent::ProbeFailed, &reason);
+                        crate::wire::hello::Hello::Refuse { reason }.encode()
                     }
                 };
                 if link
