@@ -298,3 +298,38 @@ async fn after_the_fault_clears_the_link_takes_rdma_back_and_calls_keep_their_or
     }
     assert_eq!(client.link_stats().fallbacks, 2);
 }
+
+/// In fallback, the TCP connection is all the link has: when it fails too (the server process
+/// is killed), the link closes and the calls pending on it fail UNAVAILABLE (they were sent, so
+/// the retry rule never re-sends them without a policy), well within their deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_tcp_fails_too_in_fallback_the_link_closes_and_pending_calls_fail_unavailable() {
+    let mut server = ServerProc::start(SERVER, &[]).await;
+    let client = Client::connect(&server.addr, &rdma_no_reprobe())
+        .await
+        .expect("connect");
+    assert!(client.link_faults().inject_qp_error());
+    wait_for_fallback(&client).await;
+    let pending = wave(&client, 0..8, |_| 100, 10_000);
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while served(&client).await.len() < 8 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "handlers never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = std::time::Instant::now();
+    server.kill().await;
+    for (id, _, r) in pending.await.unwrap() {
+        let e = r.expect_err("the server is gone");
+        assert_eq!(e.code, byteexpress_rpc::Code::Unavailable, "call {id}: {e}");
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "failed within the deadline"
+    );
+    let st = client.link_stats();
+    assert_eq!(st.link_state, Some(LinkState::Closed), "{st:?}");
+    assert!(client.is_closed());
+}
