@@ -18,9 +18,11 @@
 //! ```
 //!
 //! Every state but `Closed` goes to `Closed` on `Closed` (the link ended: TCP failed, keepalive,
-//! idle, the owner dropped it). apache/brpc's `rdma_endpoint.h` names its handshake states the
-//! same way (FALLBACK_TCP included); this machine is written from the ByteExpress design's
-//! link life: set-up, RDMA, fallback to the TCP control connection, re-probe.
+//! idle, the owner dropped it). apache/brpc's `RdmaEndpoint::State` (`rdma_endpoint.h`) is such
+//! an enum for its handshake: per-side steps, then ESTABLISHED, FALLBACK_TCP or FAILED; there a
+//! link falls back only during the handshake and never returns. This machine is written from
+//! the ByteExpress design's link life instead: a live link falls back when its QP fails, and a
+//! re-probe takes RDMA back.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
