@@ -426,6 +426,13 @@ impl Client {
         self.link().tx.stats()
     }
 
+    /// The test-only faults of this connection's link now (feature `test-hooks`): stall its
+    /// receive re-posts, fail its QP ([`crate::test_hooks::LinkFaults`]).
+    #[cfg(feature = "test-hooks")]
+    pub fn link_faults(&self) -> crate::test_hooks::LinkFaults {
+        self.link().tx.faults().clone()
+    }
+
     /// Makes a unary call. A call beyond the server's concurrency limit on the link
     /// ([`Config::max_concurrent_calls`], announced at set-up) waits here first; that wait counts
     /// against `req.timeout`. Errors: the server's status; DEADLINE_EXCEEDED when `req.timeout`

@@ -110,6 +110,13 @@ pub struct Config {
     /// device exists (default false; `BX_TRANSPORT=rdma-any` sets it). `auto` always may,
     /// after the hardware devices.
     pub allow_soft: bool,
+    /// An RDMA link whose QP failed runs on its TCP control connection (`tcp(fallback)`) and
+    /// tries a new QP (a re-probe, started by the client) after this long (default 100 ms;
+    /// zero = never: the link stays on TCP). Each failed re-probe doubles the wait, up to
+    /// [`Config::reprobe_backoff_max`]; each is bounded by [`Config::handshake_timeout`].
+    pub reprobe_backoff: Duration,
+    /// The longest wait between two re-probes of a fallen-back link (default 30 s).
+    pub reprobe_backoff_max: Duration,
 }
 
 impl Default for Config {
@@ -138,6 +145,8 @@ impl Default for Config {
             idle_timeout: Duration::from_secs(300),
             stream_window: 1 << 20,
             allow_soft: allow_soft_from_env(),
+            reprobe_backoff: Duration::from_millis(100),
+            reprobe_backoff_max: Duration::from_secs(30),
         }
     }
 }

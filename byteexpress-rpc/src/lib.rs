@@ -38,6 +38,9 @@ mod client;
 mod config;
 mod config_check;
 mod engine;
+mod link_state;
+#[cfg(test)]
+mod link_state_table;
 mod link_stats;
 mod message;
 mod metadata;
@@ -65,6 +68,7 @@ pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
 pub use config::{Config, SchedMode, parse_transport, transport_from_env};
 pub use config_check::ConfigError;
+pub use link_state::LinkState;
 pub use link_stats::{GateRefusals, LinkStats};
 pub use metadata::{Metadata, valid_key};
 pub use retry::{RetryStats, ServiceConfig, ServiceConfigError};
@@ -81,7 +85,8 @@ pub use wire::CONN_MAGIC;
 
 /// The transport a link runs on, with the local device of an RDMA link. Shown as
 /// `rdma(<device>)` (`rdma(rxe0)`, `rdma(mlx5_0)`, `rdma(soft0)` for the userspace soft
-/// device) or `tcp`.
+/// device), `tcp`, or `tcp(fallback)` for an RDMA link whose QP failed and which runs on its
+/// TCP control connection until a re-probe takes RDMA back ([`LinkState::FallbackTcp`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
     /// An RC QP on the named local verbs device (hardware, kernel Soft-RoCE, or `soft0`).
@@ -91,6 +96,12 @@ pub enum Transport {
     },
     /// Frames on the kernel TCP connection.
     Tcp,
+    /// An RDMA link in fallback: its QP on the named device failed, and messages go as
+    /// frames on the link's TCP control connection. Shown as `tcp(fallback)`.
+    TcpFallback {
+        /// The local device of the QP that failed.
+        device: &'static str,
+    },
 }
 
 impl Transport {
@@ -98,15 +109,15 @@ impl Transport {
     pub fn kind(&self) -> &'static str {
         match self {
             Transport::Rdma { .. } => "rdma",
-            Transport::Tcp => "tcp",
+            Transport::Tcp | Transport::TcpFallback { .. } => "tcp",
         }
     }
 
-    /// The local device of an RDMA link; `None` on TCP.
+    /// The local device of an RDMA link; `None` on TCP (in fallback too).
     pub fn device(&self) -> Option<&'static str> {
         match self {
             Transport::Rdma { device } => Some(device),
-            Transport::Tcp => None,
+            Transport::Tcp | Transport::TcpFallback { .. } => None,
         }
     }
 }
@@ -116,6 +127,7 @@ impl std::fmt::Display for Transport {
         match self {
             Transport::Rdma { device } => write!(f, "rdma({device})"),
             Transport::Tcp => f.write_str("tcp"),
+            Transport::TcpFallback { .. } => f.write_str("tcp(fallback)"),
         }
     }
 }

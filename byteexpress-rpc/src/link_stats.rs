@@ -47,6 +47,21 @@ pub struct LinkStats {
     /// Cap of the QP's software window now (bytes; `u64::MAX` = unlimited, 0 on TCP). Fixed at
     /// `Config::window_bytes` unless `Config::window_target_delay` makes it adaptive.
     pub window_cap: u64,
+    /// The link's state now ([`crate::LinkState`]); `None` only in a snapshot not taken from a
+    /// link.
+    pub link_state: Option<crate::LinkState>,
+    /// Transitions of the link's state machine so far (set-up's included).
+    pub transitions: u64,
+    /// Times the link fell back from RDMA to its TCP control connection (its QP failed).
+    pub fallbacks: u64,
+    /// Re-probes started: new QP handshakes tried while in fallback.
+    pub reprobes: u64,
+    /// Messages re-sent over TCP after a fallback because the peer's resync said they were
+    /// never delivered.
+    pub resent: u64,
+    /// WRs of failed QPs whose completion (a flush) has not come yet: their buffers are held
+    /// until it does; those never completed stay counted (freed only with their QP).
+    pub awaiting_flush: u64,
     /// Refusals of the send path's admission gates, by gate (RDMA).
     pub gate_refusals: GateRefusals,
 }
@@ -90,8 +105,10 @@ pub(crate) struct LinkCounters {
     pub bypassed: AtomicU64,
     pub reassembled_on_heap: AtomicU64,
     pub window_cap: AtomicU64,
+    pub resent: AtomicU64,
+    pub awaiting_flush: AtomicU64,
     /// The link's QP (RDMA), to read its state.
-    pub qp: std::sync::OnceLock<Qp>,
+    pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
     pub metrics: crate::metrics::LinkMetrics,
 }
@@ -125,7 +142,7 @@ impl LinkCounters {
             device_window: r(Gate::DeviceWindow),
         };
         LinkStats {
-            qp_state: self.qp.get().map(Qp::state),
+            qp_state: self.qp.lock().as_ref().map(Qp::state),
             qp_errors: g(&self.qp_errors),
             rnr_errors: g(&self.rnr_errors),
             credit_blocked: gate_refusals.credit,
@@ -141,6 +158,9 @@ impl LinkCounters {
             reassembled_on_heap: g(&self.reassembled_on_heap),
             window_cap: g(&self.window_cap),
             gate_refusals,
+            resent: g(&self.resent),
+            awaiting_flush: g(&self.awaiting_flush),
+            ..LinkStats::default()
         }
     }
 }

@@ -80,6 +80,12 @@ pub const RETRY_COMMITS: &str = "bx_client_retry_commits_total";
 /// Counter: calls a server refused before dispatch (no handler ran; the RESPONSE carries the
 /// refused mark), label `reason` (`draining`, `concurrency_limit`, `memory_budget`).
 pub const CALLS_REFUSED: &str = "bx_server_calls_refused_total";
+/// Counter: transitions of a link's state machine (`crate::LinkState`), labels `from`, `to`
+/// (state names: `hello`, `qp_handshake`, `rdma`, `tcp`, `fallback_tcp`, `reprobe`, `closed`).
+pub const LINK_TRANSITIONS: &str = "bx_link_transitions_total";
+/// Counter: messages re-sent over TCP after an RDMA→TCP fallback because the peer's resync said
+/// they were never delivered.
+pub const MESSAGES_RESENT: &str = "bx_messages_resent_total";
 
 /// Every metric name this crate records, for documentation checks and scrapers.
 pub const NAMES: &[&str] = &[
@@ -106,6 +112,8 @@ pub const NAMES: &[&str] = &[
     TRANSPARENT_RETRIES,
     RETRY_COMMITS,
     CALLS_REFUSED,
+    LINK_TRANSITIONS,
+    MESSAGES_RESENT,
 ];
 
 /// Which end of a call records it.
@@ -150,6 +158,16 @@ pub(crate) fn record_client_call<T>(
 ) {
     let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
     record_call(Side::Client, method, code, started.elapsed());
+}
+
+/// Records one transition of a link's state machine ([`LINK_TRANSITIONS`]).
+pub(crate) fn link_transition(from: &'static str, to: &'static str) {
+    metrics::counter!(LINK_TRANSITIONS, "from" => from, "to" => to).increment(1);
+}
+
+/// Records `n` messages re-sent over TCP after a fallback ([`MESSAGES_RESENT`]).
+pub(crate) fn messages_resent(n: u64) {
+    metrics::counter!(MESSAGES_RESENT).increment(n);
 }
 
 /// The code's name as the gRPC spec spells it in `doc/statuscodes.md`, in CamelCase

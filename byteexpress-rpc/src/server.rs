@@ -39,6 +39,10 @@ pub struct ServerRequest {
     pub transport: Transport,
     /// The client's logical connection on that link (its `conn_id`); unique per link only.
     pub conn_id: u32,
+    /// Test-only faults of the link the call came on (feature `test-hooks`): how a test
+    /// server's named control RPC reaches its own link.
+    #[cfg(feature = "test-hooks")]
+    pub link_faults: crate::test_hooks::LinkFaults,
 }
 
 /// Boxed future of a handler.
@@ -464,6 +468,8 @@ impl Handlers {
             deadline,
             transport: link.transport(),
             conn_id: key.0,
+            #[cfg(feature = "test-hooks")]
+            link_faults: link.faults().clone(),
         };
         // Held across the check, spawn and insert, so the task's own removal (below) comes
         // after the insert.

@@ -14,6 +14,7 @@
 //! device, and why a faster path was not taken.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use byteexpress_flow::credit::QueueConfig;
 use byteexpress_flow::window::{AdaptiveConfig, Window};
@@ -23,11 +24,12 @@ use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCa
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::engine::keepalive::{self, Liveness};
+use crate::engine::keepalive::Liveness;
 use crate::engine::rdma::{self, RdmaParts};
-use crate::engine::{Dispatch, LinkTx, tcp};
+use crate::engine::{Dispatch, LinkTx, control, tcp};
+use crate::link_state::{LinkEvent, LinkMachine};
 use crate::wire::CONN_MAGIC;
-use crate::wire::header::{HEADER_LEN, Kind};
+use crate::wire::header::HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 use crate::{Code, Config, Status};
 
@@ -278,74 +280,182 @@ fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
         .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
 }
 
-/// Keeps the TCP control connection of an RDMA link: answers the peer's PINGs, sends its own
-/// and watches the link's liveness (`live`, [`keepalive`]), reports its end through the
-/// returned receiver and closes it when the link closes.
-fn spawn_control(
-    mut r: Reader,
-    mut w: Writer,
-    live: Liveness,
-    dispatch: Arc<dyn Dispatch>,
-) -> (
-    tokio::sync::oneshot::Receiver<Status>,
-    tokio::sync::oneshot::Sender<LinkTx>,
-) {
-    let (dead_tx, dead_rx) = tokio::sync::oneshot::channel();
-    let (link_tx, link_rx) = tokio::sync::oneshot::channel::<LinkTx>();
-    tokio::spawn(async move {
-        let Ok(link) = link_rx.await else { return };
-        let (ping_tx, mut ping_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-        let watcher = keepalive::watch(&link, live, &*dispatch, move |n| {
-            let _ = ping_tx.send(n);
-        });
-        tokio::pin!(watcher);
-        let why = loop {
-            let reply = tokio::select! {
-                f = r.read_frame() => match f {
-                    Ok(Some(frame)) => match crate::message::Incoming::parse(frame) {
-                        Ok(msg) if msg.header.kind == Kind::Ping => {
-                            link.touch();
-                            tcp::control(Kind::Pong, msg.header.call_id)
-                        }
-                        Ok(msg) if msg.header.kind == Kind::Pong => {
-                            link.touch();
-                            continue;
-                        }
-                        Ok(msg) => break tcp::peer_error(&msg),
-                        Err(e) => break unavailable(format!("control channel: {e}")),
-                    },
-                    Ok(None) => break unavailable("peer closed the control connection"),
-                    Err(e) => break unavailable(format!("control connection: {e}")),
-                },
-                Some(n) = ping_rx.recv() => tcp::control(Kind::Ping, n),
-                why = &mut watcher => break why,
-                _ = link.close_requested() => break unavailable("link closed"),
-            };
-            let h = reply.final_header().encode();
-            if let Err(e) = w.write_frame(&[&h]).await {
-                break unavailable(format!("control connection: {e}"));
-            }
-            if let Err(e) = w.flush().await {
-                break unavailable(format!("control connection: {e}"));
-            }
-        };
-        let _ = dead_tx.send(why);
-        let _ = w.shutdown().await;
-    });
-    (dead_rx, link_tx)
+/// Why a re-probe failed. Crate-private: it becomes the cause of the link's `ProbeFailed`
+/// transition, and the REFUSE reason a server answers; the link itself goes on over TCP.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReprobeError {
+    /// A re-probe offered by the server (only the client starts them).
+    #[error("re-probes are started by the client")]
+    NotClient,
+    /// The server armed no nonce for the probe.
+    #[error("no probe nonce from the server")]
+    NoNonce,
+    /// The server's device did not answer the probe: the path is still down.
+    #[error("the server's device does not answer its probe")]
+    Unreachable,
+    /// Building or connecting the new QP, or posting its receives, failed.
+    #[error("new QP")]
+    Qp(#[source] Status),
+    /// A set-up message in a re-probe does not decode.
+    #[error("undecodable re-probe message")]
+    Wire(#[source] crate::wire::WireError),
+    /// A set-up message of another type than the re-probe step expects.
+    #[error("expected {0}")]
+    Unexpected(&'static str),
+    /// The peer's QP endpoint does not decode.
+    #[error("peer QP endpoint")]
+    Endpoint(#[source] byteexpress_verbs::Error),
+    /// A receive-buffer size other than the link's.
+    #[error("receive buffers of {got} bytes, the link's are {want}")]
+    RecvBuf {
+        /// The size offered.
+        got: usize,
+        /// The link's size.
+        want: usize,
+    },
+    /// The server answered REFUSE.
+    #[error("the server refused: {0}")]
+    Refused(String),
+    /// REPROBE could not be queued: the link closed.
+    #[error("the link closed")]
+    LinkClosed,
+    /// A test fault holds the path down (`LinkFaults::block_reprobes`).
+    #[cfg(feature = "test-hooks")]
+    #[error("blocked by a test fault")]
+    Blocked,
 }
 
-fn start_rdma(
-    parts: RdmaParts,
-    (r, w): (Reader, Writer),
-    dispatch: Arc<dyn Dispatch>,
-    posted: rdma::Posted,
-    live: Liveness,
-) -> LinkTx {
-    let (dead, give_link) = spawn_control(r, w, live, dispatch.clone());
-    let link = rdma::spawn(parts, posted, dispatch, dead);
-    let _ = give_link.send(link.clone());
-    link
+impl ReprobeError {
+    /// The error with its causes, for a log line or a REFUSE reason.
+    pub(crate) fn chain(&self) -> String {
+        let mut msg = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        msg
+    }
+}
+
+/// What a fallen-back RDMA link needs to take RDMA back (a re-probe, DESIGN.md 3.5 "Link
+/// life"): the local device and settings its first QP was built with and, on the client, the
+/// server device it reached. Both sides build a new QP on the same devices.
+#[derive(Debug, Clone)]
+pub(crate) struct Prober {
+    ctx: &'static Context,
+    /// The settings the link's QP was built with (on the server, with the client's
+    /// receive-buffer size).
+    cfg: Config,
+    /// Client: the server device's `DeviceInfo` (probed again before each re-probe) and its
+    /// index in HELLO_ACK's list. `None` on the server.
+    server_dev: Option<(DeviceInfo, u8)>,
+}
+
+impl Prober {
+    /// Whether this side starts re-probes (the client does; the server answers).
+    pub(crate) fn is_client(&self) -> bool {
+        self.server_dev.is_some()
+    }
+
+    /// First wait before a re-probe, the most it grows to (`Config::reprobe_backoff`,
+    /// `Config::reprobe_backoff_max`), and the time limit of one (`Config::handshake_timeout`).
+    pub(crate) fn timing(&self) -> (Duration, Duration, Duration) {
+        (
+            self.cfg.reprobe_backoff,
+            self.cfg.reprobe_backoff_max.max(self.cfg.reprobe_backoff),
+            self.cfg.handshake_timeout,
+        )
+    }
+
+    /// Client: probes the server's device with `nonce` (armed by the server), builds a new QP
+    /// and returns it with the SELECT_RDMA that offers it.
+    pub(crate) fn offer(&self, nonce: u64) -> Result<(RdmaParts, Vec<u8>), ReprobeError> {
+        let Some((info, dev)) = &self.server_dev else {
+            return Err(ReprobeError::NotClient);
+        };
+        if !self.ctx.probe(info, nonce).unwrap_or(false) {
+            return Err(ReprobeError::Unreachable);
+        }
+        let parts =
+            build_rdma(self.ctx, &self.cfg, self.cfg.recv_buf_size).map_err(ReprobeError::Qp)?;
+        let select = Hello::SelectRdma {
+            device: *dev,
+            grant: self.cfg.grant,
+            recv_buf: self.cfg.recv_buf_size as u32,
+            endpoint: parts.qp.endpoint().to_bytes(),
+        };
+        Ok((parts, select.encode()))
+    }
+
+    /// Client: connects `parts` to the server's answer (RDMA_ACCEPT) and posts its receives.
+    pub(crate) fn complete(
+        &self,
+        parts: &mut RdmaParts,
+        answer: &[u8],
+    ) -> Result<rdma::Posted, ReprobeError> {
+        let decoded = Hello::decode(answer).map_err(ReprobeError::Wire)?;
+        let (grant, recv_buf, ep) = match decoded {
+            Hello::RdmaAccept {
+                grant,
+                recv_buf,
+                endpoint,
+            } => (grant, recv_buf as usize, endpoint),
+            Hello::Refuse { reason } => return Err(ReprobeError::Refused(reason)),
+            _ => return Err(ReprobeError::Unexpected("RDMA_ACCEPT or REFUSE")),
+        };
+        if recv_buf != self.cfg.recv_buf_size {
+            return Err(ReprobeError::RecvBuf {
+                got: recv_buf,
+                want: self.cfg.recv_buf_size,
+            });
+        }
+        let ep = Endpoint::from_bytes(&ep).map_err(ReprobeError::Endpoint)?;
+        connect_qp(parts, &ep, grant.min(self.cfg.grant)).map_err(ReprobeError::Qp)
+    }
+
+    /// Server: arms a fresh nonce on its device for the client's next re-probe.
+    pub(crate) fn arm(&self) -> u64 {
+        let nonce = rand::random::<u64>();
+        self.ctx.expect_probe(nonce);
+        nonce
+    }
+
+    /// Server: answers a client's SELECT_RDMA with a new QP connected to the client's, its
+    /// receives posted, and the RDMA_ACCEPT to send back.
+    pub(crate) fn answer(
+        &self,
+        select: &[u8],
+    ) -> Result<(RdmaParts, rdma::Posted, Vec<u8>), ReprobeError> {
+        let decoded = Hello::decode(select).map_err(ReprobeError::Wire)?;
+        let Hello::SelectRdma {
+            grant,
+            recv_buf,
+            endpoint,
+            ..
+        } = decoded
+        else {
+            return Err(ReprobeError::Unexpected("SELECT_RDMA"));
+        };
+        if recv_buf as usize != self.cfg.recv_buf_size {
+            return Err(ReprobeError::RecvBuf {
+                got: recv_buf as usize,
+                want: self.cfg.recv_buf_size,
+            });
+        }
+        let ep = Endpoint::from_bytes(&endpoint).map_err(ReprobeError::Endpoint)?;
+        let mut parts =
+            build_rdma(self.ctx, &self.cfg, recv_buf as usize).map_err(ReprobeError::Qp)?;
+        let posted =
+            connect_qp(&mut parts, &ep, grant.min(self.cfg.grant)).map_err(ReprobeError::Qp)?;
+        let accept = Hello::RdmaAccept {
+            grant: self.cfg.grant,
+            recv_buf,
+            endpoint: parts.qp.endpoint().to_bytes(),
+        };
+        Ok((parts, posted, accept.encode()))
+    }
 }
 
 fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
@@ -428,14 +538,19 @@ pub(crate) async fn connect(
             }
             send(&mut w, &Hello::SelectTcp).await?;
             log_link(false, addr, "tcp", "-", &why);
+            let machine = LinkMachine::new("client");
+            let _ = machine.apply(LinkEvent::HelloTcp, &"SELECT_TCP sent");
             return Ok(tcp::spawn(
                 r,
                 w,
                 cfg.max_message,
                 dispatch,
                 Liveness::from_config(cfg),
+                machine,
             ));
         };
+        let machine = LinkMachine::new("client");
+        let _ = machine.apply(LinkEvent::HelloRdma, &format_args!("{} chosen", ctx.name()));
         let mut parts = build_rdma(ctx, cfg, cfg.recv_buf_size)?;
         let endpoint = parts.qp.endpoint().to_bytes();
         send(
@@ -479,12 +594,22 @@ pub(crate) async fn connect(
             }
         }
         log_link(false, addr, "rdma", ctx.name(), &why);
-        Ok(start_rdma(
+        let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
+        let info = DeviceInfo::from_bytes(&remote[server_dev])
+            .map_err(|e| unavailable(format!("server device: {e}")))?;
+        let prober = Prober {
+            ctx,
+            cfg: cfg.clone(),
+            server_dev: Some((info, server_dev as u8)),
+        };
+        Ok(control::start_rdma(
             parts,
             (r, w),
             dispatch,
             posted,
             Liveness::from_config(cfg),
+            machine,
+            prober,
         ))
     };
     let link = tokio::time::timeout(cfg.connect_timeout, fut)
@@ -637,27 +762,47 @@ pub(crate) async fn accept(
                 };
                 send(&mut w, &accept).await?;
                 log_link(true, &peer, "rdma", ctx.name(), "");
-                Ok(Some((parts, posted)))
+                let prober = Prober {
+                    ctx,
+                    cfg: scfg,
+                    server_dev: None,
+                };
+                Ok(Some((parts, posted, prober)))
             }
             Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),
             _ => Err(unavailable("set-up: expected SELECT")),
         }
     };
     match tokio::time::timeout(cfg.handshake_timeout, fut).await {
-        Ok(Ok(None)) => Ok(tcp::spawn(
-            r,
-            w,
-            cfg.max_message,
-            dispatch,
-            Liveness::from_config(cfg),
-        )),
-        Ok(Ok(Some((parts, posted)))) => Ok(start_rdma(
-            parts,
-            (r, w),
-            dispatch,
-            posted,
-            Liveness::from_config(cfg),
-        )),
+        Ok(Ok(None)) => {
+            let machine = LinkMachine::new("server");
+            let _ = machine.apply(LinkEvent::HelloTcp, &"SELECT_TCP received");
+            Ok(tcp::spawn(
+                r,
+                w,
+                cfg.max_message,
+                dispatch,
+                Liveness::from_config(cfg),
+                machine,
+            ))
+        }
+        Ok(Ok(Some((parts, posted, prober)))) => {
+            let machine = LinkMachine::new("server");
+            let _ = machine.apply(
+                LinkEvent::HelloRdma,
+                &format_args!("{} chosen", prober.ctx.name()),
+            );
+            let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
+            Ok(control::start_rdma(
+                parts,
+                (r, w),
+                dispatch,
+                posted,
+                Liveness::from_config(cfg),
+                machine,
+                prober,
+            ))
+        }
         Ok(Err(e)) => Err(e),
         Err(_) => Err(unavailable("set-up timed out")),
     }

@@ -1,58 +1,102 @@
 //! Test-only fault injection (cargo feature `test-hooks`; without it nothing here can be
 //! switched on and the engine's checks compile to nothing).
 //!
-//! [`stall_reposts`] makes every RDMA link of this process stop re-posting receive buffers for
-//! a while: received messages are still delivered, but the buffers they consumed are held, so
-//! no credits flow back to the peers, which must wait (backpressure) instead of sending into a
-//! receive queue with nothing posted (RNR). When the stall ends, each link re-posts everything
-//! it held and returns the credits.
+//! Faults belong to one link, never to the process: a [`LinkFaults`] handle is owned by its
+//! link (as eRPC keeps its faults on one `Rpc`). A client reaches its link's handle with
+//! `Client::link_faults`, a server handler with `ServerRequest::link_faults` (the test
+//! server's `/test.Test/StallReposts` and `/test.Test/FailQp` are the named controls that
+//! multi-process tests drive).
+//!
+//! - [`LinkFaults::stall_reposts`]: the link stops re-posting receive buffers for a while:
+//!   received messages are still delivered, but the buffers they consumed are held, so no
+//!   credits flow back to the peer, which must wait (backpressure) instead of sending into a
+//!   receive queue with nothing posted (RNR). When the stall ends the link re-posts everything
+//!   it held and returns the credits.
+//! - [`LinkFaults::inject_qp_error`]: the link's QP fails as on a transport fault, which the
+//!   link answers by falling back to TCP (DESIGN.md 3.5, "Link life").
 
 #[cfg(feature = "test-hooks")]
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+pub use faults::LinkFaults;
 
 #[cfg(feature = "test-hooks")]
-static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-/// End of the stall in µs since [`EPOCH`]; 0 = none.
-#[cfg(feature = "test-hooks")]
-static STALL_UNTIL_US: AtomicU64 = AtomicU64::new(0);
-#[cfg(feature = "test-hooks")]
-static HELD: AtomicU64 = AtomicU64::new(0);
+mod faults {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
 
-/// Stops re-posting receive buffers on every RDMA link of this process for `d` from now
-/// (replacing any stall in progress).
-#[cfg(feature = "test-hooks")]
-pub fn stall_reposts(d: std::time::Duration) {
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    let until = (Instant::now() + d).duration_since(epoch).as_micros() as u64;
-    STALL_UNTIL_US.store(until.max(1), Ordering::SeqCst);
-}
+    use byteexpress_verbs::Qp;
 
-/// Receive buffers held back by stalls in this process so far (unit: buffers).
-#[cfg(feature = "test-hooks")]
-pub fn held_reposts() -> u64 {
-    HELD.load(Ordering::SeqCst)
-}
-
-/// When the stall in progress ends, if one is.
-#[inline]
-pub(crate) fn reposts_stalled_until() -> Option<Instant> {
-    #[cfg(feature = "test-hooks")]
-    {
-        let until = STALL_UNTIL_US.load(Ordering::Relaxed);
-        if until == 0 {
-            return None;
-        }
-        let t = *EPOCH.get()? + std::time::Duration::from_micros(until);
-        (t > Instant::now()).then_some(t)
+    /// The faults of one link; cheap to clone (clones share the link's faults).
+    #[derive(Debug, Clone, Default)]
+    pub struct LinkFaults {
+        inner: Arc<Inner>,
     }
-    #[cfg(not(feature = "test-hooks"))]
-    None
-}
 
-/// Counts one buffer held back by a stall.
-#[inline]
-pub(crate) fn count_held() {
-    #[cfg(feature = "test-hooks")]
-    HELD.fetch_add(1, Ordering::SeqCst);
+    #[derive(Debug, Default)]
+    struct Inner {
+        /// End of the stall in progress, if any.
+        stall_until: parking_lot::Mutex<Option<Instant>>,
+        held: AtomicU64,
+        /// The link's QP now (RDMA; replaced at a re-probe).
+        qp: parking_lot::Mutex<Option<Qp>>,
+        /// Re-probes fail while set (the path stays down).
+        reprobes_blocked: std::sync::atomic::AtomicBool,
+    }
+
+    impl LinkFaults {
+        /// Stops re-posting receive buffers on this link for `d` from now (replacing any
+        /// stall in progress). No effect on a TCP link.
+        pub fn stall_reposts(&self, d: Duration) {
+            *self.inner.stall_until.lock() = Some(Instant::now() + d);
+        }
+
+        /// Receive buffers this link held back by stalls so far (unit: buffers).
+        pub fn held_reposts(&self) -> u64 {
+            self.inner.held.load(Ordering::SeqCst)
+        }
+
+        /// Fails the link's QP as a transport fault would: through the verbs provider's own
+        /// per-QP fault hook where it has one (the soft provider: the oldest send WR ends
+        /// `RETRY_EXC_ERR`, the rest flush, the peer's sends time out), else by moving the QP
+        /// to ERR (every WR flushed). False when the link has no QP (TCP, or in fallback).
+        pub fn inject_qp_error(&self) -> bool {
+            let Some(qp) = self.inner.qp.lock().clone() else {
+                return false;
+            };
+            if byteexpress_verbs::test_hooks::inject_qp_error(&qp) {
+                return true;
+            }
+            qp.to_err().is_ok()
+        }
+
+        /// While `blocked`, this link's re-probes fail as if the path to the peer were still
+        /// down (the client's side starts them; set it there). Fallback and backoff go on.
+        pub fn block_reprobes(&self, blocked: bool) {
+            self.inner.reprobes_blocked.store(blocked, Ordering::SeqCst);
+        }
+
+        pub(crate) fn reprobes_blocked(&self) -> bool {
+            self.inner.reprobes_blocked.load(Ordering::SeqCst)
+        }
+
+        pub(crate) fn set_qp(&self, qp: Option<Qp>) {
+            *self.inner.qp.lock() = qp;
+        }
+
+        pub(crate) fn stalled_until(&self) -> Option<Instant> {
+            let mut g = self.inner.stall_until.lock();
+            match *g {
+                Some(t) if t > Instant::now() => Some(t),
+                Some(_) => {
+                    *g = None;
+                    None
+                }
+                None => None,
+            }
+        }
+
+        pub(crate) fn count_held(&self) {
+            self.inner.held.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }

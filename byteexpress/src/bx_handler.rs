@@ -22,7 +22,7 @@ pub struct ServedOver(pub Transport);
 pub fn served_over<T>(req: &tonic::Request<T>) -> &'static str {
     match req.extensions().get::<ServedOver>() {
         Some(ServedOver(Transport::Rdma { .. })) => "rdma",
-        Some(ServedOver(Transport::Tcp)) => "tcp",
+        Some(ServedOver(Transport::Tcp | Transport::TcpFallback { .. })) => "tcp",
         None => "h2",
     }
 }

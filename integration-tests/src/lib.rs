@@ -1,8 +1,9 @@
 //! Helpers of the integration tests: the test service and a handle on a server process.
 //!
 //! The test server (`bx-test-server`) serves:
-//! - `/test.Test/Echo`: answers the request body and metadata; adds `x-transport` (the link's
-//!   transport as the server saw it) and `x-zero-copy` (`1` when the request body was still in
+//! - `/test.Test/Echo`: answers the request body and metadata, after the milliseconds in
+//!   metadata `x-delay-ms` if set (counted after the call was logged for `Seen` and `Served`);
+//!   adds `x-transport` (the link's transport as the server saw it when the call started) and `x-zero-copy` (`1` when the request body was still in
 //!   a registered receive buffer, `0` when it had been copied);
 //! - `/test.Test/Sleep`: sleeps for the milliseconds in its body (decimal), counting handlers
 //!   dropped before they finished (cancelled);
@@ -10,13 +11,18 @@
 //! - `/test.Test/MaxSleeping`: answers the most Sleep handlers that ran at once so far
 //!   (decimal): the server's pending calls, for the concurrency-limit test;
 //! - `/test.Test/Fail`: answers the status code in metadata `x-code` with message `x-message`;
-//! - `/test.Test/StallReposts`: stops this process's RDMA links from re-posting receive
-//!   buffers for the milliseconds in its body (`byteexpress_rpc::test_hooks`), so no credits
-//!   flow back to clients until then;
+//! - `/test.Test/StallReposts`: stops the caller's RDMA link from re-posting receive buffers
+//!   for the milliseconds in its body (`byteexpress_rpc::test_hooks::LinkFaults`), so no
+//!   credits flow back to that client until then;
+//! - `/test.Test/FailQp`: fails the QP of the caller's link at the server, as a transport fault
+//!   would (`LinkFaults::inject_qp_error`); answers `1`, or `0` when the link has no QP;
+//! - `/test.Test/Served`: answers, for the caller's `conn_id`, every Echo call that carried an
+//!   `x-id` as `id:n` (n = times the handler ran for that id), comma-separated, in the order
+//!   they first ran;
 //! - `/test.Test/Seen`: answers the `x-seq` values (decimal, comma-separated) of the Echo
 //!   calls the server received on the caller's `conn_id`, in the order the handlers started
 //!   (the server runs one thread, so in arrival order), with metadata `x-held` = receive
-//!   buffers held back by stalls so far;
+//!   buffers the caller's link held back by stalls so far;
 //! - `/test.Test/Pull`: answers a body of the size in metadata `x-size` (bytes, default 4096);
 //! - `/test.Test/Push`: answers an empty body (for bulk requests).
 
@@ -35,6 +41,9 @@ static CANCELLED: AtomicU64 = AtomicU64::new(0);
 /// `x-seq` of each Echo call by `conn_id`, in the order the handlers started.
 static SEEN: Mutex<Option<HashMap<u32, Vec<u64>>>> = Mutex::new(None);
 static FINISHED: AtomicU64 = AtomicU64::new(0);
+/// Echo calls with an `x-id` by `conn_id`: (id, times run), in the order first run.
+type ServedLog = HashMap<u32, Vec<(u64, u64)>>;
+static SERVED: Mutex<Option<ServedLog>> = Mutex::new(None);
 /// Sleep handlers running now, and the most at once.
 static SLEEPING: AtomicU64 = AtomicU64::new(0);
 static MAX_SLEEPING: AtomicU64 = AtomicU64::new(0);
@@ -69,6 +78,28 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                     .entry(req.conn_id)
                     .or_default()
                     .push(seq);
+            }
+            if let Some(id) = req
+                .metadata
+                .get("x-id")
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            {
+                let mut served = SERVED.lock().unwrap_or_else(|e| e.into_inner());
+                let log = served
+                    .get_or_insert_with(HashMap::new)
+                    .entry(req.conn_id)
+                    .or_default();
+                match log.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, n)) => *n += 1,
+                    None => log.push((id, 1)),
+                }
+            }
+            if let Some(ms) = req
+                .metadata
+                .get("x-delay-ms")
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
             }
             let mut md = req.metadata.clone();
             md.insert("x-transport", req.transport.to_string())
@@ -130,8 +161,32 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
-            byteexpress_rpc::test_hooks::stall_reposts(Duration::from_millis(ms));
+            req.link_faults.stall_reposts(Duration::from_millis(ms));
             Ok(Response::default())
+        }
+        "/test.Test/FailQp" => {
+            let failed = req.link_faults.inject_qp_error();
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: Bytes::from(if failed { "1" } else { "0" }),
+            })
+        }
+        "/test.Test/Served" => {
+            let served = SERVED.lock().unwrap_or_else(|e| e.into_inner());
+            let list = served
+                .as_ref()
+                .and_then(|m| m.get(&req.conn_id))
+                .map(|v| {
+                    v.iter()
+                        .map(|(id, n)| format!("{id}:{n}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: Bytes::from(list),
+            })
         }
         "/test.Test/Seen" => {
             let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
@@ -141,11 +196,8 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 .map(|v| v.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
                 .unwrap_or_default();
             let mut md = Metadata::new();
-            md.insert(
-                "x-held",
-                byteexpress_rpc::test_hooks::held_reposts().to_string(),
-            )
-            .expect("valid key");
+            md.insert("x-held", req.link_faults.held_reposts().to_string())
+                .expect("valid key");
             Ok(Response {
                 metadata: md,
                 body: Bytes::from(list),

@@ -596,3 +596,55 @@ async fn native_sizes_up_to_16_mib_with_max_message_raised_and_one_above_fails_a
         assert!(within("end", rx.message()).await.unwrap().is_none());
     }
 }
+
+/// A bidirectional stream opened on RDMA goes on over TCP when the link's QP fails, and back
+/// over RDMA after the re-probe: every message echoed once, in order, and the stream ends with
+/// its trailers (DESIGN.md 3.5 "Link life").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opened_on_rdma_goes_on_over_tcp_after_a_qp_error_and_back_after_the_reprobe() {
+    let (addr, _) = serve(Config::default()).await;
+    let cfg = Config {
+        reprobe_backoff: Duration::from_millis(20),
+        reprobe_backoff_max: Duration::from_millis(100),
+        ..Config::default()
+    };
+    let cl = client(&addr, TransportPref::Rdma, &cfg).await;
+    let (mut tx, mut rx) = cl.open_stream(open("/echo", &[])).await.unwrap();
+    within("headers", rx.headers()).await.unwrap();
+    let mut i = 0usize;
+    let mut pingpong = async |n: usize| {
+        for _ in 0..n {
+            let m = Bytes::from(vec![i as u8; 1 + (i * 7919) % 150_000]);
+            tx.send(m.clone()).await.unwrap();
+            let got = within("pong", rx.message()).await.unwrap().unwrap();
+            assert_eq!(got, m, "message {i}");
+            i += 1;
+        }
+    };
+    pingpong(10).await;
+    let faults = cl.link_faults();
+    faults.block_reprobes(true);
+    assert!(faults.inject_qp_error());
+    pingpong(10).await;
+    poll_until("fallback", || cl.transport().to_string() == "tcp(fallback)").await;
+    pingpong(10).await;
+    faults.block_reprobes(false);
+    let end = tokio::time::Instant::now() + BOUND;
+    while cl.transport() != integration_tests::rdma_here() {
+        assert!(tokio::time::Instant::now() < end, "{:?}", cl.link_stats());
+        pingpong(1).await;
+    }
+    pingpong(10).await;
+    drop(pingpong);
+    tx.finish().unwrap();
+    assert!(within("end", rx.message()).await.unwrap().is_none());
+    assert_eq!(
+        &rx.trailers().unwrap().get("x-trailer").unwrap()[..],
+        b"end"
+    );
+    let st = cl.link_stats();
+    assert_eq!(
+        (st.fallbacks, st.link_state),
+        (1, Some(byteexpress_rpc::LinkState::Rdma))
+    );
+}

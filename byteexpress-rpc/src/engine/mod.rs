@@ -4,6 +4,7 @@
 //! in; callers hold a [`LinkTx`] and receive through a [`Dispatch`]. Nothing above this module
 //! knows which engine runs, except to report it.
 
+pub(crate) mod control;
 pub(crate) mod keepalive;
 pub(crate) mod rdma;
 pub(crate) mod tcp;
@@ -14,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::MemoryBudget;
+use crate::link_state::LinkMachine;
 use crate::link_stats::LinkCounters;
 use crate::message::{Incoming, Outgoing};
 use crate::wire::header::Header;
@@ -56,13 +58,35 @@ struct LinkShared {
     /// When the peer was last heard from (any message, chunk, PING or PONG), in µs after
     /// [`keepalive::epoch`].
     last_rx: std::sync::atomic::AtomicU64,
+    /// The link's state machine ([`crate::link_state`]).
+    machine: LinkMachine,
+    /// Fired when the peer's RESYNC says its QP failed: the RDMA engine stops and hands its
+    /// messages to the fallback ([`rdma::failover`]).
+    fall_back_now: parking_lot::Mutex<CancellationToken>,
+    /// Set by the first [`tcp::Closer`] that closes the link: `Dispatch::closed` runs once
+    /// whichever engine (phase) sees the end.
+    closed_once: std::sync::atomic::AtomicBool,
+    /// Test-only faults of this link ([`crate::test_hooks::LinkFaults`]).
+    #[cfg(feature = "test-hooks")]
+    faults: crate::test_hooks::LinkFaults,
 }
 
 impl LinkTx {
+    #[cfg(test)]
     pub(crate) fn new(
         tx: mpsc::UnboundedSender<Outgoing>,
         transport: Transport,
         max_message: usize,
+    ) -> Self {
+        Self::with_machine(tx, transport, max_message, LinkMachine::new("-"))
+    }
+
+    /// As [`LinkTx::new`], with the state machine set-up drove (in `Rdma` or `Tcp`).
+    pub(crate) fn with_machine(
+        tx: mpsc::UnboundedSender<Outgoing>,
+        transport: Transport,
+        max_message: usize,
+        machine: LinkMachine,
     ) -> Self {
         LinkTx {
             inner: Arc::new(LinkShared {
@@ -75,6 +99,11 @@ impl LinkTx {
                     ..LinkCounters::default()
                 }),
                 last_rx: keepalive::now_us().into(),
+                machine,
+                fall_back_now: parking_lot::Mutex::new(CancellationToken::new()),
+                closed_once: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(feature = "test-hooks")]
+                faults: crate::test_hooks::LinkFaults::default(),
             }),
         }
     }
@@ -108,12 +137,62 @@ impl LinkTx {
 
     /// A snapshot of the link's counters.
     pub(crate) fn stats(&self) -> crate::LinkStats {
-        self.inner.counters.snapshot()
+        let mut s = self.inner.counters.snapshot();
+        s.link_state = Some(self.inner.machine.state());
+        (s.transitions, s.fallbacks, s.reprobes) = self.inner.machine.counts();
+        s
     }
 
-    /// The transport this link negotiated.
+    /// The transport this link runs on now: the one it negotiated, or
+    /// [`Transport::TcpFallback`] while its QP has failed.
     pub(crate) fn transport(&self) -> Transport {
-        self.inner.transport
+        match (
+            self.inner.transport,
+            self.inner.machine.state().is_fallback(),
+        ) {
+            (Transport::Rdma { device }, true) => Transport::TcpFallback { device },
+            (t, _) => t,
+        }
+    }
+
+    /// The link's state machine.
+    pub(crate) fn machine(&self) -> &LinkMachine {
+        &self.inner.machine
+    }
+
+    /// Asks the RDMA engine to stop and hand over to the fallback (the peer's QP failed).
+    pub(crate) fn fall_back(&self) {
+        self.inner.fall_back_now.lock().cancel();
+    }
+
+    /// [`LinkTx::fall_back`] was called since the engine started.
+    pub(crate) fn fall_back_pending(&self) -> bool {
+        self.inner.fall_back_now.lock().is_cancelled()
+    }
+
+    /// Resolves when [`LinkTx::fall_back`] is called.
+    pub(crate) async fn fall_back_requested(&self) {
+        let t = self.inner.fall_back_now.lock().clone();
+        t.cancelled().await
+    }
+
+    /// A new QP took over (a re-probe): the next fallback needs a new request.
+    pub(crate) fn rearm_fall_back(&self) {
+        *self.inner.fall_back_now.lock() = CancellationToken::new();
+    }
+
+    /// True the first time only: whoever gets it calls `Dispatch::closed`.
+    pub(crate) fn claim_close(&self) -> bool {
+        !self
+            .inner
+            .closed_once
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// The link's test-only faults.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn faults(&self) -> &crate::test_hooks::LinkFaults {
+        &self.inner.faults
     }
 
     /// Largest message (header + metadata + body) the peer accepts on this link, in bytes.

@@ -23,20 +23,77 @@ pub(crate) fn spawn<R, W>(
     max_message: usize,
     dispatch: Arc<dyn Dispatch>,
     live: Liveness,
+    machine: crate::link_state::LinkMachine,
 ) -> LinkTx
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = LinkTx::new(tx, Transport::Tcp, max_message);
+    let link = LinkTx::with_machine(tx, Transport::Tcp, max_message, machine);
     let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
-    tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone()));
+    resume(
+        reader,
+        writer,
+        rx,
+        link.clone(),
+        dispatch,
+        closer,
+        live,
+        None,
+    );
+    link
+}
+
+/// The hooks of a fallen-back RDMA link's TCP phase ([`super::control`]): a re-probe's
+/// messages (REPROBE, REPROBE_ACK, SWITCH) go to the control task instead of the application,
+/// and the phase ends in order: the write side after a last message the control task hands it
+/// (its SWITCH), the read side at the peer's SWITCH. Each gives its half of the connection
+/// (and the callers' channel) back.
+pub(crate) struct Phase<R, W> {
+    /// REPROBE, REPROBE_ACK and SWITCH as they arrive.
+    pub events: mpsc::UnboundedSender<Incoming>,
+    /// The last message to write before the write side stops.
+    pub stop_writing: tokio::sync::oneshot::Receiver<Outgoing>,
+    /// The writer and the callers' channel, once the last message is written.
+    pub writer_back:
+        tokio::sync::oneshot::Sender<(FrameWriter<W>, mpsc::UnboundedReceiver<Outgoing>)>,
+    /// The reader, once the peer's SWITCH was read.
+    pub reader_back: tokio::sync::oneshot::Sender<FrameReader<R>>,
+    /// Cancelled when the phase ends (stops its keepalive watcher).
+    pub over: tokio_util::sync::CancellationToken,
+}
+
+/// Runs `link` as a TCP link on `(reader, writer)`, sending what the callers queue on `rx`:
+/// a link set up on TCP, or an RDMA link fallen back to its control connection.
+pub(crate) fn resume<R, W>(
+    reader: FrameReader<R>,
+    writer: FrameWriter<W>,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+    link: LinkTx,
+    dispatch: Arc<dyn Dispatch>,
+    closer: Arc<Closer>,
+    live: Liveness,
+    phase: Option<Phase<R, W>>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (wphase, rphase, over) = match phase {
+        Some(p) => (
+            Some((p.stop_writing, p.writer_back)),
+            Some((p.events, p.reader_back)),
+            p.over,
+        ),
+        None => (None, None, tokio_util::sync::CancellationToken::new()),
+    };
+    tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone(), wphase));
     tokio::spawn(read_loop(
         reader,
         link.clone(),
         dispatch.clone(),
         closer.clone(),
+        rphase,
     ));
     let watched = link.clone();
     tokio::spawn(async move {
@@ -46,9 +103,9 @@ where
         tokio::select! {
             why = watch(&watched, live, &*dispatch, ping) => closer.close(why),
             () = watched.close_requested() => {}
+            () = over.cancelled() => {}
         }
     });
-    link
 }
 
 /// A PING or PONG number `n`: the 40-byte header alone.
@@ -79,8 +136,12 @@ impl Closer {
     }
 
     pub(crate) fn close(&self, why: Status) {
-        if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) && self.link.claim_close() {
             tracing::debug!(%why, "link closed");
+            let _ = self
+                .link
+                .machine()
+                .apply(crate::link_state::LinkEvent::Closed, &why);
             self.link.close();
             self.link.counters().metrics.link_down();
             self.dispatch.closed(why);
@@ -88,14 +149,49 @@ impl Closer {
     }
 }
 
+type WritePhase<W> = (
+    tokio::sync::oneshot::Receiver<Outgoing>,
+    tokio::sync::oneshot::Sender<(FrameWriter<W>, mpsc::UnboundedReceiver<Outgoing>)>,
+);
+
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: FrameWriter<W>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     link: LinkTx,
     closer: Arc<Closer>,
+    phase: Option<WritePhase<W>>,
 ) {
+    let (mut stop, back) = match phase {
+        Some((stop, back)) => (Some(stop), Some(back)),
+        None => (None, None),
+    };
     loop {
+        let stopping = async {
+            match stop.as_mut() {
+                Some(s) => s.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
         let msg = tokio::select! {
+            biased;
+            last = stopping => {
+                // The phase ends: the last message, then the writer and the channel go back.
+                stop = None;
+                let Some(last) = last else { continue };
+                let h = last.final_header().encode();
+                let done = match w.write_frame(&[&h, &last.meta, &last.body]).await {
+                    Ok(()) => w.flush().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = done {
+                    closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
+                    return;
+                }
+                if let Some(back) = back {
+                    let _ = back.send((w, rx));
+                }
+                return;
+            }
             m = rx.recv() => m,
             _ = link.close_requested() => None,
         };
@@ -131,11 +227,17 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     closer.close(Status::new(Code::Unavailable, "link closed"));
 }
 
+type ReadPhase<R> = (
+    mpsc::UnboundedSender<Incoming>,
+    tokio::sync::oneshot::Sender<FrameReader<R>>,
+);
+
 async fn read_loop<R: AsyncRead + Unpin>(
     mut r: FrameReader<R>,
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
     closer: Arc<Closer>,
+    phase: Option<ReadPhase<R>>,
 ) {
     let budget = dispatch.budget().clone();
     // the budget charge of the frame being read, held until it is whole
@@ -180,7 +282,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 Ok(msg) if msg.header.kind == Kind::Ping => {
                     let _ = link.send(control(Kind::Pong, msg.header.call_id));
                 }
-                Ok(msg) if msg.header.kind == Kind::Pong => {}
+                Ok(msg) if matches!(msg.header.kind, Kind::Pong | Kind::Resync) => {}
+                Ok(msg) if msg.header.kind.is_reprobe() => {
+                    // A re-probe's message: for the control task of a fallen-back link, dropped
+                    // on a link set up on TCP.
+                    let Some((events, _)) = &phase else { continue };
+                    let switch = msg.header.kind == Kind::Switch;
+                    let _ = events.send(msg);
+                    if switch {
+                        // The peer's last TCP message: the reader goes back to the control task.
+                        if let Some((_, back)) = phase {
+                            let _ = back.send(r);
+                        }
+                        return;
+                    }
+                }
                 Ok(msg) => dispatch.incoming(&link, msg),
                 Err(e) => {
                     protocol_error(&link, &closer, Code::Internal, &e.to_string());

@@ -4,12 +4,13 @@
 //! |---|---|---|---|
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
-//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE, 14 RESYNC, 15 REPROBE, 16 REPROBE_ACK, 17 SWITCH |
 //! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bit 5: [`FLAG_REFUSED`] (RESPONSE, server → client: refused before dispatch, no handler ran, so the client may retry it transparently once: `crate::retry`); bits 6–7 sent as 0, not checked on receipt |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
-//! | 12 | 4 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP) |
+//! | 12 | 2 | credits | receive buffers re-posted for the peer since the last return (RDMA; 0 on TCP); at most grant + 1 ≤ 4,097 |
+//! | 14 | 2 | seq | RDMA: on a SEND that completes a message (a single-chunk message, or the last chunk), the message's number, mod 2^16, among the messages of its direction received over RDMA on this link (from 0; a re-probed QP continues from the count the peer's RESYNC stated); the receiver checks it against its own count; 0 on other SENDs and on TCP. The resync after a fallback states the full count (RESYNC) |
 //! | 16 | 8 | call_id | call number, unique per conn_id while the call lives (a server closes the link of a peer that reuses a running one); PING: the ping's number, echoed by its PONG |
 //! | 24 | 8 | timeout_us | REQUEST, STREAM_OPEN: time left until the deadline in µs, 0 = none; STREAM_MESSAGE: the message's sequence number in its direction (a STREAM_OPEN's message is 0); HALF_CLOSE, and RESPONSE of a stream: messages sent before it in that direction; WINDOW_UPDATE: bytes granted |
 //! | 32 | 4 | meta_len | bytes of metadata of the message ([`crate::wire::meta`]); 0 in a CONTINUATION |
@@ -34,6 +35,22 @@
 //! 40 + body bytes per message) sent and not yet granted back, except one message when nothing
 //! is outstanding; the receiver grants bytes back as the application takes messages. A message
 //! beyond the window fails the stream RESOURCE_EXHAUSTED, never the link.
+//!
+//! # Resync (kind 14; after the QP of an RDMA link failed)
+//! RESYNC (either way, on the TCP control connection): `call_id` = whole messages this side
+//! received from the peer over RDMA (the full count of which `seq` is the low 16 bits),
+//! `timeout_us` = whole messages it sent over RDMA; body: from the server, 8 bytes LE, a nonce
+//! armed on its device for the client's first re-probe (empty from the client). Each side sends one when it falls
+//! back, reads the peer's, and then re-sends over TCP, in order, the messages the peer's
+//! count says it never received, before any new message (DESIGN.md 3.5, "Link life").
+//!
+//! # Re-probe (kinds 15–17; a fallen-back link takes RDMA back)
+//! On the TCP connection of a link in fallback, in order with the messages: REPROBE (client,
+//! `call_id` = probe number, body = SELECT_RDMA with a new QP's endpoint), REPROBE_ACK (server,
+//! same `call_id`, body = RDMA_ACCEPT with its new QP, connected and with receives posted, or
+//! REFUSE), then SWITCH both ways (same `call_id`): each side's last message on TCP. A side
+//! sends over the new QP only after it sent its SWITCH and read the peer's, so everything
+//! either side sent on TCP is delivered before anything it sends on RDMA.
 //!
 //! [`Header::decode`] checks `meta_len` and `body_len` against the bytes actually received
 //! before anything is sliced. The configured maxima are applied before that, where the bytes
@@ -120,6 +137,27 @@ pub enum Kind {
     HalfClose = 12,
     /// Bytes granted back to the stream's sender (offset 24), as HTTP/2's WINDOW_UPDATE.
     WindowUpdate = 13,
+    /// After an RDMA link's QP failed, on its TCP control connection (module docs,
+    /// "Resync"): `call_id` = whole messages received over RDMA, `timeout_us` = sent.
+    Resync = 14,
+    /// Client → server on a fallen-back link's TCP connection: try a new QP. `call_id` = the
+    /// probe's number; body = a SELECT_RDMA set-up message ([`crate::wire::hello`]) with the
+    /// client's new QP.
+    Reprobe = 15,
+    /// Server → client, answer to REPROBE `call_id`: body = RDMA_ACCEPT (the server's new QP,
+    /// connected, receives posted) or REFUSE.
+    ReprobeAck = 16,
+    /// Either way after an accepted REPROBE `call_id`: the sender's last message on TCP; what
+    /// it sends next goes over the new QP.
+    Switch = 17,
+}
+
+impl Kind {
+    /// REPROBE, REPROBE_ACK or SWITCH: messages of a re-probe, for the link, not the
+    /// application.
+    pub fn is_reprobe(self) -> bool {
+        matches!(self, Kind::Reprobe | Kind::ReprobeAck | Kind::Switch)
+    }
 }
 
 /// A decoded header.
@@ -133,8 +171,10 @@ pub struct Header {
     pub status: u16,
     /// Logical connection.
     pub conn_id: u32,
-    /// Piggybacked credit return.
-    pub credits: u32,
+    /// Piggybacked credit return (at most grant + 1).
+    pub credits: u16,
+    /// RDMA: number of the message this SEND completes in its direction, mod 2^16.
+    pub seq: u16,
     /// Call number.
     pub call_id: u64,
     /// Time left in µs (REQUEST), 0 = no deadline.
@@ -154,6 +194,7 @@ impl Header {
             status: 0,
             conn_id: 0,
             credits: 0,
+            seq: 0,
             call_id: 0,
             timeout_us: 0,
             meta_len: 0,
@@ -170,7 +211,8 @@ impl Header {
         b[4] = self.flags;
         b[6..8].copy_from_slice(&self.status.to_le_bytes());
         b[8..12].copy_from_slice(&self.conn_id.to_le_bytes());
-        b[12..16].copy_from_slice(&self.credits.to_le_bytes());
+        b[12..14].copy_from_slice(&self.credits.to_le_bytes());
+        b[14..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.call_id.to_le_bytes());
         b[24..32].copy_from_slice(&self.timeout_us.to_le_bytes());
         b[32..36].copy_from_slice(&self.meta_len.to_le_bytes());
@@ -234,6 +276,10 @@ impl Header {
             11 => Kind::StreamHeaders,
             12 => Kind::HalfClose,
             13 => Kind::WindowUpdate,
+            14 => Kind::Resync,
+            15 => Kind::Reprobe,
+            16 => Kind::ReprobeAck,
+            17 => Kind::Switch,
             k => return err(format!("unknown kind {k}")),
         };
         let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -243,7 +289,8 @@ impl Header {
             flags: msg[4],
             status: u16::from_le_bytes([msg[6], msg[7]]),
             conn_id: u32_at(8),
-            credits: u32_at(12),
+            credits: u16::from_le_bytes([msg[12], msg[13]]),
+            seq: u16::from_le_bytes([msg[14], msg[15]]),
             call_id: u64_at(16),
             timeout_us: u64_at(24),
             meta_len: u32_at(32),
@@ -288,6 +335,7 @@ mod tests {
             status: 14,
             conn_id: 0xdead_beef,
             credits: 7,
+            seq: 0xfffe,
             call_id: u64::MAX - 1,
             timeout_us: 1_000_000,
             meta_len: 3,
@@ -319,6 +367,10 @@ mod tests {
             (Kind::StreamHeaders, 11),
             (Kind::HalfClose, 12),
             (Kind::WindowUpdate, 13),
+            (Kind::Resync, 14),
+            (Kind::Reprobe, 15),
+            (Kind::ReprobeAck, 16),
+            (Kind::Switch, 17),
         ] {
             let mut h = Header::new(kind);
             h.timeout_us = 65_536;
@@ -341,7 +393,7 @@ mod tests {
     fn header_rejects_short_bad_magic_version_and_kind() {
         let good = Header::new(Kind::Cancel).encode();
         assert!(Header::decode(&good[..39]).is_err());
-        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 14)] {
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 18)] {
             let mut b = good;
             b[i] = v;
             assert!(Header::decode(&b).is_err(), "byte {i} = {v}");

@@ -3,7 +3,8 @@
 //! A TCP connection opens with the 8-byte [`CONN_MAGIC`], then carries length-prefixed frames
 //! (`byteexpress-tcp-fallback`): first the set-up messages of [`hello`], then (TCP transport) one
 //! message per frame, or (RDMA transport) only keepalive PING and PONG messages (header kinds
-//! 7 and 8). An RDMA link carries one message per SEND, or one chunk per SEND for a
+//! 7 and 8) and, when the QP fails, RESYNC (14), after which it carries one message per frame
+//! until a re-probe (15–17) moves the link back to a new QP (`header`, "Resync", "Re-probe"). An RDMA link carries one message per SEND, or one chunk per SEND for a
 //! message larger than a chunk ([`header`], "Chunks"). A message is a [`header::Header`] (40
 //! bytes), then `meta_len` bytes of metadata ([`meta`]), then `body_len` bytes of body.
 

@@ -52,3 +52,40 @@ pub fn hold_provider_qp(qp: &Qp) -> Option<ProviderHold> {
         .and_then(std::sync::Weak::upgrade)?;
     Some(ProviderHold(q))
 }
+
+/// Fails `qp` as a transport fault would (a dead path, a port down): its oldest outstanding
+/// send WR completes with `RETRY_EXC_ERR`, every other WR is flushed (`WR_FLUSH_ERR`, sends
+/// first), the QP enters ERR, and its ring refuses the peer's further claims, so the peer's
+/// sends time out with `RETRY_EXC_ERR` as against a dead responder. Per QP: no other QP of the
+/// process is touched. False when `qp` is not a soft QP of this process (another provider's
+/// QP with the same number included).
+pub fn inject_qp_error(qp: &Qp) -> bool {
+    let Some(dev) = super::device::opened() else {
+        return false;
+    };
+    let Some(q) = dev
+        .qps
+        .lock()
+        .get(&qp.qp_num())
+        .and_then(std::sync::Weak::upgrade)
+    else {
+        return false;
+    };
+    // The same QP, not another provider's QP with the same number.
+    if !std::ptr::addr_eq(
+        std::sync::Arc::as_ptr(&qp.inner),
+        std::sync::Arc::as_ptr(&q),
+    ) {
+        return false;
+    }
+    q.ring
+        .recv_cons()
+        .fetch_or(super::ring::ERR_BIT, Ordering::AcqRel);
+    let mut send = q.send.lock();
+    q.fail_locked(
+        &mut send,
+        Some(crate::WcStatus::RetryExcErr),
+        super::send::Blame::Oldest,
+    );
+    true
+}

@@ -36,6 +36,7 @@
 //! order instead.
 
 mod device_window;
+pub(crate) mod failover;
 mod outbox;
 mod reassembly;
 mod recv;
@@ -128,35 +129,73 @@ pub(crate) fn post_initial_receives(parts: &RdmaParts) -> Result<Posted, Status>
             .recv_pool
             .alloc()
             .map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
-        post_recv(&parts.qp, buf, &mut posted)?;
+        post_recv(&parts.qp, buf, &mut posted).map_err(|(_, s)| s)?;
     }
     Ok(posted)
 }
 
-fn post_recv(qp: &Qp, buf: PoolBuf, posted: &mut Posted) -> Result<(), Status> {
-    posted
-        .post_recv(qp, buf, ())
-        .map(|_| ())
-        .map_err(|(e, _)| Status::new(Code::Unavailable, format!("post_recv: {e}")))
+fn post_recv(
+    qp: &Qp,
+    buf: PoolBuf,
+    posted: &mut Posted,
+) -> Result<(), (byteexpress_verbs::Error, Status)> {
+    posted.post_recv(qp, buf, ()).map(|_| ()).map_err(|(e, _)| {
+        let s = Status::new(Code::Unavailable, format!("post_recv: {e}"));
+        (e, s)
+    })
 }
 
-/// Starts the engine. `ctrl_dead` resolves when the TCP control connection ends.
+/// Starts the engine on a new link in state `Rdma` (`machine`). `ctrl_dead` resolves when the
+/// TCP control connection ends; when the QP fails, the engine hands its messages over through
+/// `handover` ([`failover`]) instead of closing the link.
 pub(crate) fn spawn(
     parts: RdmaParts,
     posted: Posted,
     dispatch: Arc<dyn Dispatch>,
     ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
+    machine: crate::link_state::LinkMachine,
+    handover: tokio::sync::oneshot::Sender<failover::Handover>,
 ) -> LinkTx {
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = LinkTx::new(
+    let link = LinkTx::with_machine(
         tx,
         Transport::Rdma {
             device: parts.device,
         },
         parts.max_message,
+        machine,
     );
+    start(
+        parts,
+        posted,
+        dispatch,
+        ctrl_dead,
+        link.clone(),
+        rx,
+        handover,
+        (0, 0),
+    );
+    link
+}
+
+/// Runs an engine for `link` on `parts` (a link's first QP, or a re-probe's), taking messages
+/// from `rx`; `seqs` = (sent, received): the link's message counts on RDMA so far
+/// ([`failover::Seqs::starting_at`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start(
+    parts: RdmaParts,
+    posted: Posted,
+    dispatch: Arc<dyn Dispatch>,
+    ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
+    link: LinkTx,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+    handover: tokio::sync::oneshot::Sender<failover::Handover>,
+    seqs: (u64, u64),
+) {
     let counters = link.counters().clone();
-    let _ = counters.qp.set(parts.qp.clone());
+    *counters.qp.lock() = Some(parts.qp.clone());
+    #[cfg(feature = "test-hooks")]
+    link.faults().set_qp(Some(parts.qp.clone()));
     counters
         .window_cap
         .store(parts.window.cap(), std::sync::atomic::Ordering::Relaxed);
@@ -189,9 +228,11 @@ pub(crate) fn spawn(
         delivered: false,
         arrived: None,
         batch: Vec::new(),
+        seqs: failover::Seqs::starting_at(seqs.0, seqs.1),
+        qp_failed: None,
+        draining: false,
     };
-    tokio::spawn(engine.run(rx, ctrl_dead, closer));
-    link
+    tokio::spawn(engine.run(rx, ctrl_dead, closer, handover));
 }
 
 /// The send slots and CQ entries left once `posted` receives are on the QP.
@@ -210,6 +251,8 @@ fn queue_budget(cfg: QueueConfig, posted: &Posted) -> QueueBudget {
 struct SendMeta {
     charged: u64,
     posted_at: Instant,
+    /// The message number (per direction) this SEND completes, if it completes one.
+    seq: Option<u64>,
 }
 
 /// What one [`Engine::step`] did.
@@ -253,6 +296,14 @@ struct Engine {
     /// The chunks of the round being posted ([`Engine::grant_batch`]), kept to reuse its
     /// capacity.
     batch: Vec<Next>,
+    /// Message numbers per direction and the messages sent but not yet confirmed by their
+    /// SEND completion ([`failover`]).
+    seqs: failover::Seqs,
+    /// Why the QP failed, when it did: the engine then hands over to the fallback.
+    qp_failed: Option<failover::QpFault>,
+    /// The QP failed and the engine is draining its CQ: consumed receive buffers go back to
+    /// the pool instead of being re-posted.
+    draining: bool,
 }
 
 impl Engine {
@@ -261,6 +312,7 @@ impl Engine {
         mut rx: mpsc::UnboundedReceiver<Outgoing>,
         mut ctrl_dead: tokio::sync::oneshot::Receiver<Status>,
         closer: Arc<Closer>,
+        handover: tokio::sync::oneshot::Sender<failover::Handover>,
     ) {
         let mut busy_rounds = 0u32;
         // Hybrid polling: after the last round that did work, idle rounds keep polling (the CQ,
@@ -269,6 +321,11 @@ impl Engine {
         // handlers, callers and timers on this runtime run between polls.
         let mut last_work = Instant::now();
         let why = loop {
+            if self.link.fall_back_pending() {
+                self.qp_failed
+                    .get_or_insert(failover::QpFault::PeerFellBack);
+                break Status::new(Code::Unavailable, "the peer's QP failed");
+            }
             match self.step(&mut rx) {
                 Ok(Round::Delivered) => {
                     last_work = Instant::now();
@@ -319,12 +376,27 @@ impl Engine {
                 // Polling: another round as soon as the runtime has run what else is ready.
                 _ = tokio::task::yield_now(), if polling => {}
                 r = cq.ready(Duration::ZERO), if !polling => if let Err(e) = r {
-                    break Status::new(Code::Unavailable, format!("CQ: {e}"));
+                    self.qp_failed.get_or_insert(failover::QpFault::CqWait(e));
+                    break Status::new(Code::Unavailable, "CQ wait failed");
                 },
+                _ = self.link.fall_back_requested() => continue,
                 why = &mut ctrl_dead => break why.unwrap_or_else(|_| Status::new(Code::Unavailable, "control connection closed")),
                 _ = self.link.close_requested() => break Status::new(Code::Unavailable, "link closed"),
             }
         };
+        if let Some(fault) = self.qp_failed.take()
+            && !self.link.is_closed()
+            && !handover.is_closed()
+        {
+            tracing::debug!(%why, %fault, "RDMA engine hands over to the fallback");
+            let h = self.hand_over(rx, fault).await;
+            if let Err(h) = handover.send(h) {
+                // The control connection ended meanwhile: the link closes.
+                drop(h);
+                closer.close(why);
+            }
+            return;
+        }
         let _ = self.parts.qp.to_err();
         self.release_windows();
         closer.close(why);
@@ -341,11 +413,11 @@ impl Engine {
     fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<Round, Status> {
         let released = self.release_held()?;
         let mut wcs = [Wc::default(); 32];
-        let n = self
-            .parts
-            .cq
-            .poll(&mut wcs)
-            .map_err(|e| Status::new(Code::Unavailable, format!("poll_cq: {e}")))?;
+        let n = self.parts.cq.poll(&mut wcs).map_err(|e| {
+            let s = Status::new(Code::Unavailable, format!("poll_cq: {e}"));
+            self.qp_failed.get_or_insert(failover::QpFault::Poll(e));
+            s
+        })?;
         if n > 0 {
             // completions, received or acknowledged by the peer: it is alive (keepalive)
             self.link.touch();
@@ -355,9 +427,12 @@ impl Engine {
         // their bytes summed (completions may be merged, `Window::on_complete`; the RTT plays
         // no part).
         let mut done = 0;
-        for wc in &wcs[..n] {
+        for (i, wc) in wcs[..n].iter().enumerate() {
             if let Err(why) = self.on_completion(wc, &mut done) {
                 let _ = self.release(done, 0);
+                // Taken off the CQ but not handled: a fallback's drain takes them first (their
+                // WRs' buffers are freed only at their completions).
+                self.seqs.polled.extend_from_slice(&wcs[i..n]);
                 return Err(why);
             }
         }
@@ -389,6 +464,10 @@ impl Engine {
             if wc.status == WcStatus::RnrRetryExcErr {
                 LinkCounters::bump(&self.counters.rnr_errors);
             }
+            self.qp_failed.get_or_insert(failover::QpFault::Completion {
+                status: wc.status,
+                wr_id: wc.wr_id,
+            });
             return Err(Status::new(
                 Code::Unavailable,
                 format!("RDMA completion {:?} on wr {}", wc.status, wc.wr_id),
@@ -404,6 +483,9 @@ impl Engine {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
                 if let Some((_buf, f)) = self.send_posted.complete(wc) {
+                    if let Some(seq) = f.seq {
+                        self.seqs.confirm(seq);
+                    }
                     if self.parts.window.adaptive_config().is_some() {
                         // The adaptive window reacts to each completion's RTT (the clock is
                         // read only for it).
@@ -460,15 +542,34 @@ impl Engine {
         let sent = !batch.is_empty();
         // The first header returns everything owed (`Credits::try_send_data_batch`).
         let mut pb = first;
-        for n in batch.drain(..) {
+        let mut chunks = batch.drain(..);
+        let mut failed = None;
+        while let Some(n) = chunks.next() {
             let wire = u64::from(n.wire);
             let posted = self.post_chunk(n, std::mem::take(&mut pb));
             if let Err(why) = posted {
-                // The link fails; what the windows hold for chunks never posted goes back.
-                let _ = self.release(unposted, 0);
-                return Err(why);
+                // The link fails; what the windows hold for chunks never posted goes back,
+                // and the messages whose last chunk was granted but not posted are kept for
+                // a fallback to send.
+                for n in chunks.by_ref() {
+                    if n.last {
+                        let m = match n.msg {
+                            Source::Queued(id) => self.outbox.finish(id),
+                            Source::Bypassed(m) => Some(m),
+                        };
+                        self.seqs.unposted.extend(m.map(|m| m.into_msg()));
+                    }
+                }
+                failed = Some(why);
+                break;
             }
             unposted -= wire;
+        }
+        drop(chunks);
+        if let Some(why) = failed {
+            let _ = self.release(unposted, 0);
+            self.batch = batch;
+            return Err(why);
         }
         self.batch = batch;
         if self.credits.update_due() {
@@ -482,7 +583,7 @@ impl Engine {
                 self.counters.refused(g);
             } else if let Some(pb) = self.credits.poll_update() {
                 let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
-                self.post(buf, 0)?;
+                self.post(buf, 0, None)?;
                 LinkCounters::bump(&self.counters.credit_updates_sent);
                 return Ok(true);
             }
@@ -625,18 +726,30 @@ impl Engine {
                 m
             }
         };
-        let buf = chunk_buf(&self.parts, n.header, pb, |b| {
+        let mut header = n.header;
+        let seq = n.last.then(|| self.seqs.next_sent());
+        if let Some(seq) = seq {
+            header.seq = seq as u16;
+        }
+        let buf = chunk_buf(&self.parts, header, pb, |b| {
             msg.copy_payload(b, n.off, n.len)
-        })?;
+        });
+        let mut whole = None;
         if n.last {
-            if let Source::Queued(id) = n.msg {
-                self.outbox.finish(id);
-            }
+            whole = match n.msg {
+                Source::Queued(id) => self.outbox.finish(id),
+                Source::Bypassed(m) => Some(m),
+            };
             if n.chunked {
                 LinkCounters::bump(&self.counters.messages_chunked);
             }
         }
-        self.post(buf, n.wire.into())?;
+        let posted = buf.and_then(|buf| self.post(buf, n.wire.into(), seq));
+        if let Some(m) = whole {
+            // Kept until its SEND completes, for a fallback to re-send if need be.
+            self.seqs.sent(seq, m.into_msg(), posted.is_ok());
+        }
+        posted?;
         LinkCounters::bump(&self.counters.chunks_sent);
         self.counters.metrics.chunks_sent.increment(1);
         self.counters.metrics.bytes_sent.increment(n.wire.into());
@@ -645,17 +758,22 @@ impl Engine {
 
     /// Posts a SEND of `buf`, which charged `charged` bytes to the windows (the caller
     /// releases them if this fails).
-    fn post(&mut self, buf: PoolBuf, charged: u64) -> Result<(), Status> {
+    fn post(&mut self, buf: PoolBuf, charged: u64, seq: Option<u64>) -> Result<(), Status> {
         self.queues
             .try_post_send()
             .map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
         let meta = SendMeta {
             charged,
             posted_at: Instant::now(),
+            seq,
         };
         self.send_posted
             .post_send(&self.parts.qp, buf, WrOp::Send, meta)
-            .map_err(|(e, _buf)| Status::new(Code::Unavailable, format!("post_send: {e}")))?;
+            .map_err(|(e, _buf)| {
+                let s = Status::new(Code::Unavailable, format!("post_send: {e}"));
+                self.qp_failed.get_or_insert(failover::QpFault::PostSend(e));
+                s
+            })?;
         Ok(())
     }
 }
@@ -667,7 +785,8 @@ fn chunk_buf(
     pb: Piggyback,
     fill: impl FnOnce(&mut PoolBuf) -> Result<(), byteexpress_mem::MemError>,
 ) -> Result<PoolBuf, Status> {
-    h.credits = pb.credits;
+    h.credits = u16::try_from(pb.credits)
+        .map_err(|_| Status::new(Code::Internal, "more credits than a grant"))?;
     if pb.slot_return {
         h.flags |= FLAG_SLOT_RETURN;
     }

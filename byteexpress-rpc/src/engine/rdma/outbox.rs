@@ -219,9 +219,10 @@ impl Outbox {
         &self.msgs[&id]
     }
 
-    /// Forgets a message whose last chunk was taken.
-    pub(super) fn finish(&mut self, id: MsgId) {
-        self.msgs.remove(&id);
+    /// Forgets a message whose last chunk was taken, and gives it back (kept by the engine
+    /// until its SEND completes, for a fallback).
+    pub(super) fn finish(&mut self, id: MsgId) -> Option<OutMsg> {
+        self.msgs.remove(&id)
     }
 }
 

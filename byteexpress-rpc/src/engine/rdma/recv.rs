@@ -36,8 +36,18 @@ impl Engine {
         } else {
             MsgKind::Data
         };
+        if h.kind != Kind::CreditUpdate && !h.more() {
+            // This SEND completes a message: its number must be the next of the direction.
+            let want = self.seqs.next_received();
+            if h.seq != want as u16 {
+                return Err(protocol(format!(
+                    "message number {} where {} (mod 2^16) was due",
+                    h.seq, want as u16
+                )));
+            }
+        }
         let pb = Piggyback {
-            credits: h.credits,
+            credits: u32::from(h.credits),
             slot_return: h.flags & FLAG_SLOT_RETURN != 0,
         };
         self.credits
@@ -128,8 +138,13 @@ impl Engine {
     /// credits owed back to the peer. During a test stall ([`crate::test_hooks`]) the buffer
     /// is held instead, until [`Engine::release_held`].
     fn repost(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
-        if let Some(until) = crate::test_hooks::reposts_stalled_until() {
-            crate::test_hooks::count_held();
+        if self.draining {
+            // The QP failed: nothing more is posted on it; the buffer goes back to the pool.
+            return Ok(());
+        }
+        #[cfg(feature = "test-hooks")]
+        if let Some(until) = self.link.faults().stalled_until() {
+            self.link.faults().count_held();
             self.held.push((buf, kind));
             self.held_until = Some(until);
             return Ok(());
@@ -154,7 +169,11 @@ impl Engine {
         self.queues
             .try_post_recv()
             .map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
-        post_recv(&self.parts.qp, buf, &mut self.recv_posted)?;
+        if let Err((e, s)) = post_recv(&self.parts.qp, buf, &mut self.recv_posted) {
+            self.qp_failed
+                .get_or_insert(super::failover::QpFault::PostRecv(e));
+            return Err(s);
+        }
         self.credits
             .on_reposted(kind)
             .map_err(|e| Status::new(Code::Internal, format!("credits: {e}")))

@@ -25,6 +25,11 @@ impl OutMsg {
         }
     }
 
+    /// The message itself.
+    pub(super) fn into_msg(self) -> Outgoing {
+        self.msg
+    }
+
     /// The logical connection (`conn_id` of its header).
     pub(super) fn conn_id(&self) -> u32 {
         self.msg.header.conn_id
