@@ -38,11 +38,10 @@ fi
 # - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0;
 # - device choice with soft0 visible: BX_TRANSPORT=rdma links on rxe0, never moved to soft0; an
 #   invalid BX_GID_INDEX is an error naming the index, rxe0 and its valid entries.
-# Not listed: integration-tests:fallback_vm:vm-tests (issue 20's fallback across a veth pair,
-# scripts/vm-fallback-net.sh), #[ignore]d until the RDMA→TCP fallback exists. Listing it needs
-# `scripts/vm-fallback-net.sh host-prep` before the boot, RXE_VM_EXTRA_PKGS=nftables for the
-# boot, and `--ignored` in its test arguments; it takes about 100 s of the VM's time when it
-# fails (90 s waiting for the fallback), a passing run far less.
+# - the RDMA→TCP fallback across a veth pair (issue 20, scripts/vm-fallback-net.sh): RoCE's UDP
+#   port dropped under load, calls go on over TCP (tcp(fallback)), the rule removed, back on
+#   RDMA. It needs `nft` in the guest (RXE_VM_EXTRA_PKGS gets nftables) and the netfilter
+#   modules of the guest's kernel (`vm-fallback-net.sh host-prep`, below, before the boot).
 targets=(
   "byteexpress-verbs:conformance:vm-tests"
   "byteexpress-verbs:ibverbs_vm:vm-tests"
@@ -53,11 +52,15 @@ targets=(
   "byteexpress-mem:user_memory_vm:"
   "byteexpress-mem:least_access:"
   "integration-tests:device_choice_vm:vm-tests"
+  "integration-tests:fallback_vm:vm-tests:BX_SOFT=0 RUST_LOG=byteexpress_rpc::link_state=info:--exact calls_move_to_tcp_when_roce_is_dropped_and_back_to_rdma_when_it_returns --nocapture"
 )
 bins=()
 runs=()
 for t in "${targets[@]}"; do
   IFS=: read -r pkg test feat env args <<<"$t"
+  # BX_VM_TESTS_ONLY=test[,test...]: run only these test targets (for a developer; make test
+  # never sets it).
+  if [ -n "${BX_VM_TESTS_ONLY:-}" ] && [[ ",$BX_VM_TESTS_ONLY," != *",$test,"* ]]; then continue; fi
   feats=()
   [ -n "$feat" ] && feats=(--features "$feat")
   echo "vm-tests: building $pkg --test $test ${feat:+(features $feat)}" >&2
@@ -80,6 +83,8 @@ done
 script="cd '$repo'; rc=0; failed=; export BX_PROVIDER=ibverbs; printf '\\n==> VM tests: the VM is up; running ${#bins[@]} test binaries on its rdma-core device\\n'; echo 'vm-tests: RDMA devices in the VM (ibv_devices):'; ibv_devices || rc=1"
 for r in "${runs[@]}"; do script+="; $r"; done
 script+="; if [ \$rc = 0 ]; then echo \"vm-tests: all ${#bins[@]} test binaries passed in the VM\"; else echo \"vm-tests: FAILED in the VM:\$failed\"; fi; exit \$rc"
+bash "$repo/scripts/vm-fallback-net.sh" host-prep >&2
+case " ${RXE_VM_EXTRA_PKGS:-} " in *" nftables "*) ;; *) export RXE_VM_EXTRA_PKGS="${RXE_VM_EXTRA_PKGS:+$RXE_VM_EXTRA_PKGS }nftables" ;; esac
 echo "vm-tests: booting the Soft-RoCE VM (mounting $mount; the first run builds its image) to run ${#bins[@]} test binaries" >&2
 cd "$mount"
 RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900} "$vm" "$mount" "$script"

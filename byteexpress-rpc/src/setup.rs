@@ -167,8 +167,11 @@ async fn recv(r: &mut Reader) -> Result<Hello, Status> {
 /// so an RNR would be a bug and fails the QP instead of hiding behind retries. Ordering makes
 /// this hold from the first SEND: each side posts its receives right after `connect`, the
 /// server before it sends RDMA_ACCEPT, the client before its first request (and the server
-/// sends nothing but answers). timeout 14 (≈ 67 ms) × (retry_cnt 7 + 1) ≈ 0.5 s to declare a
-/// silent peer dead; the TCP control connection usually reports it sooner. `access` none
+/// sends nothing but answers). timeout 14 (≈ 67 ms) × (retry_cnt 6 + 1) ≈ 0.5 s to declare a
+/// silent peer or a dead path (RETRY_EXC_ERR, then the link falls back to TCP); the TCP control
+/// connection usually reports a dead peer sooner. `retry_cnt` is 6, not 7: rxe retries a QP whose
+/// `retry_cnt` is 7 forever (DESIGN.md 7, checked in the Soft-RoCE VM), so a dropped RoCE path
+/// would never fail the QP there and the link would never fall back. `access` none
 /// (`qp_access_flags` 0): a link carries SENDs only, so the QP refuses every peer RDMA WRITE and
 /// READ on top of the MRs' own flags (least access, DESIGN.md 3.5); the rendezvous issue grants
 /// REMOTE_READ here for its [`byteexpress_mem::ReadLoan`]s.
@@ -177,7 +180,7 @@ fn connect_attr() -> ConnectAttr {
         access: Access(0),
         min_rnr_timer: 1,
         timeout: 14,
-        retry_cnt: 7,
+        retry_cnt: 6,
         rnr_retry: 0,
         ..ConnectAttr::default()
     }

@@ -8,7 +8,7 @@
 //! Needs root in the VM, `nft` (`RXE_VM_EXTRA_PKGS=nftables`) and the netfilter modules of the
 //! VM's kernel (`scripts/vm-fallback-net.sh host-prep` on the host first). Run alone:
 //! `cargo test -p integration-tests --features vm-tests --test fallback_vm --no-run`, then in
-//! the VM `BX_SOFT=0 BX_PROVIDER=ibverbs <binary> --ignored --exact
+//! the VM `BX_SOFT=0 BX_PROVIDER=ibverbs <binary> --exact
 //! calls_move_to_tcp_when_roce_is_dropped_and_back_to_rdma_when_it_returns`.
 //!
 //! The client runs in side b's view (only its rxe device visible), so it is this binary run
@@ -116,9 +116,6 @@ impl StatusLines {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the RDMA→TCP fallback of issue 20 (items 1-3), not built on this branch: \
-            without it the dropped path leaves the link's calls waiting (rxe on Linux 6.1 \
-            retries a QP with retry_cnt 7 forever) and transport() never shows tcp(fallback)"]
 async fn calls_move_to_tcp_when_roce_is_dropped_and_back_to_rdma_when_it_returns() {
     let started = Instant::now();
     net(&["up"]);

@@ -299,6 +299,57 @@ async fn after_the_fault_clears_the_link_takes_rdma_back_and_calls_keep_their_or
     assert_eq!(client.link_stats().fallbacks, 2);
 }
 
+/// A path that lets the QP handshake through (it runs over TCP) but fails every new QP makes
+/// the link flap; each flap doubles the wait before the next re-probe instead of starting over
+/// at `reprobe_backoff` (the rxe VM's dropped RoCE port did this: a fall-back every 0.6 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_probed_qp_that_fails_at_once_doubles_the_wait_before_the_next_re_probe() {
+    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+    let first = Duration::from_millis(200);
+    let cfg = Config {
+        reprobe_backoff: first,
+        reprobe_backoff_max: Duration::from_secs(10),
+        ..rdma()
+    };
+    let client = Client::connect(&server.addr, &cfg).await.expect("connect");
+    assert_eq!(client.transport(), rdma_here());
+    let faults = client.link_faults();
+    let mut waits = Vec::new();
+    for flap in 0..3 {
+        let fell = tokio::time::Instant::now();
+        assert!(faults.inject_qp_error(), "flap {flap}: the link has a QP");
+        wait_for_fallback(&client).await;
+        while client.transport() != rdma_here() {
+            assert!(
+                fell.elapsed() < Duration::from_secs(20),
+                "flap {flap}: not back on RDMA: {:?}",
+                client.link_stats()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        waits.push(fell.elapsed());
+    }
+    eprintln!("back on RDMA after {waits:?} (from each QP error)");
+    // The first re-probe waits `first`; the QPs it and the next opened failed at once, so the
+    // next waits 2 × and then 4 × `first` (lower bounds only: a loaded machine adds, never
+    // subtracts).
+    assert!(waits[0] >= first, "{waits:?}");
+    assert!(
+        waits[1] >= first * 2,
+        "the second re-probe doubled: {waits:?}"
+    );
+    assert!(
+        waits[2] >= first * 4,
+        "the third re-probe doubled again: {waits:?}"
+    );
+    for (id, body, r) in wave(&client, 0..16, |id| 50 + id as usize, 0)
+        .await
+        .unwrap()
+    {
+        assert_eq!(r.unwrap().body, body, "call {id}");
+    }
+}
+
 /// In fallback, the TCP connection is all the link has: when it fails too (the server process
 /// is killed), the link closes and the calls pending on it fail UNAVAILABLE (they were sent, so
 /// the retry rule never re-sends them without a policy), well within their deadline.

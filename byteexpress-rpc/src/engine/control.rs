@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use byteexpress_tcp_fallback::{FrameError, FrameReader, FrameWriter};
 use bytes::Bytes;
@@ -152,6 +152,11 @@ async fn run<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    // The backoff that opened the current RDMA phase (`None`: set-up opened it) and when it
+    // began: a re-probed QP that fails before the phase outlived the backoff cap was a flap,
+    // so the next re-probe waits twice as long instead of starting over (`next_backoff`).
+    let mut opened_by: Option<Duration> = None;
+    let mut rdma_since = Instant::now();
     loop {
         let (end, handover) = watch_rdma(&mut phase, live, &dispatch, &link).await;
         let RdmaPhase {
@@ -220,11 +225,15 @@ async fn run<R, W>(
             reader_rx,
         };
         let next = if prober.is_client() {
-            reprobe_client(&prober, &link, ends, resynced.nonce).await
+            let (first, max, _) = prober.timing();
+            let start = next_backoff(first, max, opened_by, rdma_since.elapsed());
+            reprobe_client(&prober, &link, ends, resynced.nonce, start).await
         } else {
             reprobe_server(&prober, &link, ends).await
         };
         let Some(next) = next else { return };
+        opened_by = Some(next.backoff);
+        rdma_since = Instant::now();
         over.cancel();
         let (dead_tx, dead_rx) = oneshot::channel();
         let (ho_tx, ho_rx) = oneshot::channel();
@@ -404,6 +413,8 @@ struct PhaseEnd<R, W> {
 /// A re-probe that worked: the new QP, and the connection and channel back from TCP.
 struct Switched<R, W> {
     probe: u64,
+    /// The wait before the re-probe that worked (zero on the server, which never waits).
+    backoff: Duration,
     parts: RdmaParts,
     posted: Posted,
     r: FrameReader<R>,
@@ -427,6 +438,7 @@ fn reprobe_msg(kind: Kind, probe: u64, nonce: u64, body: Vec<u8>) -> Outgoing {
 /// takes the connection back once the peer's SWITCH was read.
 async fn switch<R, W>(
     probe: u64,
+    backoff: Duration,
     parts: RdmaParts,
     posted: Posted,
     end: PhaseEnd<R, W>,
@@ -444,6 +456,7 @@ async fn switch<R, W>(
     let r = reader_rx.await.ok()?;
     Some(Switched {
         probe,
+        backoff,
         parts,
         posted,
         r,
@@ -452,12 +465,32 @@ async fn switch<R, W>(
     })
 }
 
-/// Client: re-probes with capped exponential backoff until one works (or the link closes).
+/// The first wait of a fallen-back link's re-probes: `first` (`Config::reprobe_backoff`),
+/// unless the RDMA phase that just failed was opened by a re-probe after `opened_by` and lasted
+/// less than `max` (`Config::reprobe_backoff_max`): then twice `opened_by`, capped at `max`. So
+/// a path that lets a QP handshake through (it runs over TCP) but drops RoCE makes the link
+/// flap at a falling rate (each flap costs its calls one retry timeout, about 0.5 s) instead of
+/// every `first` + 0.5 s.
+fn next_backoff(
+    first: Duration,
+    max: Duration,
+    opened_by: Option<Duration>,
+    lasted: Duration,
+) -> Duration {
+    match opened_by {
+        Some(b) if lasted < max => (b * 2).clamp(first, max),
+        _ => first,
+    }
+}
+
+/// Client: re-probes with capped exponential backoff, the first after `start`, until one
+/// works (or the link closes).
 async fn reprobe_client<R, W>(
     prober: &Prober,
     link: &LinkTx,
     mut end: PhaseEnd<R, W>,
     mut nonce: Option<u64>,
+    start: Duration,
 ) -> Option<Switched<R, W>> {
     let (first, max, limit) = prober.timing();
     if first.is_zero() {
@@ -465,7 +498,7 @@ async fn reprobe_client<R, W>(
         link.close_requested().await;
         return None;
     }
-    let mut backoff = first;
+    let mut backoff = start;
     let mut probe = 0u64;
     loop {
         tokio::select! {
@@ -483,7 +516,7 @@ async fn reprobe_client<R, W>(
         )
         .await;
         match tried {
-            Ok(Ok((parts, posted))) => return switch(probe, parts, posted, end).await,
+            Ok(Ok((parts, posted))) => return switch(probe, backoff, parts, posted, end).await,
             Ok(Err(why)) => {
                 let _ = link.machine().apply(LinkEvent::ProbeFailed, &why.chain());
             }
@@ -586,7 +619,7 @@ async fn reprobe_server<R, W>(
                 // accepted last, or the link cannot go on.
                 match pending.take() {
                     Some((p, parts, posted)) if p == probe => {
-                        return switch(probe, parts, posted, end).await;
+                        return switch(probe, Duration::ZERO, parts, posted, end).await;
                     }
                     _ => {
                         link.close();
@@ -662,6 +695,33 @@ fn unavailable(msg: impl std::fmt::Display) -> Status {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_re_probed_qp_that_failed_before_the_cap_doubles_the_next_first_wait() {
+        let (first, max) = (Duration::from_millis(100), Duration::from_secs(30));
+        let ms = Duration::from_millis;
+        // Set-up opened the phase: start over.
+        assert_eq!(super::next_backoff(first, max, None, ms(5)), first);
+        // A re-probe after 400 ms opened it and it failed 1 s later: a flap.
+        assert_eq!(
+            super::next_backoff(first, max, Some(ms(400)), ms(1000)),
+            ms(800)
+        );
+        // Capped.
+        assert_eq!(
+            super::next_backoff(first, max, Some(ms(20_000)), ms(10)),
+            max
+        );
+        // It outlived the cap: start over.
+        assert_eq!(super::next_backoff(first, max, Some(ms(400)), max), first);
+        // The server's switches (no wait) still start at `first`.
+        assert_eq!(
+            super::next_backoff(first, max, Some(Duration::ZERO), ms(1)),
+            first
+        );
+    }
+
     use super::*;
 
     fn msg(call_id: u64) -> Outgoing {
