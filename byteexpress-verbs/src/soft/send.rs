@@ -272,6 +272,9 @@ impl SoftQp {
             }
             if self.state() == QpState::Err {
                 drop(guard);
+                if self.device_dead() {
+                    return Err(Error::InvalidState("the device had a fatal error".into()));
+                }
                 self.send_cq
                     .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.op)));
                 return Ok(());
