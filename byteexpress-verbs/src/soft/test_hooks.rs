@@ -130,6 +130,23 @@ pub fn inject_device_fatal(ctx: &crate::Context) -> bool {
     ) {
         return false;
     }
+    fail_device(&dev);
+    true
+}
+
+/// [`inject_device_fatal`] for the device `qp` lives on. False when `qp` is not a live soft
+/// QP of this process.
+pub fn inject_device_fatal_under(qp: &Qp) -> bool {
+    match soft_qp(qp) {
+        Some(q) => {
+            fail_device(&q.dev);
+            true
+        }
+        None => false,
+    }
+}
+
+fn fail_device(dev: &super::device::SoftDevice) {
     let qps: Vec<_> = dev
         .qps
         .lock()
@@ -140,5 +157,4 @@ pub fn inject_device_fatal(ctx: &crate::Context) -> bool {
         q.freeze(true);
     }
     dev.events.raise(crate::AsyncEvent::DeviceFatal);
-    true
 }

@@ -15,6 +15,10 @@
 //!   posted whole (in the outbox's order), the callers' channel, and the verbs objects, which
 //!   keep every buffer still owned by a posted WR until its flush completion arrives (or the
 //!   link ends).
+//! - A fatal async event of the QP, its CQ or its device ([`super::async_watch`]) fails the
+//!   QP as an error completion does. After `DeviceFatal` no flush ever comes: the hand-over
+//!   does not wait for any, and the failed QP's objects and buffers are parked with the
+//!   device context instead of reaped.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -52,6 +56,20 @@ pub(crate) enum QpFault {
     /// The peer's RESYNC said its QP failed.
     #[error("the peer's QP failed")]
     PeerFellBack,
+    /// A fatal asynchronous event named the QP, its CQ or its device
+    /// (`ibv_get_async_event(3)`, [`super::async_watch`]).
+    #[error("fatal async event {0:?}")]
+    AsyncEvent(byteexpress_verbs::AsyncEvent),
+}
+
+impl QpFault {
+    /// The device failed: no completion, not even a flush, will come from it.
+    fn device_dead(&self) -> bool {
+        matches!(
+            self,
+            QpFault::AsyncEvent(byteexpress_verbs::AsyncEvent::DeviceFatal)
+        )
+    }
 }
 
 /// The message numbers of one link's engine, and the messages sent and not yet confirmed.
@@ -151,6 +169,9 @@ pub(crate) struct Remains {
     send_posted: PostedBufs<SendMeta>,
     /// `awaiting_flush` is counted down as the flushes come.
     counters: std::sync::Arc<crate::link_stats::LinkCounters>,
+    /// The device failed (`DeviceFatal`): no flush will come; the remains are parked with the
+    /// device context instead of reaped ([`super::async_watch::park`]).
+    device_dead: bool,
 }
 
 /// How often [`Remains::reap`] polls for flush completions, and for how long in all before it
@@ -169,6 +190,15 @@ impl Remains {
     /// Whatever is still outstanding then is dropped with the QP (a destroyed QP touches no
     /// buffer).
     pub(crate) async fn reap(mut self, ended: impl std::future::Future<Output = ()>) {
+        if self.device_dead {
+            tracing::debug!(
+                outstanding = self.outstanding(),
+                "failed QP parked until its device context closes"
+            );
+            let device = self.parts.device;
+            super::async_watch::park(device, Box::new(self));
+            return;
+        }
         let t0 = Instant::now();
         tokio::pin!(ended);
         let mut wcs = [Wc::default(); 32];
@@ -216,6 +246,9 @@ impl Engine {
     ) -> Handover {
         let _ = self.parts.qp.to_err();
         self.draining = true;
+        // A failed device flushes nothing: its CQ is not waited on (what it had already
+        // delivered was polled; the peer's count decides what goes again).
+        let device_dead = fault.device_dead();
         // Completions already in the CQ: successful receives are delivered (the peer counts
         // them as delivered once its SEND completed), successful SENDs confirmed, flushes
         // free their buffers. Chunks are copied as they come.
@@ -228,7 +261,7 @@ impl Engine {
         // queue, so then nothing the peer counts as sent is left behind); send WRs need not
         // wait: the peer's count decides what goes again, and their buffers go to the reaper.
         let t0 = std::time::Instant::now();
-        while empty < DRAIN_POLLS && !self.recv_posted.is_empty() {
+        while !device_dead && empty < DRAIN_POLLS && !self.recv_posted.is_empty() {
             let n = match self.parts.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(_) => break,
@@ -288,6 +321,7 @@ impl Engine {
                 recv_posted,
                 send_posted,
                 counters,
+                device_dead,
             },
         }
     }
