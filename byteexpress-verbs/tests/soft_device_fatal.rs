@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use byteexpress_verbs::test_hooks::inject_device_fatal;
-use byteexpress_verbs::{AsyncEvent, Error, QpCap, QpState, RecvWr, WcStatus, WrOp};
+use byteexpress_verbs::{AsyncEvent, QpCap, QpState, RecvWr, WcStatus, WrOp};
 use common::*;
 
 const T: Duration = Duration::from_secs(5);
@@ -31,18 +31,15 @@ fn device_fatal_raises_the_event_and_nothing_completes_not_even_a_flush() {
     // Moving a QP to ERR flushes nothing: flushes never come from a dead device.
     a.qp.to_err().unwrap();
     assert_eq!(poll_for(&a.recv_cq, QUIET), Vec::new());
+    // Posts are taken, as by hardware that is gone, and never complete.
     let sge = [a.sge(0, 16)];
-    assert!(matches!(
-        a.qp.post_recv(&RecvWr {
-            wr_id: 3,
-            sg_list: &sge
-        }),
-        Err(Error::InvalidState(_))
-    ));
-    assert!(matches!(
-        b.send(4, WrOp::Send, 0, 16, true),
-        Err(Error::InvalidState(_))
-    ));
+    a.qp.post_recv(&RecvWr {
+        wr_id: 3,
+        sg_list: &sge,
+    })
+    .unwrap();
+    b.send(4, WrOp::Send, 0, 16, true).unwrap();
+    assert_eq!(poll_for(&a.recv_cq, QUIET), Vec::new());
     assert_eq!(poll_for(&b.send_cq, QUIET), Vec::new());
     // QPs made after the fault work (the device as a reset leaves it).
     let (c, d) = soft_pair(QpCap::default(), fast_attr());

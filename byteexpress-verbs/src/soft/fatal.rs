@@ -11,7 +11,8 @@
 //!   order, sends first), as rdma-core providers flush a QP the application moves to ERR
 //!   after the event; WRs posted meanwhile flush as on any QP in ERR;
 //! - after a device fatal error nothing completes ever again ("flushes never come"): posts are
-//!   refused (`InvalidState`) and `to_err` flushes nothing; the held WRs go with the QP.
+//!   taken and never complete, as by hardware that is gone, and `to_err` flushes nothing;
+//!   the held WRs go with the QP.
 //!   QPs created after the fault work (the device as a driver's reset leaves it).
 
 use std::collections::VecDeque;
@@ -77,7 +78,7 @@ impl SoftQp {
         true
     }
 
-    /// The device failed under this QP: posts are refused and nothing completes.
+    /// The device failed under this QP: nothing completes, posts included.
     pub(crate) fn device_dead(&self) -> bool {
         self.frozen.lock().as_ref().is_some_and(|f| f.device_dead)
     }

@@ -117,7 +117,8 @@ pub fn inject_qp_fatal(qp: &Qp) -> bool {
 }
 
 /// Fails the device of `ctx` (`IBV_EVENT_DEVICE_FATAL`): every QP it has now enters ERR with
-/// nothing completed, ever (no flush either: posts are refused, `to_err` flushes nothing),
+/// nothing completed, ever (no flush either: posts are taken and never complete, `to_err`
+/// flushes nothing),
 /// and `DEVICE_FATAL` is raised on its async events. QPs created afterwards work (the device
 /// as a reset leaves it). False when `ctx` is not this process's soft device.
 pub fn inject_device_fatal(ctx: &crate::Context) -> bool {
