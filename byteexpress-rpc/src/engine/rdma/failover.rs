@@ -107,11 +107,19 @@ impl Seqs {
     }
 
     /// Keeps `m` (number `seq`, when it got one) until its SEND is confirmed; `posted` false
-    /// when its post failed.
+    /// when its post failed: its number is given back (the engine posts nothing after a
+    /// failed post, so it was the last one given), else the count of messages sent would
+    /// include one the peer never got, and the resync would find the peer's count below the
+    /// confirmed ones and close the link.
     pub(super) fn sent(&mut self, seq: Option<u64>, m: Outgoing, posted: bool) {
         match seq {
             Some(seq) if posted => self.unconfirmed.push_back((seq, m)),
-            _ => self.unposted.push(m),
+            Some(seq) => {
+                debug_assert_eq!(seq + 1, self.sent, "a failed post is the last numbered");
+                self.sent = seq;
+                self.unposted.push(m);
+            }
+            None => self.unposted.push(m),
         }
     }
 
@@ -349,5 +357,40 @@ impl Engine {
         if self.recv_posted.complete(wc).is_none() {
             let _ = self.send_posted.complete(wc);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::header::Kind;
+
+    fn msg(call_id: u64) -> Outgoing {
+        Outgoing::new(
+            Kind::Request,
+            1,
+            call_id,
+            "/x",
+            &crate::Metadata::new(),
+            bytes::Bytes::new(),
+        )
+    }
+
+    /// Regression: a message numbered and then refused by post_send (a dead device) counted
+    /// as sent, so with nothing unconfirmed the link believed the peer had it and the resync
+    /// closed the link ("the peer received 66 messages, but 67 were sent and the first 67
+    /// confirmed"). Its number is given back; it goes again as unsent.
+    #[test]
+    fn a_message_whose_post_failed_is_not_counted_as_sent() {
+        let mut seqs = Seqs::default();
+        let a = seqs.next_sent();
+        seqs.sent(Some(a), msg(1), true);
+        seqs.confirm(a);
+        let b = seqs.next_sent();
+        seqs.sent(Some(b), msg(2), false);
+        assert_eq!(seqs.sent, 1, "only the posted message is counted");
+        assert!(seqs.unconfirmed.is_empty());
+        assert_eq!(seqs.unposted.len(), 1);
+        assert_eq!(seqs.next_sent(), 1, "the number is given again");
     }
 }
