@@ -34,6 +34,8 @@ const LINK_PORT: u8 = 1;
 /// What a link's engine waits on besides its CQ: a fatal event of its QP, CQ or device.
 #[derive(Debug, Default)]
 pub(crate) struct Alarm {
+    /// Set with `event`: one load per round of the engine instead of a lock.
+    raised: std::sync::atomic::AtomicBool,
     event: Mutex<Option<AsyncEvent>>,
     notify: Notify,
 }
@@ -41,11 +43,16 @@ pub(crate) struct Alarm {
 impl Alarm {
     fn raise(&self, ev: AsyncEvent) {
         self.event.lock().get_or_insert(ev);
+        self.raised
+            .store(true, std::sync::atomic::Ordering::Release);
         self.notify.notify_one();
     }
 
     /// The event raised, if any (kept: the engine may look again).
     pub(crate) fn event(&self) -> Option<AsyncEvent> {
+        if !self.raised.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         *self.event.lock()
     }
 
