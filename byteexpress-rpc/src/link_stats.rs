@@ -64,6 +64,9 @@ pub struct LinkStats {
     pub awaiting_flush: u64,
     /// Refusals of the send path's admission gates, by gate (RDMA).
     pub gate_refusals: GateRefusals,
+    /// Fatal async events (`ibv_get_async_event(3)`: QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR of
+    /// the link's QP, CQ_ERR of its CQ, PORT_ERR, DEVICE_FATAL) the link fell back on.
+    pub fatal_events: u64,
 }
 
 /// Times each admission gate of the RDMA send path held a SEND back (unit: refusals). The
@@ -107,6 +110,7 @@ pub(crate) struct LinkCounters {
     pub window_cap: AtomicU64,
     pub resent: AtomicU64,
     pub awaiting_flush: AtomicU64,
+    pub fatal_events: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
@@ -160,6 +164,7 @@ impl LinkCounters {
             gate_refusals,
             resent: g(&self.resent),
             awaiting_flush: g(&self.awaiting_flush),
+            fatal_events: g(&self.fatal_events),
             ..LinkStats::default()
         }
     }

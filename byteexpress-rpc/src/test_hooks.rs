@@ -14,6 +14,9 @@
 //!   it held and returns the credits.
 //! - [`LinkFaults::inject_qp_error`]: the link's QP fails as on a transport fault, which the
 //!   link answers by falling back to TCP (DESIGN.md 3.5, "Link life").
+//! - [`LinkFaults::inject_qp_fatal`], [`LinkFaults::inject_device_fatal`]: the link's QP, or
+//!   its whole device, fails with an error no completion reports, only an async event, which
+//!   the link answers by falling back too.
 
 #[cfg(feature = "test-hooks")]
 pub use faults::LinkFaults;
@@ -67,6 +70,28 @@ mod faults {
                 return true;
             }
             qp.to_err().is_ok()
+        }
+
+        /// Fails the link's QP with a local catastrophic error, through the verbs provider's
+        /// per-QP hook: the QP enters ERR, completes nothing, and its device raises
+        /// `QP_FATAL` for it (`ibv_get_async_event(3)`), which the link answers by falling
+        /// back. False when the link has no QP or the provider has no such hook.
+        pub fn inject_qp_fatal(&self) -> bool {
+            let Some(qp) = self.inner.qp.lock().clone() else {
+                return false;
+            };
+            byteexpress_verbs::test_hooks::inject_qp_fatal(&qp)
+        }
+
+        /// Fails the device the link's QP lives on (`DEVICE_FATAL`), through the verbs
+        /// provider's per-device hook: every QP of it, in this process, enters ERR and never
+        /// completes anything again, not even a flush. False when the link has no QP or the
+        /// provider has no such hook.
+        pub fn inject_device_fatal(&self) -> bool {
+            let Some(qp) = self.inner.qp.lock().clone() else {
+                return false;
+            };
+            byteexpress_verbs::test_hooks::inject_device_fatal_under(&qp)
         }
 
         /// While `blocked`, this link's re-probes fail as if the path to the peer were still

@@ -267,8 +267,9 @@ impl Default for SrqAttr {
 
 /// An asynchronous event of a device (`struct ibv_async_event`, `ibv_get_async_event(3)`),
 /// naming the object it is about. The numbers of [`AsyncEvent::code`] are those of rdma-core's
-/// `enum ibv_event_type`.
+/// `enum ibv_event_type`. Non-exhaustive: rdma-core adds event types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ overran (more completions than its size); it is unusable.
     CqErr {

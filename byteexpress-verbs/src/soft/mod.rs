@@ -9,6 +9,7 @@
 //!   a SEND; [`stage`]: the
 //!   staging region for SEND payloads a peer cannot read in place.
 //! - [`cq`]: CQs: local completions plus the inbound rings of their QPs.
+//! - [`fatal`]: QP and device fatal errors (no completion; an async event).
 //! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
 //! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids).
@@ -18,6 +19,7 @@ mod ack;
 mod cq;
 mod deliver;
 mod device;
+mod fatal;
 mod pd;
 mod peer;
 mod qp;

@@ -95,6 +95,8 @@ pub(crate) struct SoftQp {
     pub(crate) srq: Option<Arc<SoftSrq>>,
     /// SQ_DRAINED was raised for the current stay in SQD.
     sqd_notified: AtomicBool,
+    /// Set by a fatal error no completion reports ([`super::fatal`]).
+    pub(crate) frozen: Mutex<Option<super::fatal::Frozen>>,
 }
 
 fn check_cap(what: &str, v: u32, max: u32) -> Result<()> {
@@ -195,6 +197,7 @@ impl SoftQp {
             connect_answered: parking_lot::Condvar::new(),
             srq: srq.clone(),
             sqd_notified: AtomicBool::new(false),
+            frozen: Mutex::new(None),
         });
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
         recv_cq.attach(qp.inbound.clone());
@@ -752,6 +755,9 @@ impl QpImpl for SoftQp {
     }
 
     fn to_err(&self) -> Result<()> {
+        if self.to_err_frozen() {
+            return Ok(());
+        }
         let mut send = self.send.lock();
         self.fail_locked(&mut send, None, Blame::Oldest);
         Ok(())
@@ -824,6 +830,10 @@ impl QpImpl for SoftQp {
         let mut recv = self.recv.lock();
         if self.state() == QpState::Err {
             drop(recv);
+            if self.device_dead() {
+                // Taken by a dead device: it never completes (module `fatal`).
+                return Ok(());
+            }
             self.recv_cq
                 .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv));
             return Ok(());

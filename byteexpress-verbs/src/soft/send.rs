@@ -272,6 +272,10 @@ impl SoftQp {
             }
             if self.state() == QpState::Err {
                 drop(guard);
+                if self.device_dead() {
+                    // Taken by a dead device: it never completes (module `fatal`).
+                    return Ok(());
+                }
                 self.send_cq
                     .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.op)));
                 return Ok(());

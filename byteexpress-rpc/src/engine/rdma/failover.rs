@@ -15,6 +15,10 @@
 //!   posted whole (in the outbox's order), the callers' channel, and the verbs objects, which
 //!   keep every buffer still owned by a posted WR until its flush completion arrives (or the
 //!   link ends).
+//! - A fatal async event of the QP, its CQ or its device ([`super::async_watch`]) fails the
+//!   QP as an error completion does. After `DeviceFatal` no flush ever comes: the hand-over
+//!   does not wait for any, and the failed QP's objects and buffers are parked with the
+//!   device context instead of reaped.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -52,6 +56,20 @@ pub(crate) enum QpFault {
     /// The peer's RESYNC said its QP failed.
     #[error("the peer's QP failed")]
     PeerFellBack,
+    /// A fatal asynchronous event named the QP, its CQ or its device
+    /// (`ibv_get_async_event(3)`, [`super::async_watch`]).
+    #[error("fatal async event {0:?}")]
+    AsyncEvent(byteexpress_verbs::AsyncEvent),
+}
+
+impl QpFault {
+    /// The device failed: no completion, not even a flush, will come from it.
+    fn device_dead(&self) -> bool {
+        matches!(
+            self,
+            QpFault::AsyncEvent(byteexpress_verbs::AsyncEvent::DeviceFatal)
+        )
+    }
 }
 
 /// The message numbers of one link's engine, and the messages sent and not yet confirmed.
@@ -89,11 +107,19 @@ impl Seqs {
     }
 
     /// Keeps `m` (number `seq`, when it got one) until its SEND is confirmed; `posted` false
-    /// when its post failed.
+    /// when its post failed: its number is given back (the engine posts nothing after a
+    /// failed post, so it was the last one given), else the count of messages sent would
+    /// include one the peer never got, and the resync would find the peer's count below the
+    /// confirmed ones and close the link.
     pub(super) fn sent(&mut self, seq: Option<u64>, m: Outgoing, posted: bool) {
         match seq {
             Some(seq) if posted => self.unconfirmed.push_back((seq, m)),
-            _ => self.unposted.push(m),
+            Some(seq) => {
+                debug_assert_eq!(seq + 1, self.sent, "a failed post is the last numbered");
+                self.sent = seq;
+                self.unposted.push(m);
+            }
+            None => self.unposted.push(m),
         }
     }
 
@@ -151,6 +177,9 @@ pub(crate) struct Remains {
     send_posted: PostedBufs<SendMeta>,
     /// `awaiting_flush` is counted down as the flushes come.
     counters: std::sync::Arc<crate::link_stats::LinkCounters>,
+    /// The device failed (`DeviceFatal`): no flush will come; the remains are parked with the
+    /// device context instead of reaped ([`super::async_watch::park`]).
+    device_dead: bool,
 }
 
 /// How often [`Remains::reap`] polls for flush completions, and for how long in all before it
@@ -169,6 +198,15 @@ impl Remains {
     /// Whatever is still outstanding then is dropped with the QP (a destroyed QP touches no
     /// buffer).
     pub(crate) async fn reap(mut self, ended: impl std::future::Future<Output = ()>) {
+        if self.device_dead {
+            tracing::debug!(
+                outstanding = self.outstanding(),
+                "failed QP parked until its device context closes"
+            );
+            let device = self.parts.device;
+            super::async_watch::park(device, Box::new(self));
+            return;
+        }
         let t0 = Instant::now();
         tokio::pin!(ended);
         let mut wcs = [Wc::default(); 32];
@@ -216,6 +254,9 @@ impl Engine {
     ) -> Handover {
         let _ = self.parts.qp.to_err();
         self.draining = true;
+        // A failed device flushes nothing: its CQ is not waited on (what it had already
+        // delivered was polled; the peer's count decides what goes again).
+        let device_dead = fault.device_dead();
         // Completions already in the CQ: successful receives are delivered (the peer counts
         // them as delivered once its SEND completed), successful SENDs confirmed, flushes
         // free their buffers. Chunks are copied as they come.
@@ -228,7 +269,7 @@ impl Engine {
         // queue, so then nothing the peer counts as sent is left behind); send WRs need not
         // wait: the peer's count decides what goes again, and their buffers go to the reaper.
         let t0 = std::time::Instant::now();
-        while empty < DRAIN_POLLS && !self.recv_posted.is_empty() {
+        while !device_dead && empty < DRAIN_POLLS && !self.recv_posted.is_empty() {
             let n = match self.parts.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(_) => break,
@@ -288,6 +329,7 @@ impl Engine {
                 recv_posted,
                 send_posted,
                 counters,
+                device_dead,
             },
         }
     }
@@ -315,5 +357,40 @@ impl Engine {
         if self.recv_posted.complete(wc).is_none() {
             let _ = self.send_posted.complete(wc);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::header::Kind;
+
+    fn msg(call_id: u64) -> Outgoing {
+        Outgoing::new(
+            Kind::Request,
+            1,
+            call_id,
+            "/x",
+            &crate::Metadata::new(),
+            bytes::Bytes::new(),
+        )
+    }
+
+    /// Regression: a message numbered and then refused by post_send (a dead device) counted
+    /// as sent, so with nothing unconfirmed the link believed the peer had it and the resync
+    /// closed the link ("the peer received 66 messages, but 67 were sent and the first 67
+    /// confirmed"). Its number is given back; it goes again as unsent.
+    #[test]
+    fn a_message_whose_post_failed_is_not_counted_as_sent() {
+        let mut seqs = Seqs::default();
+        let a = seqs.next_sent();
+        seqs.sent(Some(a), msg(1), true);
+        seqs.confirm(a);
+        let b = seqs.next_sent();
+        seqs.sent(Some(b), msg(2), false);
+        assert_eq!(seqs.sent, 1, "only the posted message is counted");
+        assert!(seqs.unconfirmed.is_empty());
+        assert_eq!(seqs.unposted.len(), 1);
+        assert_eq!(seqs.next_sent(), 1, "the number is given again");
     }
 }

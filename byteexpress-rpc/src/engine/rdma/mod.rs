@@ -35,6 +35,7 @@
 //! before more chunk copies: with [`SchedMode::Fifo`] the receiver copies chunks in arrival
 //! order instead.
 
+mod async_watch;
 mod device_window;
 pub(crate) mod failover;
 mod outbox;
@@ -205,6 +206,7 @@ pub(crate) fn start(
         CreditConfig::new(parts.grant)
             .unwrap_or_else(|_| CreditConfig::new(1).expect("grant 1 is valid")),
     );
+    let (parts_device, qp_num, cq_id) = (parts.device, parts.qp.qp_num(), parts.cq.id());
     let engine = Engine {
         queues: queue_budget(parts.queues, &posted),
         reassembly: Reassembly::new(
@@ -231,6 +233,7 @@ pub(crate) fn start(
         seqs: failover::Seqs::starting_at(seqs.0, seqs.1),
         qp_failed: None,
         draining: false,
+        alarm: async_watch::register(parts_device, qp_num, cq_id),
     };
     tokio::spawn(engine.run(rx, ctrl_dead, closer, handover));
 }
@@ -304,6 +307,9 @@ struct Engine {
     /// The QP failed and the engine is draining its CQ: consumed receive buffers go back to
     /// the pool instead of being re-posted.
     draining: bool,
+    /// Raised by the device's watcher on a fatal async event of this QP, its CQ or its
+    /// device ([`async_watch`]): the engine falls back as on an error completion.
+    alarm: async_watch::Registration,
 }
 
 impl Engine {
@@ -321,6 +327,13 @@ impl Engine {
         // handlers, callers and timers on this runtime run between polls.
         let mut last_work = Instant::now();
         let why = loop {
+            if let Some(ev) = self.alarm.alarm().event() {
+                tracing::info!(?ev, "fatal async event: the link falls back to TCP");
+                LinkCounters::bump(&self.counters.fatal_events);
+                self.qp_failed
+                    .get_or_insert(failover::QpFault::AsyncEvent(ev));
+                break Status::new(Code::Unavailable, "fatal async event");
+            }
             if self.link.fall_back_pending() {
                 self.qp_failed
                     .get_or_insert(failover::QpFault::PeerFellBack);
@@ -380,6 +393,7 @@ impl Engine {
                     break Status::new(Code::Unavailable, "CQ wait failed");
                 },
                 _ = self.link.fall_back_requested() => continue,
+                _ = self.alarm.alarm().raised() => continue,
                 why = &mut ctrl_dead => break why.unwrap_or_else(|_| Status::new(Code::Unavailable, "control connection closed")),
                 _ = self.link.close_requested() => break Status::new(Code::Unavailable, "link closed"),
             }

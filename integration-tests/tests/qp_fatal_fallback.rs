@@ -1,0 +1,155 @@
+//! A fatal async event, not an error completion, fails a link's QP: the soft provider's
+//! QP_FATAL (`ibv_get_async_event(3)`) puts the QP in ERR and completes nothing, so only the
+//! device's event watcher can tell the link. With 64 calls in its handlers and 64 on their
+//! way, the link falls back to TCP on the event (DESIGN.md 3.5, "Link life"), every call
+//! completes once and in order, and the re-probe takes RDMA back. Client and server are
+//! separate processes.
+
+use std::time::Duration;
+
+use byteexpress_rpc::{Client, Config, LinkState, Metadata, Request, Transport, TransportPref};
+use bytes::Bytes;
+use integration_tests::{ServerProc, rdma_here};
+
+const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
+const CALLS: u64 = 64;
+
+/// RDMA, re-probing quickly: first after 50 ms, doubling up to 400 ms.
+fn quick_reprobe() -> Config {
+    Config {
+        transport: TransportPref::Rdma,
+        reprobe_backoff: Duration::from_millis(50),
+        reprobe_backoff_max: Duration::from_millis(400),
+        ..Config::default()
+    }
+}
+
+/// Echo call `id` (logged by the server as `x-id` and `x-seq`), held `delay_ms` in the handler.
+fn echo(id: u64, len: usize, delay_ms: u64) -> (Request, Bytes) {
+    let body: Bytes = (0..len)
+        .map(|j| (id as usize * 7 + j) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let mut md = Metadata::new();
+    md.insert("x-id", id.to_string()).unwrap();
+    md.insert("x-seq", id.to_string()).unwrap();
+    md.insert("x-delay-ms", delay_ms.to_string()).unwrap();
+    let req = Request {
+        method: "/test.Test/Echo".into(),
+        metadata: md,
+        body: body.clone(),
+        timeout: Some(Duration::from_secs(20)),
+    };
+    (req, body)
+}
+
+/// Calls `ids` in order (join_all polls them in order); each answer must be its own body.
+fn wave(
+    client: &Client,
+    ids: std::ops::Range<u64>,
+    delay_ms: u64,
+) -> tokio::task::JoinHandle<Vec<(u64, Bytes, Result<byteexpress_rpc::Response, String>)>> {
+    let calls: Vec<_> = ids
+        .map(|id| {
+            let client = client.clone();
+            async move {
+                let (req, body) = echo(id, 100 + id as usize % 300, delay_ms);
+                (id, body, client.call(req).await.map_err(|e| e.to_string()))
+            }
+        })
+        .collect();
+    tokio::spawn(futures::future::join_all(calls))
+}
+
+/// The `x-id`s the server ran for `client`'s logical connection, with how often each ran.
+async fn served(client: &Client) -> Vec<String> {
+    let r = client
+        .call(Request {
+            method: "/test.Test/Served".into(),
+            timeout: Some(Duration::from_secs(20)),
+            ..Default::default()
+        })
+        .await
+        .expect("Served");
+    String::from_utf8(r.body.to_vec())
+        .unwrap()
+        .split(',')
+        .filter(|x| !x.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qp_fatal_event_under_64_calls_falls_back_to_tcp_every_call_runs_once_in_order_and_rdma_comes_back()
+ {
+    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
+    let cfg = quick_reprobe();
+    let client = Client::connect(&server.addr, &cfg).await.expect("connect");
+    assert_eq!(client.transport(), rdma_here());
+    let faults = client.link_faults();
+    faults.block_reprobes(true);
+    let first = wave(&client, 0..CALLS, 1500);
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while served(&client).await.len() < CALLS as usize {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "handlers never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = wave(&client, CALLS..2 * CALLS, 0);
+    assert!(faults.inject_qp_fatal(), "the link has a soft QP");
+    // The link learns of the fault from the event alone: nothing completes on its QP.
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !matches!(client.transport(), Transport::TcpFallback { .. }) {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no fallback within 10 s: {:?}",
+            client.link_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let st = client.link_stats();
+    assert_eq!(
+        st.fatal_events, 1,
+        "the link fell back on the QP_FATAL event: {st:?}"
+    );
+    assert_eq!(client.transport().to_string(), "tcp(fallback)");
+    let mut results = first.await.unwrap();
+    results.extend(second.await.unwrap());
+    for (id, body, r) in results {
+        let r = r.unwrap_or_else(|e| panic!("call {id} failed after QP_FATAL: {e}"));
+        assert_eq!(r.body, body, "call {id}: its own answer");
+    }
+    let st = client.link_stats();
+    assert_eq!(st.link_state, Some(LinkState::FallbackTcp), "{st:?}");
+    assert_eq!(st.fallbacks, 1, "{st:?}");
+    let want: Vec<String> = (0..2 * CALLS).map(|id| format!("{id}:1")).collect();
+    assert_eq!(served(&client).await, want, "each call ran once, in order");
+    // The path clears: the re-probe builds a new QP and RDMA comes back.
+    faults.block_reprobes(false);
+    let cleared = tokio::time::Instant::now();
+    let limit = cfg.reprobe_backoff_max + cfg.handshake_timeout + Duration::from_secs(5);
+    let mut next = 2 * CALLS;
+    while client.transport() != rdma_here() {
+        assert!(
+            cleared.elapsed() < limit,
+            "not back on RDMA: {:?}",
+            client.link_stats()
+        );
+        for (id, body, r) in wave(&client, next..next + 8, 0).await.unwrap() {
+            assert_eq!(r.unwrap().body, body, "call {id}");
+        }
+        next += 8;
+    }
+    let (req, body) = echo(next, 10, 0);
+    let r = client.call(req).await.unwrap();
+    assert_eq!(r.body, body);
+    assert_eq!(
+        r.metadata.get("x-transport").map(|v| &v[..]),
+        Some(rdma_here().to_string().as_bytes()),
+        "the server is back on RDMA too"
+    );
+    let want: Vec<String> = (0..=next).map(|id| format!("{id}:1")).collect();
+    assert_eq!(served(&client).await, want, "each call ran once, in order");
+}
