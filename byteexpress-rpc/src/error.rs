@@ -286,6 +286,14 @@ pub(crate) enum EngineError {
     /// A multi-chunk message from the peer does not reassemble.
     #[error("peer broke the protocol: reassembly")]
     Reassembly(#[source] ReassemblyError),
+    /// A message to send is larger than the peer accepts (HELLO's limits).
+    #[error("message of {len} bytes exceeds the link's {max} bytes")]
+    MessageTooLarge {
+        /// The message's size on the wire (bytes).
+        len: usize,
+        /// The link's maximum (bytes).
+        max: usize,
+    },
     /// A multi-chunk message above the receiver's limits.
     #[error("message too large")]
     TooLarge(#[source] ReassemblyError),
@@ -343,7 +351,7 @@ impl EngineError {
     pub(crate) fn code(&self) -> Code {
         use EngineError::*;
         match self {
-            FrameTooLarge(_) | TooLarge(_) => Code::ResourceExhausted,
+            FrameTooLarge(_) | MessageTooLarge { .. } | TooLarge(_) => Code::ResourceExhausted,
             Garbled(_)
             | OutOfOrder { .. }
             | PeerCredits(_)
@@ -539,6 +547,10 @@ mod tests {
                 Code::Internal,
             ),
             (EngineError::TooLarge(too_large), Code::ResourceExhausted),
+            (
+                EngineError::MessageTooLarge { len: 9, max: 8 },
+                Code::ResourceExhausted,
+            ),
             (EngineError::Qp(QpFault::PeerFellBack), Code::Unavailable),
             (EngineError::QpFailed("post_send"), Code::Unavailable),
             (
