@@ -636,4 +636,60 @@ mod tests {
             .expect("the io::Error is reachable from the status");
         assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
     }
+
+    /// A link's end at the edge: a peer that completes a TCP set-up, reads the call's REQUEST
+    /// and hangs up fails that call UNAVAILABLE, with the engine's typed reason as the status's
+    /// source (the call gets it through the link's `Closer`).
+    #[tokio::test]
+    async fn a_call_on_a_link_the_peer_hangs_up_fails_with_the_engine_error_as_source() {
+        use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
+        use tokio::io::AsyncReadExt;
+
+        use crate::wire::hello::{HELLO_VERSION, Hello, TransportPref};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let peer = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut magic = [0u8; crate::wire::CONN_MAGIC.len()];
+            stream.read_exact(&mut magic).await.unwrap();
+            let (r, w) = stream.into_split();
+            let fc = FrameConfig { max_frame: 1 << 20 };
+            let (mut r, mut w) = (FrameReader::new(r, fc), FrameWriter::new(w, fc));
+            r.read_frame().await.unwrap().expect("HELLO");
+            let ack = Hello::HelloAck {
+                version: HELLO_VERSION,
+                max_concurrent_calls: 8,
+                stream_window: 1 << 16,
+                devices: Vec::new(),
+            };
+            w.write_frame(&[&ack.encode()]).await.unwrap();
+            w.flush().await.unwrap();
+            r.read_frame().await.unwrap().expect("SELECT_TCP");
+            r.read_frame().await.unwrap().expect("the call's REQUEST");
+            // hangs up: both halves dropped
+        });
+        let cfg = crate::Config {
+            transport: TransportPref::Tcp,
+            ..crate::Config::default()
+        };
+        let client = crate::Client::connect_unshared(&addr, &cfg).await.unwrap();
+        let err = client
+            .call(crate::Request {
+                method: "/t.T/M".into(),
+                metadata: crate::Metadata::default(),
+                body: bytes::Bytes::from_static(b"x"),
+                timeout: Some(Duration::from_secs(30)),
+            })
+            .await
+            .expect_err("the peer hung up");
+        peer.await.unwrap();
+        assert_eq!(err.code, Code::Unavailable, "{err}");
+        assert_eq!(err.message, "peer closed the connection");
+        let src = err.source().expect("the link's end is the status's source");
+        assert!(
+            matches!(src.downcast_ref(), Some(EngineError::PeerClosed)),
+            "{src:?}"
+        );
+    }
 }
