@@ -52,7 +52,7 @@ targets=(
   "byteexpress-mem:user_memory_vm:"
   "byteexpress-mem:least_access:"
   "integration-tests:device_choice_vm:vm-tests"
-  "integration-tests:fallback_vm:vm-tests:BX_SOFT=0 RUST_LOG=byteexpress_rpc::link_state=info:--exact calls_move_to_tcp_when_roce_is_dropped_and_back_to_rdma_when_it_returns --nocapture"
+  "integration-tests:fallback_vm:vm-tests:BX_SOFT=0 RUST_LOG=info:--exact calls_move_to_tcp_when_roce_is_dropped_and_back_to_rdma_when_it_returns --nocapture"
 )
 bins=()
 runs=()

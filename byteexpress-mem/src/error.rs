@@ -3,6 +3,7 @@
 /// Errors of [`crate::Pool`], [`crate::RecvReserve`], [`crate::BufPool`] and their buffers.
 /// None of them is fatal: exhaustion is backpressure, everything else is a refused request.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MemError {
     /// The pool reached its limit and has no free buffer of this class; drop buffers (or the
     /// `Bytes` frozen from them) and retry, or wait with [`crate::Pool::alloc`].

@@ -40,6 +40,7 @@ fn init_value_seeded(seed: u64, key: u64, i: u32) -> f32 {
 
 /// Why a Pull or Push was refused (the service answers INVALID_ARGUMENT).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PsError {
     /// The table is not one of the store's.
     UnknownTable(String),

@@ -156,11 +156,7 @@ fn decode_response(msg: Incoming) -> Result<Response, Status> {
             metadata,
             body: msg.body,
         }),
-        code => Err(Status {
-            code,
-            message,
-            metadata,
-        }),
+        code => Err(Status::with_metadata(code, message, metadata)),
     }
 }
 

@@ -7,6 +7,7 @@ use crate::wire::header::HEADER_LEN;
 /// gets it as INVALID_ARGUMENT from `Client::connect`, a server as an
 /// `io::ErrorKind::InvalidInput` from `serve`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// `max_message` must hold a header and fit the header's 32-bit lengths (the wire header's
     /// `meta_len`/`body_len` are u32; gRPC's length prefix is 4 bytes too).

@@ -38,6 +38,7 @@ mod client;
 mod config;
 mod config_check;
 mod engine;
+mod error;
 mod link_state;
 #[cfg(test)]
 mod link_state_table;

@@ -24,14 +24,15 @@ use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCa
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use crate::Config;
 use crate::engine::keepalive::Liveness;
 use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, control, tcp};
+use crate::error::{NoRdma, SetupError, WhoSet};
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::wire::CONN_MAGIC;
 use crate::wire::header::HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
-use crate::{Code, Config, Status};
 
 type Reader = FrameReader<OwnedReadHalf>;
 type Writer = FrameWriter<OwnedWriteHalf>;
@@ -79,7 +80,7 @@ pub(crate) fn local_devices() -> &'static LocalDevices {
 
 /// What `transport` means, in the words of whoever set it: `BX_TRANSPORT=…` when the
 /// environment holds that value, else the caller's `Config::transport`.
-fn who_set(cfg: &Config) -> String {
+fn who_set(cfg: &Config) -> WhoSet {
     let want = if cfg.allow_soft && cfg.transport == TransportPref::Rdma {
         "rdma-any"
     } else {
@@ -90,40 +91,34 @@ fn who_set(cfg: &Config) -> String {
         }
     };
     match std::env::var("BX_TRANSPORT") {
-        Ok(v) if crate::config::parse_transport(&v) == Some(cfg.transport) => {
-            format!("BX_TRANSPORT={v}")
-        }
-        _ => format!("Config::transport = {want}"),
+        Ok(v) if crate::config::parse_transport(&v) == Some(cfg.transport) => WhoSet::Env(v),
+        _ => WhoSet::Config(want),
     }
 }
 
 /// The local devices a client offers under `cfg`, in preference order, and why faster ones
-/// were left out (empty when none was). Errors: a hardware device refused for a
+/// were left out (`None` when none was). Errors: a hardware device refused for a
 /// configuration error (module docs).
-fn candidates(cfg: &Config) -> Result<(Vec<&'static Context>, String), Status> {
+fn candidates(cfg: &Config) -> Result<(Vec<&'static Context>, Option<NoRdma>), SetupError> {
     if cfg.transport == TransportPref::Tcp {
-        return Ok((Vec::new(), format!("forced by {}", who_set(cfg))));
+        return Ok((Vec::new(), Some(NoRdma::Forced(who_set(cfg)))));
     }
     let local = local_devices();
     if let Some((name, _, e)) = local.config_error() {
-        return Err(Status::new(
-            Code::InvalidArgument,
-            format!("RDMA device {name} refused: {e}; no link is made on another device"),
-        ));
+        return Err(SetupError::DeviceConfig {
+            device: name.clone(),
+            source: e,
+        });
     }
-    let mut why = String::new();
+    let mut why = None;
     if local.usable.is_empty() {
-        why = if local.refused.is_empty() {
-            "no RDMA device on this host".into()
+        why = Some(if local.refused.is_empty() {
+            NoRdma::NoDevice
         } else {
-            let names: Vec<&str> = local.refused.iter().map(|(n, _, _)| n.as_str()).collect();
-            format!(
-                "no usable RDMA device ({} could not be opened)",
-                names.join(", ")
-            )
-        };
+            NoRdma::NoneUsable(local.refused.iter().map(|(n, _, _)| n.clone()).collect())
+        });
     } else if !local.has_hardware() {
-        why = "no hardware RDMA device on this host".into();
+        why = Some(NoRdma::NoHardware);
     }
     let hardware_only =
         cfg.transport == TransportPref::Rdma && !cfg.allow_soft && local.has_hardware();
@@ -136,31 +131,25 @@ fn candidates(cfg: &Config) -> Result<(Vec<&'static Context>, String), Status> {
     Ok((devs, why))
 }
 
-fn unavailable(msg: impl std::fmt::Display) -> Status {
-    Status::new(Code::Unavailable, msg.to_string())
-}
-
-async fn send(w: &mut Writer, m: &Hello) -> Result<(), Status> {
+async fn send(w: &mut Writer, m: &Hello) -> Result<(), SetupError> {
     w.write_frame(&[&m.encode()])
         .await
-        .map_err(|e| unavailable(format!("set-up write: {e}")))?;
-    w.flush()
-        .await
-        .map_err(|e| unavailable(format!("set-up write: {e}")))
+        .map_err(SetupError::Write)?;
+    w.flush().await.map_err(SetupError::Write)
 }
 
-async fn recv(r: &mut Reader) -> Result<Hello, Status> {
+async fn recv(r: &mut Reader) -> Result<Hello, SetupError> {
     let frame = r
         .read_frame()
         .await
-        .map_err(|e| unavailable(format!("set-up read: {e}")))?
-        .ok_or_else(|| unavailable("peer closed during set-up"))?;
+        .map_err(SetupError::Read)?
+        .ok_or(SetupError::PeerClosed)?;
     if frame.starts_with(b"BX") {
         // an ERROR message instead of a set-up message
-        let msg = crate::message::Incoming::parse(frame).map_err(|e| unavailable(e.to_string()))?;
-        return Err(tcp::peer_error(&msg));
+        let msg = crate::message::Incoming::parse(frame).map_err(SetupError::Garbled)?;
+        return Err(SetupError::PeerError(tcp::peer_reason(&msg)));
     }
-    Hello::decode(&frame).map_err(|e| unavailable(format!("set-up: {e}")))
+    Hello::decode(&frame).map_err(SetupError::Garbled)
 }
 
 /// QP attributes of a link. `rnr_retry` 0: credits guarantee a posted receive for every SEND,
@@ -187,12 +176,16 @@ fn connect_attr() -> ConnectAttr {
 }
 
 /// Moves the link's QP to RTS towards `ep` and posts its `grant + 1` receives.
-fn connect_qp(parts: &mut RdmaParts, ep: &Endpoint, grant: u32) -> Result<rdma::Posted, Status> {
+fn connect_qp(
+    parts: &mut RdmaParts,
+    ep: &Endpoint,
+    grant: u32,
+) -> Result<rdma::Posted, SetupError> {
     parts.grant = grant;
     parts
         .qp
         .connect(ep, &connect_attr())
-        .map_err(|e| unavailable(format!("QP connect: {e}")))?;
+        .map_err(SetupError::QpConnect)?;
     rdma::post_initial_receives(parts)
 }
 
@@ -201,12 +194,12 @@ fn build_rdma(
     ctx: &'static Context,
     cfg: &Config,
     peer_recv_buf: usize,
-) -> Result<RdmaParts, Status> {
-    let v =
-        |e: byteexpress_verbs::Error| unavailable(format!("RDMA set-up on {}: {e}", ctx.name()));
-    let m = |e: byteexpress_mem::MemError| {
-        Status::new(Code::ResourceExhausted, format!("RDMA buffers: {e}"))
+) -> Result<RdmaParts, SetupError> {
+    let v = |source| SetupError::Verbs {
+        device: ctx.name(),
+        source,
     };
+    let m = SetupError::Buffers;
     let pd = ctx.alloc_pd().map_err(v)?;
     let recv_count = (cfg.grant as usize + 1) * 3;
     let cq_size = cfg.max_send_wr + recv_count as u32;
@@ -221,7 +214,7 @@ fn build_rdma(
     // soft provider closes the PD's memfds once the peer has them: fds per link, issue 17).
     pd.finish_qps();
     let queues = QueueConfig::new(qp.cap().max_send_wr, cfg.grant + 1, cq_size)
-        .map_err(|e| Status::new(Code::InvalidArgument, format!("RDMA queues: {e}")))?;
+        .map_err(SetupError::Queues)?;
     // Least access (DESIGN.md 3.2): no pool of a link grants a peer anything by address.
     // Receive buffers LOCAL_WRITE (the device writes SENDs into them), send buffers none.
     let recv_pool = BufPool::for_receives(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
@@ -230,10 +223,10 @@ fn build_rdma(
     let reassembly_pool = Pool::new(&pd, reassembly_config(ctx)).map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
     if chunk <= HEADER_LEN {
-        return Err(Status::new(
-            Code::InvalidArgument,
-            format!("chunks of {chunk} bytes leave no room after the {HEADER_LEN}-byte header"),
-        ));
+        return Err(SetupError::ChunkTooSmall {
+            chunk,
+            header: HEADER_LEN,
+        });
     }
     Ok(RdmaParts {
         qp,
@@ -266,7 +259,7 @@ fn reassembly_config(ctx: &Context) -> PoolConfig {
 /// The QP window of an RDMA link sending chunks of at most `chunk` bytes: fixed at
 /// `Config::window_bytes` (0 = unlimited), or adaptive between `chunk` and that when
 /// `Config::window_target_delay` is set.
-fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
+fn link_window(cfg: &Config, chunk: usize) -> Result<Window, SetupError> {
     let max = match cfg.window_bytes {
         0 => u64::MAX,
         cap => cap,
@@ -280,7 +273,7 @@ fn link_window(cfg: &Config, chunk: usize) -> Result<Window, Status> {
     let min = (chunk as u64).min(max);
     AdaptiveConfig::new(min, max, target_us)
         .map(Window::adaptive)
-        .map_err(|e| Status::new(Code::InvalidArgument, format!("adaptive window: {e:?}")))
+        .map_err(SetupError::Window)
 }
 
 /// Why a re-probe failed. Crate-private: it becomes the cause of the link's `ProbeFailed`
@@ -298,7 +291,7 @@ pub(crate) enum ReprobeError {
     Unreachable,
     /// Building or connecting the new QP, or posting its receives, failed.
     #[error("new QP")]
-    Qp(#[source] Status),
+    Qp(#[source] SetupError),
     /// A set-up message in a re-probe does not decode.
     #[error("undecodable re-probe message")]
     Wire(#[source] crate::wire::WireError),
@@ -331,14 +324,7 @@ pub(crate) enum ReprobeError {
 impl ReprobeError {
     /// The error with its causes, for a log line or a REFUSE reason.
     pub(crate) fn chain(&self) -> String {
-        let mut msg = self.to_string();
-        let mut src = std::error::Error::source(self);
-        while let Some(s) = src {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            src = s.source();
-        }
-        msg
+        crate::status::chain(self)
     }
 }
 
@@ -476,17 +462,19 @@ pub(crate) async fn connect(
     addr: &str,
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
-) -> Result<(LinkTx, u32), Status> {
+) -> Result<(LinkTx, u32), SetupError> {
     // Device choice comes first: a configuration error makes no connection at all.
     let (local, mut why) = candidates(cfg)?;
     let mut max_calls = 1;
     let fut = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| unavailable(format!("connect {addr}: {e}")))?;
+        let connect_err = |source| SetupError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
         tokio::io::AsyncWriteExt::write_all(&mut stream, &CONN_MAGIC)
             .await
-            .map_err(|e| unavailable(format!("connect {addr}: {e}")))?;
+            .map_err(connect_err)?;
         let (mut r, mut w) = split(stream, cfg);
         let nonce = rand::random::<u64>();
         let devices = local.iter().map(|c| c.device_info().to_bytes()).collect();
@@ -508,24 +496,23 @@ pub(crate) async fn connect(
             ..
         } = recv(&mut r).await?
         else {
-            return Err(unavailable("set-up: expected HELLO_ACK"));
+            return Err(SetupError::Unexpected("HELLO_ACK"));
         };
         max_calls = max_concurrent_calls;
         dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         let chosen = pick_device(&local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
-            if why.is_empty() {
-                why = if remote.is_empty() {
-                    format!("{addr} offers no RDMA device")
+            let why = why.unwrap_or_else(|| {
+                if remote.is_empty() {
+                    NoRdma::PeerOffersNone(addr.to_string())
                 } else {
-                    let names: Vec<&str> = local.iter().map(|c| c.name()).collect();
-                    format!(
-                        "peer unreachable over RDMA: none of {} reaches {addr}'s {} device(s)",
-                        names.join(", "),
-                        remote.len()
-                    )
-                };
-            }
+                    NoRdma::Unreachable {
+                        local: local.iter().map(|c| c.name()).collect(),
+                        addr: addr.to_string(),
+                        remote: remote.len(),
+                    }
+                }
+            });
             if cfg.transport == TransportPref::Rdma {
                 let _ = send(
                     &mut w,
@@ -534,13 +521,14 @@ pub(crate) async fn connect(
                     },
                 )
                 .await;
-                return Err(unavailable(format!(
-                    "RDMA required by {}, but no RDMA link to {addr}: {why}",
-                    who_set(cfg)
-                )));
+                return Err(SetupError::RdmaRequired {
+                    who: who_set(cfg),
+                    addr: addr.to_string(),
+                    why,
+                });
             }
             send(&mut w, &Hello::SelectTcp).await?;
-            log_link(false, addr, "tcp", "-", &why);
+            log_link(false, addr, "tcp", "-", Some(&why));
             let machine = LinkMachine::new("client");
             let _ = machine.apply(LinkEvent::HelloTcp, &"SELECT_TCP sent");
             return Ok(tcp::spawn(
@@ -573,33 +561,33 @@ pub(crate) async fn connect(
                 endpoint,
             } => (grant, recv_buf as usize, endpoint),
             Hello::Refuse { reason } => {
-                return Err(unavailable(format!("server refused RDMA: {reason}")));
+                return Err(SetupError::Refused {
+                    side: "server refused RDMA",
+                    reason,
+                });
             }
-            _ => return Err(unavailable("set-up: expected RDMA_ACCEPT")),
+            _ => return Err(SetupError::Unexpected("RDMA_ACCEPT")),
         };
         let ep =
-            Endpoint::from_bytes(&ep).map_err(|e| unavailable(format!("server endpoint: {e}")))?;
+            Endpoint::from_bytes(&ep).map_err(|e| SetupError::PeerAddress("server endpoint", e))?;
         if recv_buf != cfg.recv_buf_size {
-            return Err(unavailable(format!(
-                "server answered receive buffers of {recv_buf} bytes, not the {} asked",
-                cfg.recv_buf_size
-            )));
+            return Err(SetupError::RecvBufMismatch {
+                got: recv_buf,
+                want: cfg.recv_buf_size,
+            });
         }
         // Receives are posted before our first SEND, and the server sends only answers.
         let posted = connect_qp(&mut parts, &ep, grant.min(cfg.grant))?;
-        if why.is_empty() && cfg.transport == TransportPref::Rdma && !cfg.allow_soft {
+        if why.is_none() && cfg.transport == TransportPref::Rdma && !cfg.allow_soft {
             let skipped = local_devices().usable.len() - local.len();
             if skipped > 0 {
-                why = format!(
-                    "soft device not offered under {} with hardware present",
-                    who_set(cfg)
-                );
+                why = Some(NoRdma::SoftSkipped(who_set(cfg)));
             }
         }
-        log_link(false, addr, "rdma", ctx.name(), &why);
+        log_link(false, addr, "rdma", ctx.name(), why.as_ref());
         let _ = machine.apply(LinkEvent::QpUp, &"QP connected");
         let info = DeviceInfo::from_bytes(&remote[server_dev])
-            .map_err(|e| unavailable(format!("server device: {e}")))?;
+            .map_err(|e| SetupError::PeerAddress("server device", e))?;
         let prober = Prober {
             ctx,
             cfg: cfg.clone(),
@@ -617,11 +605,12 @@ pub(crate) async fn connect(
     };
     let link = tokio::time::timeout(cfg.connect_timeout, fut)
         .await
-        .unwrap_or_else(|_| {
-            Err(unavailable(format!(
-                "connect {addr}: set-up timed out after {:?}",
-                cfg.connect_timeout
-            )))
+        .unwrap_or_else(|source| {
+            Err(SetupError::Timeout {
+                peer: addr.to_string(),
+                after: cfg.connect_timeout,
+                source,
+            })
         })?;
     Ok((link, max_calls))
 }
@@ -629,8 +618,8 @@ pub(crate) async fn connect(
 /// The one `info` line of a link set up: `link set up` on the client, `link accepted` on the
 /// server, with the peer, transport, device (`-` on TCP) and why a faster path was not taken
 /// (quoted; `"-"` when none was passed over).
-fn log_link(accepted: bool, peer: &str, transport: &str, device: &str, why: &str) {
-    let why = if why.is_empty() { "-" } else { why };
+fn log_link(accepted: bool, peer: &str, transport: &str, device: &str, why: Option<&NoRdma>) {
+    let why = why.map_or_else(|| "-".to_string(), ToString::to_string);
     if accepted {
         tracing::info!(%peer, %transport, %device, ?why, "link accepted");
     } else {
@@ -665,7 +654,7 @@ pub(crate) async fn accept(
     stream: TcpStream,
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
-) -> Result<LinkTx, Status> {
+) -> Result<LinkTx, SetupError> {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
@@ -678,18 +667,18 @@ pub(crate) async fn accept(
             ..
         } = recv(&mut r).await?
         else {
-            return Err(unavailable("set-up: expected HELLO"));
+            return Err(SetupError::Unexpected("HELLO"));
         };
         dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         if version != HELLO_VERSION {
             send(
                 &mut w,
                 &Hello::Refuse {
-                    reason: format!("set-up version {version} not supported"),
+                    reason: SetupError::Version(version).to_string(),
                 },
             )
             .await?;
-            return Err(unavailable("client speaks another set-up version"));
+            return Err(SetupError::Version(version));
         }
         let local: Vec<&'static Context> = if cfg.transport == TransportPref::Tcp {
             Vec::new()
@@ -717,15 +706,15 @@ pub(crate) async fn accept(
                     },
                 )
                 .await?;
-                Err(unavailable("client chose TCP; server requires RDMA"))
+                Err(SetupError::ClientChoseTcp)
             }
             Hello::SelectTcp => {
                 let why = if cfg.transport == TransportPref::Tcp {
-                    format!("forced by {}", who_set(cfg))
+                    NoRdma::Forced(who_set(cfg))
                 } else {
-                    "the client chose TCP".into()
+                    NoRdma::ClientChoseTcp
                 };
-                log_link(true, &peer, "tcp", "-", &why);
+                log_link(true, &peer, "tcp", "-", Some(&why));
                 Ok(None)
             }
             Hello::SelectRdma {
@@ -736,23 +725,23 @@ pub(crate) async fn accept(
             } => {
                 let ctx = *local
                     .get(device as usize)
-                    .ok_or_else(|| unavailable("client chose an unknown device"))?;
+                    .ok_or(SetupError::UnknownDevice)?;
                 if recv_buf as usize > cfg.recv_buf_size {
-                    let reason = format!(
-                        "receive buffers of {recv_buf} bytes exceed this server's {}",
-                        cfg.recv_buf_size
-                    );
+                    let e = SetupError::RecvBufTooLarge {
+                        got: recv_buf as usize,
+                        max: cfg.recv_buf_size,
+                    };
                     send(
                         &mut w,
                         &Hello::Refuse {
-                            reason: reason.clone(),
+                            reason: e.to_string(),
                         },
                     )
                     .await?;
-                    return Err(Status::new(Code::ResourceExhausted, reason));
+                    return Err(e);
                 }
                 let ep = Endpoint::from_bytes(&endpoint)
-                    .map_err(|e| unavailable(format!("client endpoint: {e}")))?;
+                    .map_err(|e| SetupError::PeerAddress("client endpoint", e))?;
                 let mut scfg = cfg.clone();
                 scfg.recv_buf_size = recv_buf as usize; // one buffer size per link: the client's
                 let mut parts = build_rdma(ctx, &scfg, recv_buf as usize)?;
@@ -764,7 +753,7 @@ pub(crate) async fn accept(
                     endpoint: parts.qp.endpoint().to_bytes(),
                 };
                 send(&mut w, &accept).await?;
-                log_link(true, &peer, "rdma", ctx.name(), "");
+                log_link(true, &peer, "rdma", ctx.name(), None);
                 let prober = Prober {
                     ctx,
                     cfg: scfg,
@@ -772,8 +761,11 @@ pub(crate) async fn accept(
                 };
                 Ok(Some((parts, posted, prober)))
             }
-            Hello::Refuse { reason } => Err(unavailable(format!("client refused: {reason}"))),
-            _ => Err(unavailable("set-up: expected SELECT")),
+            Hello::Refuse { reason } => Err(SetupError::Refused {
+                side: "client",
+                reason,
+            }),
+            _ => Err(SetupError::Unexpected("SELECT")),
         }
     };
     match tokio::time::timeout(cfg.handshake_timeout, fut).await {
@@ -807,7 +799,11 @@ pub(crate) async fn accept(
             ))
         }
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(unavailable("set-up timed out")),
+        Err(source) => Err(SetupError::Timeout {
+            peer,
+            after: cfg.handshake_timeout,
+            source,
+        }),
     }
 }
 

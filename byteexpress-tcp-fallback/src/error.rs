@@ -2,6 +2,7 @@
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FrameError {
     /// A frame length above the configured maximum: announced by the peer (read side, nothing
     /// was allocated for it) or requested by the caller (write side, nothing was written).

@@ -63,7 +63,7 @@ proptest! {
             Err(FrameError::Truncated { received, .. }) => {
                 prop_assert_eq!(consumed + received, input_len)
             }
-            Err(FrameError::Io(e)) => prop_assert!(false, "unexpected i/o error {e}"),
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
     }
 

@@ -38,6 +38,7 @@ impl WcStatus {
 
 /// Error of a verbs call (not of a completion: those carry a [`WcStatus`]).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No RDMA device on this host: rdma-core is absent (`EOPNOTSUPP`), the kernel has no RDMA
     /// (`ENOSYS`), or the device list is empty. `ibv_get_device_list(3)`.

@@ -128,11 +128,7 @@ async fn serve_call_once(routes: Routes, req: ServerRequest) -> Result<Response,
             for (k, v) in s.metadata.iter() {
                 let _ = metadata.insert(k, v.clone());
             }
-            Err(Status {
-                code: s.code,
-                message: s.message,
-                metadata,
-            })
+            Err(Status::with_metadata(s.code, s.message, metadata))
         }
         Some(_) => {
             headers_to_metadata(&trailers, TRAILER_PREFIX, &mut metadata);

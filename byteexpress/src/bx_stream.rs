@@ -62,13 +62,13 @@ async fn serve_stream_once(
         match rx.message().await {
             Ok(Some(m)) => Some((Ok::<_, tonic::Status>(Frame::data(m)), Some(rx))),
             Ok(None) => None,
-            Err(s) => Some((
-                Err(tonic::Status::new(
-                    tonic::Code::from_i32(s.code as i32),
-                    s.message,
-                )),
-                None,
-            )),
+            Err(s) => {
+                // The stream's status, its typed cause kept as the tonic status's source.
+                let mut t =
+                    tonic::Status::new(tonic::Code::from_i32(s.code as i32), s.message.clone());
+                t.set_source(std::sync::Arc::new(s));
+                Some((Err(t), None))
+            }
         }
     });
     let hreq = service_request(
@@ -155,11 +155,7 @@ fn finish(t: &HeaderMap, head_md: &Metadata, headers_sent: bool) -> Result<Metad
             for (k, v) in s.metadata.iter() {
                 let _ = md.insert(k, v.clone());
             }
-            Err(Status {
-                code: s.code,
-                message: s.message,
-                metadata: md,
-            })
+            Err(Status::with_metadata(s.code, s.message, md))
         }
         Some(_) => {
             headers_to_metadata(t, TRAILER_PREFIX, &mut md);

@@ -53,11 +53,7 @@ pub fn status_of(h: &HeaderMap) -> Option<Status> {
         .unwrap_or_default();
     let mut metadata = Metadata::new();
     headers_to_metadata(h, "", &mut metadata);
-    Some(Status {
-        code,
-        message,
-        metadata,
-    })
+    Some(Status::with_metadata(code, message, metadata))
 }
 
 #[cfg(test)]
@@ -69,11 +65,7 @@ mod tests {
         let mut md = Metadata::new();
         md.insert("x-why", "quota").unwrap();
         md.insert("detail-bin", vec![1u8, 2, 3]).unwrap();
-        let s = Status {
-            code: Code::ResourceExhausted,
-            message: "too big: 100% ✗".into(),
-            metadata: md,
-        };
+        let s = Status::with_metadata(Code::ResourceExhausted, "too big: 100% ✗", md);
         let h = status_headers(&s);
         assert_eq!(h.get("grpc-status").unwrap(), "8");
         assert_eq!(h.get("grpc-message").unwrap(), "too big: 100%25 %E2%9C%97");

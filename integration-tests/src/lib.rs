@@ -150,11 +150,11 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 .get("x-message")
                 .map(|v| String::from_utf8_lossy(v).into_owned())
                 .unwrap_or_default();
-            Err(Status {
-                code: Code::from_u16(code),
-                message: msg,
-                metadata: req.metadata,
-            })
+            Err(Status::with_metadata(
+                Code::from_u16(code),
+                msg,
+                req.metadata,
+            ))
         }
         "/test.Test/StallReposts" => {
             let ms: u64 = std::str::from_utf8(&req.body)

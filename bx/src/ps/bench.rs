@@ -276,6 +276,7 @@ impl FleetCounts {
 
 /// Why [`run_until_signal`] ended without rows.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum BenchError {
     /// A signal stopped the bench: its name and the exit code to use (128 + number).
     Signal(&'static str, u8),

@@ -5,6 +5,7 @@ use super::MsgKind;
 /// A violated credit rule. Errors on receipt mean the peer broke the protocol (the link should
 /// be failed); errors on re-post mean the local caller did. State is left unchanged on error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CreditError {
     /// A configuration with `grant == 0`.
     ZeroGrant,

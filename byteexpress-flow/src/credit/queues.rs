@@ -64,6 +64,7 @@ impl QueueConfig {
 /// A refused post, a completion that matches no post, or an invalid [`QueueConfig`]. State is
 /// left unchanged on error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum QueueError {
     /// A queue depth of 0.
     ZeroDepth,

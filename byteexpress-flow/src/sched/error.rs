@@ -4,6 +4,7 @@ use super::ConnId;
 
 /// A rejected configuration or call. State is left unchanged on error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SchedError {
     /// `max_chunk` of 0 bytes.
     ZeroChunk,

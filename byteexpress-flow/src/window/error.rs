@@ -12,6 +12,7 @@ pub enum Limit {
 /// An invalid window configuration, or a completion the window never saw posted.
 /// State is left unchanged on error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WindowError {
     /// A cap, or the adaptive `min`, of 0 bytes: nothing could ever be posted but the escape.
     ZeroCap,

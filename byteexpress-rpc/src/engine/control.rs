@@ -28,11 +28,12 @@ use super::rdma::failover::Handover;
 use super::rdma::{self, Posted, RdmaParts};
 use super::tcp::{self, Closer};
 use super::{Dispatch, LinkTx};
+use crate::Status;
+use crate::error::EngineError;
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::message::{Incoming, Outgoing};
 use crate::setup::{Prober, ReprobeError};
 use crate::wire::header::{Header, Kind};
-use crate::{Code, Status};
 
 /// Why a fallback could not go on. Crate-private; mapped to UNAVAILABLE when the link closes.
 #[derive(Debug, thiserror::Error)]
@@ -61,19 +62,6 @@ pub(crate) enum FallbackError {
     /// No RESYNC from the peer within the time limit.
     #[error("resync: no RESYNC from the peer within {0:?}")]
     Timeout(Duration),
-}
-
-impl From<FallbackError> for Status {
-    fn from(e: FallbackError) -> Status {
-        let mut msg = format!("link fallback to TCP failed: {e}");
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            src = s.source();
-        }
-        Status::new(Code::Unavailable, msg)
-    }
 }
 
 /// Longest wait for the peer's RESYNC once this side sent its own.
@@ -110,7 +98,7 @@ where
 /// What ended the RDMA phase of the control connection.
 enum End {
     /// The link closes, for this reason.
-    Close(Status),
+    Close(EngineError),
     /// The link falls back; the peer's RESYNC (count, body) when it came first.
     FallBack(Option<(u64, Bytes)>),
 }
@@ -167,7 +155,7 @@ async fn run<R, W>(
         } = phase;
         let peer = match end {
             End::Close(why) => {
-                let _ = dead_tx.send(why);
+                let _ = dead_tx.send(why.into());
                 let _ = w.shutdown().await;
                 return;
             }
@@ -190,7 +178,7 @@ async fn run<R, W>(
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "link fallback failed");
-                closer.close(e.into());
+                closer.close(EngineError::Fallback(e));
                 let _ = w.shutdown().await;
                 return;
             }
@@ -298,32 +286,26 @@ where
                         return (End::FallBack(Some((msg.header.call_id, msg.body))), None);
                     }
                     Ok(msg) => return (End::Close(tcp::peer_error(&msg)), None),
-                    Err(e) => return (End::Close(unavailable(format!("control channel: {e}"))), None),
+                    Err(e) => return (End::Close(EngineError::ControlGarbled(e)), None),
                 },
-                Ok(None) => return (End::Close(unavailable("peer closed the control connection")), None),
-                Err(e) => return (End::Close(unavailable(format!("control connection: {e}"))), None),
+                Ok(None) => return (End::Close(EngineError::ControlClosed), None),
+                Err(e) => return (End::Close(EngineError::Control(e)), None),
             },
             Some(n) = ping_rx.recv() => tcp::control(Kind::Ping, n),
             why = &mut watcher => return (End::Close(why), None),
             h = &mut *ho_rx => return match h {
                 Ok(h) => (End::FallBack(None), Some(h)),
                 // The engine closed the link.
-                Err(_) => (End::Close(unavailable("link closed")), None),
+                Err(_) => (End::Close(EngineError::Closed), None),
             },
-            _ = link.close_requested() => return (End::Close(unavailable("link closed")), None),
+            _ = link.close_requested() => return (End::Close(EngineError::Closed), None),
         };
         let h = reply.final_header().encode();
         if let Err(e) = w.write_frame(&[&h]).await {
-            return (
-                End::Close(unavailable(format!("control connection: {e}"))),
-                None,
-            );
+            return (End::Close(EngineError::Control(e)), None);
         }
         if let Err(e) = w.flush().await {
-            return (
-                End::Close(unavailable(format!("control connection: {e}"))),
-                None,
-            );
+            return (End::Close(EngineError::Control(e)), None);
         }
     }
 }
@@ -687,10 +669,6 @@ where
             k => return Err(FallbackError::OutOfTurn(k)),
         }
     }
-}
-
-fn unavailable(msg: impl std::fmt::Display) -> Status {
-    Status::new(Code::Unavailable, msg.to_string())
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Dispatch, LinkTx};
-use crate::{Code, Config, Status};
+use crate::Config;
+use crate::error::EngineError;
 
 /// The instant link times are counted from.
 pub(crate) fn epoch() -> Instant {
@@ -59,7 +60,7 @@ pub(crate) async fn watch(
     live: Liveness,
     dispatch: &dyn Dispatch,
     mut ping: impl FnMut(u64),
-) -> Status {
+) -> EngineError {
     if live.off() {
         return std::future::pending().await;
     }
@@ -78,13 +79,7 @@ pub(crate) async fn watch(
             } else {
                 let waited = Duration::from_micros(now - sent);
                 if waited >= live.timeout {
-                    return Status::new(
-                        Code::Unavailable,
-                        format!(
-                            "keepalive: no answer from the peer within {:?} of a PING",
-                            live.timeout
-                        ),
-                    );
+                    return EngineError::KeepaliveTimeout(live.timeout);
                 }
                 // re-checked at least once an interval, so the answer is seen in time to
                 // keep the pings at their pace
@@ -93,10 +88,7 @@ pub(crate) async fn watch(
         }
         if !live.idle.is_zero() {
             if quiet >= live.idle && dispatch.calls_in_flight() == 0 {
-                return Status::new(
-                    Code::Unavailable,
-                    format!("link idle for {:?}: closed", live.idle),
-                );
+                return EngineError::Idle(live.idle);
             }
             wait = wait.min(live.idle.saturating_sub(quiet).max(floor));
         }

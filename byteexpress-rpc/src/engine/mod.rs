@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::MemoryBudget;
+use crate::error::EngineError;
 use crate::link_state::LinkMachine;
 use crate::link_stats::LinkCounters;
 use crate::message::{Incoming, Outgoing};
@@ -112,22 +113,19 @@ impl LinkTx {
     /// it is larger than the peer accepts.
     pub(crate) fn send(&self, msg: Outgoing) -> Result<(), Status> {
         if msg.wire_len() > self.inner.max_message {
-            return Err(Status::new(
-                crate::Code::ResourceExhausted,
-                format!(
-                    "message of {} bytes exceeds the link's {} bytes",
-                    msg.wire_len(),
-                    self.inner.max_message
-                ),
-            ));
+            return Err(EngineError::MessageTooLarge {
+                len: msg.wire_len(),
+                max: self.inner.max_message,
+            }
+            .into());
         }
         if self.is_closed() {
-            return Err(Status::new(crate::Code::Unavailable, "link closed"));
+            return Err(EngineError::Closed.into());
         }
         self.inner
             .tx
             .send(msg)
-            .map_err(|_| Status::new(crate::Code::Unavailable, "link closed"))
+            .map_err(|_| EngineError::Closed.into())
     }
 
     /// The link's counters, for the engine to update.

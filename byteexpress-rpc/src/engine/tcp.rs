@@ -9,9 +9,10 @@ use tokio::sync::mpsc;
 use super::keepalive::{Liveness, watch};
 use super::{Dispatch, LinkTx};
 use crate::budget::UNCHARGED;
+use crate::error::EngineError;
 use crate::message::{Incoming, Outgoing};
 use crate::wire::header::{HEADER_LEN, Header, Kind};
-use crate::{Code, Metadata, Status, Transport};
+use crate::{Metadata, Status, Transport};
 
 /// Starts the engine on an established connection (set-up done). Returns the link's sender.
 /// `max_message` (bytes, header included) bounds what it sends; the reader's frame limit
@@ -135,7 +136,15 @@ impl Closer {
         }
     }
 
-    pub(crate) fn close(&self, why: Status) {
+    /// Closes the link with `why` ([`crate::error::EngineError`], or a status made elsewhere):
+    /// the one place a link's end becomes the `Status` of its calls.
+    pub(crate) fn close(&self, why: impl Into<Status>) {
+        if !self.done.load(std::sync::atomic::Ordering::Acquire) {
+            self.close_now(why.into());
+        }
+    }
+
+    fn close_now(&self, why: Status) {
         if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) && self.link.claim_close() {
             tracing::debug!(%why, "link closed");
             let _ = self
@@ -184,7 +193,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                     Err(e) => Err(e),
                 };
                 if let Err(e) = done {
-                    closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
+                    closer.close(EngineError::TcpWrite(e));
                     return;
                 }
                 if let Some(back) = back {
@@ -202,15 +211,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             let wire = (h.len() + msg.meta.len() + msg.body.len()) as u64;
             link.counters().metrics.bytes_sent.increment(wire);
             if let Err(e) = w.write_frame(&[&h, &msg.meta, &msg.body]).await {
-                closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
+                closer.close(EngineError::TcpWrite(e));
                 return;
             }
             if is_error {
                 let _ = w.flush().await;
-                closer.close(Status::new(
-                    Code::Unavailable,
-                    "link closed after a protocol error",
-                ));
+                closer.close(EngineError::AfterProtocolError);
                 return;
             }
             match rx.try_recv() {
@@ -219,12 +225,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             }
         }
         if let Err(e) = w.flush().await {
-            closer.close(Status::new(Code::Unavailable, format!("TCP write: {e}")));
+            closer.close(EngineError::TcpWrite(e));
             return;
         }
     }
     let _ = w.shutdown().await;
-    closer.close(Status::new(Code::Unavailable, "link closed"));
+    closer.close(EngineError::Closed);
 }
 
 type ReadPhase<R> = (
@@ -269,7 +275,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     dispatch.refused(&link, &h, budget.refusal(len as u64));
                 }
                 Err(e) => {
-                    protocol_error(&link, &closer, Code::Internal, &e.to_string());
+                    protocol_error(&link, &closer, EngineError::Garbled(e));
                     return;
                 }
             },
@@ -299,25 +305,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
                 Ok(msg) => dispatch.incoming(&link, msg),
                 Err(e) => {
-                    protocol_error(&link, &closer, Code::Internal, &e.to_string());
+                    protocol_error(&link, &closer, EngineError::Garbled(e));
                     return;
                 }
             },
             Ok(None) => {
-                closer.close(Status::new(Code::Unavailable, "peer closed the connection"));
+                closer.close(EngineError::PeerClosed);
                 return;
             }
-            Err(FrameError::TooLarge { len, max }) => {
-                protocol_error(
-                    &link,
-                    &closer,
-                    Code::ResourceExhausted,
-                    &format!("frame of {len} bytes exceeds {max}"),
-                );
+            Err(e @ FrameError::TooLarge { .. }) => {
+                protocol_error(&link, &closer, EngineError::FrameTooLarge(e));
                 return;
             }
             Err(e) => {
-                closer.close(Status::new(Code::Unavailable, format!("TCP read: {e}")));
+                closer.close(EngineError::TcpRead(e));
                 return;
             }
         }
@@ -325,26 +326,33 @@ async fn read_loop<R: AsyncRead + Unpin>(
 }
 
 /// Answers a peer's protocol violation: an ERROR message, then close.
-fn protocol_error(link: &LinkTx, closer: &Closer, code: Code, reason: &str) {
-    tracing::warn!(reason, "closing link after a protocol error from the peer");
+/// Answers a peer's protocol violation: an ERROR message (with the code and message of
+/// `why`'s status), then close.
+fn protocol_error(link: &LinkTx, closer: &Closer, why: EngineError) {
+    let why = Status::from(why);
+    tracing::warn!(reason = %why, "closing link after a protocol error from the peer");
     let err = Outgoing::status(
         Kind::Error,
         0,
         0,
-        code,
-        reason,
+        why.code,
+        &why.message,
         &Metadata::new(),
         bytes::Bytes::new(),
     );
     if link.send(err).is_err() {
-        closer.close(Status::new(code, reason.to_string()));
+        closer.close(why);
     }
 }
 
-/// The status an ERROR message from the peer carries.
-pub(crate) fn peer_error(msg: &Incoming) -> Status {
-    let reason = crate::wire::meta::decode(&msg.meta)
+/// The reason an ERROR message from the peer carries (empty when it does not decode).
+pub(crate) fn peer_reason(msg: &Incoming) -> String {
+    crate::wire::meta::decode(&msg.meta)
         .map(|(m, _)| m)
-        .unwrap_or_default();
-    Status::new(Code::Unavailable, format!("peer closed the link: {reason}"))
+        .unwrap_or_default()
+}
+
+/// Why the link closed when the peer sent an ERROR message.
+pub(crate) fn peer_error(msg: &Incoming) -> EngineError {
+    EngineError::PeerError(peer_reason(msg))
 }

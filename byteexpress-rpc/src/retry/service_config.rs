@@ -95,6 +95,7 @@ pub struct RetryThrottling {
 
 /// Why a service config was refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServiceConfigError {
     /// Not JSON, or a field of the wrong JSON type.
     #[error("service config is not valid JSON of the expected shape: {0}")]

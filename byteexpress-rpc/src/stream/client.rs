@@ -53,11 +53,7 @@ impl ClientStreams {
                     Err(e) => Err(Status::new(Code::Internal, e.to_string())),
                     Ok((message, metadata)) => match Code::from_u16(msg.header.status) {
                         Code::Ok => Ok(metadata),
-                        code => Err(Status {
-                            code,
-                            message,
-                            metadata,
-                        }),
+                        code => Err(Status::with_metadata(code, message, metadata)),
                     },
                 };
                 let mut count = n;

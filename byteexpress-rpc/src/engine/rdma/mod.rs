@@ -39,7 +39,7 @@ mod async_watch;
 mod device_window;
 pub(crate) mod failover;
 mod outbox;
-mod reassembly;
+pub(crate) mod reassembly;
 mod recv;
 mod send;
 
@@ -57,10 +57,11 @@ use tokio::sync::mpsc;
 use super::tcp::Closer;
 use super::{Dispatch, LinkTx};
 use crate::config::SchedMode;
+use crate::error::{EngineError, SetupError};
 use crate::link_stats::LinkCounters;
 use crate::message::Outgoing;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
-use crate::{Code, Status, Transport};
+use crate::{Status, Transport};
 pub(crate) use device_window::{SharedDeviceWindow, device_window};
 use outbox::{Next, Outbox, Source};
 use reassembly::Reassembly;
@@ -123,27 +124,20 @@ const SEND_TAG: u8 = 2;
 
 /// Posts the initial `grant + 1` receives (the QP must be past RESET); call before the peer may
 /// send.
-pub(crate) fn post_initial_receives(parts: &RdmaParts) -> Result<Posted, Status> {
+pub(crate) fn post_initial_receives(parts: &RdmaParts) -> Result<Posted, SetupError> {
     let mut posted = Posted::new(RECV_TAG);
     for _ in 0..=parts.grant {
-        let buf = parts
-            .recv_pool
-            .alloc()
-            .map_err(|e| Status::new(Code::ResourceExhausted, e.to_string()))?;
-        post_recv(&parts.qp, buf, &mut posted).map_err(|(_, s)| s)?;
+        let buf = parts.recv_pool.alloc().map_err(SetupError::Buffers)?;
+        post_recv(&parts.qp, buf, &mut posted).map_err(SetupError::PostRecv)?;
     }
     Ok(posted)
 }
 
-fn post_recv(
-    qp: &Qp,
-    buf: PoolBuf,
-    posted: &mut Posted,
-) -> Result<(), (byteexpress_verbs::Error, Status)> {
-    posted.post_recv(qp, buf, ()).map(|_| ()).map_err(|(e, _)| {
-        let s = Status::new(Code::Unavailable, format!("post_recv: {e}"));
-        (e, s)
-    })
+fn post_recv(qp: &Qp, buf: PoolBuf, posted: &mut Posted) -> Result<(), byteexpress_verbs::Error> {
+    posted
+        .post_recv(qp, buf, ())
+        .map(|_| ())
+        .map_err(|(e, _)| e)
 }
 
 /// Starts the engine on a new link in state `Rdma` (`machine`). `ctrl_dead` resolves when the
@@ -332,12 +326,12 @@ impl Engine {
                 LinkCounters::bump(&self.counters.fatal_events);
                 self.qp_failed
                     .get_or_insert(failover::QpFault::AsyncEvent(ev));
-                break Status::new(Code::Unavailable, "fatal async event");
+                break EngineError::Qp(failover::QpFault::AsyncEvent(ev)).into();
             }
             if self.link.fall_back_pending() {
                 self.qp_failed
                     .get_or_insert(failover::QpFault::PeerFellBack);
-                break Status::new(Code::Unavailable, "the peer's QP failed");
+                break EngineError::Qp(failover::QpFault::PeerFellBack).into();
             }
             match self.step(&mut rx) {
                 Ok(Round::Delivered) => {
@@ -352,7 +346,7 @@ impl Engine {
                         .send_queued(&mut rx)
                         .and_then(|_| self.copy_chunks(CHUNK_COPIES_PER_ROUND));
                     if let Err(why) = after {
-                        break why;
+                        break why.into();
                     }
                     continue;
                 }
@@ -370,7 +364,7 @@ impl Engine {
                     continue;
                 }
                 Ok(Round::Idle) => {}
-                Err(why) => break why,
+                Err(why) => break why.into(),
             }
             let polling = last_work.elapsed() < self.parts.busy_poll;
             let cq = self.parts.cq.clone();
@@ -384,18 +378,18 @@ impl Engine {
                 _ = stall_over => {}
                 m = rx.recv() => match m {
                     Some(m) => self.arrived = Some(m),
-                    None => break Status::new(Code::Unavailable, "link dropped"),
+                    None => break EngineError::Dropped.into(),
                 },
                 // Polling: another round as soon as the runtime has run what else is ready.
                 _ = tokio::task::yield_now(), if polling => {}
                 r = cq.ready(Duration::ZERO), if !polling => if let Err(e) = r {
                     self.qp_failed.get_or_insert(failover::QpFault::CqWait(e));
-                    break Status::new(Code::Unavailable, "CQ wait failed");
+                    break EngineError::QpFailed("CQ wait").into();
                 },
                 _ = self.link.fall_back_requested() => continue,
                 _ = self.alarm.alarm().raised() => continue,
-                why = &mut ctrl_dead => break why.unwrap_or_else(|_| Status::new(Code::Unavailable, "control connection closed")),
-                _ = self.link.close_requested() => break Status::new(Code::Unavailable, "link closed"),
+                why = &mut ctrl_dead => break why.unwrap_or_else(|_| EngineError::ControlClosed.into()),
+                _ = self.link.close_requested() => break EngineError::Closed.into(),
             }
         };
         if let Some(fault) = self.qp_failed.take()
@@ -424,13 +418,12 @@ impl Engine {
     /// One round of work: poll the CQ (single-chunk messages are delivered, chunks deferred),
     /// post what is due, then copy a few deferred chunks unless a message was delivered (the
     /// caller yields first, then copies them).
-    fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<Round, Status> {
+    fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<Round, EngineError> {
         let released = self.release_held()?;
         let mut wcs = [Wc::default(); 32];
         let n = self.parts.cq.poll(&mut wcs).map_err(|e| {
-            let s = Status::new(Code::Unavailable, format!("poll_cq: {e}"));
             self.qp_failed.get_or_insert(failover::QpFault::Poll(e));
-            s
+            EngineError::QpFailed("poll_cq")
         })?;
         if n > 0 {
             // completions, received or acknowledged by the peer: it is alive (keepalive)
@@ -472,7 +465,7 @@ impl Engine {
     /// Handles one completion. A SEND releases its window charge: at once with an adaptive
     /// window, else added to `done` (bytes) for the caller to release with the rest of the
     /// poll.
-    fn on_completion(&mut self, wc: &Wc, done: &mut u64) -> Result<(), Status> {
+    fn on_completion(&mut self, wc: &Wc, done: &mut u64) -> Result<(), EngineError> {
         if wc.status != WcStatus::Success {
             LinkCounters::bump(&self.counters.qp_errors);
             if wc.status == WcStatus::RnrRetryExcErr {
@@ -482,17 +475,17 @@ impl Engine {
                 status: wc.status,
                 wr_id: wc.wr_id,
             });
-            return Err(Status::new(
-                Code::Unavailable,
-                format!("RDMA completion {:?} on wr {}", wc.status, wc.wr_id),
-            ));
+            return Err(EngineError::Qp(failover::QpFault::Completion {
+                status: wc.status,
+                wr_id: wc.wr_id,
+            }));
         }
         // (The opcode is valid only on success: an error fails the link above.)
         let freed = match wc.opcode {
             WcOpcode::Recv => self.queues.on_recv_completion(),
             _ => self.queues.on_send_completion(),
         };
-        freed.map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
+        freed.map_err(EngineError::Queues)?;
         match wc.opcode {
             WcOpcode::Recv => self.on_receive(wc),
             _ => {
@@ -519,7 +512,7 @@ impl Engine {
     }
 
     /// Releases `bytes` from the QP and device windows (a completion `rtt_us` after post).
-    fn release(&mut self, bytes: u64, rtt_us: u64) -> Result<(), Status> {
+    fn release(&mut self, bytes: u64, rtt_us: u64) -> Result<(), EngineError> {
         if bytes == 0 {
             return Ok(());
         }
@@ -527,7 +520,7 @@ impl Engine {
         self.parts
             .window
             .on_complete(&mut self.parts.device_window.lock(), bytes, rtt_us, now)
-            .map_err(|e| Status::new(Code::Internal, format!("window: {e:?}")))?;
+            .map_err(EngineError::Window)?;
         self.counters.window_cap.store(
             self.parts.window.cap(),
             std::sync::atomic::Ordering::Relaxed,
@@ -551,7 +544,10 @@ impl Engine {
     /// need (the window as it admits each, the credits once for all); then each is copied and
     /// posted, the first carrying the credits owed to the peer.
     /// A large message's chunk ends the batch, so the CQ is polled between two chunk copies.
-    fn send_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Result<bool, Status> {
+    fn send_queued(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    ) -> Result<bool, EngineError> {
         let (mut batch, first, mut unposted) = self.grant_batch(rx)?;
         let sent = !batch.is_empty();
         // The first header returns everything owed (`Credits::try_send_data_batch`).
@@ -621,7 +617,7 @@ impl Engine {
     fn grant_batch(
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-    ) -> Result<(Vec<Next>, Piggyback, u64), Status> {
+    ) -> Result<(Vec<Next>, Piggyback, u64), EngineError> {
         let mut batch = std::mem::take(&mut self.batch);
         let mut bytes = 0u64;
         // The device's window, shared with its other links, is locked once there is something
@@ -722,7 +718,7 @@ impl Engine {
                 // (The gate admitted each chunk's credit: not reached.) The link fails and
                 // gives back what the windows hold for the batch.
                 let _ = self.release(bytes, 0);
-                return Err(Status::new(Code::Internal, "credit vanished"));
+                return Err(EngineError::CreditVanished);
             };
             first = pb;
             LinkCounters::bump(&self.counters.send_rounds);
@@ -732,7 +728,7 @@ impl Engine {
 
     /// Copies a granted chunk (its credit already taken; `pb` its header's piggyback) into a
     /// send buffer and posts it; the windows were charged for it by [`Engine::grant_batch`].
-    fn post_chunk(&mut self, n: Next, pb: Piggyback) -> Result<(), Status> {
+    fn post_chunk(&mut self, n: Next, pb: Piggyback) -> Result<(), EngineError> {
         let msg = match &n.msg {
             Source::Queued(id) => self.outbox.msg(*id),
             Source::Bypassed(m) => {
@@ -772,10 +768,8 @@ impl Engine {
 
     /// Posts a SEND of `buf`, which charged `charged` bytes to the windows (the caller
     /// releases them if this fails).
-    fn post(&mut self, buf: PoolBuf, charged: u64, seq: Option<u64>) -> Result<(), Status> {
-        self.queues
-            .try_post_send()
-            .map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
+    fn post(&mut self, buf: PoolBuf, charged: u64, seq: Option<u64>) -> Result<(), EngineError> {
+        self.queues.try_post_send().map_err(EngineError::Queues)?;
         let meta = SendMeta {
             charged,
             posted_at: Instant::now(),
@@ -784,9 +778,8 @@ impl Engine {
         self.send_posted
             .post_send(&self.parts.qp, buf, WrOp::Send, meta)
             .map_err(|(e, _buf)| {
-                let s = Status::new(Code::Unavailable, format!("post_send: {e}"));
                 self.qp_failed.get_or_insert(failover::QpFault::PostSend(e));
-                s
+                EngineError::QpFailed("post_send")
             })?;
         Ok(())
     }
@@ -798,13 +791,12 @@ fn chunk_buf(
     mut h: Header,
     pb: Piggyback,
     fill: impl FnOnce(&mut PoolBuf) -> Result<(), byteexpress_mem::MemError>,
-) -> Result<PoolBuf, Status> {
-    h.credits = u16::try_from(pb.credits)
-        .map_err(|_| Status::new(Code::Internal, "more credits than a grant"))?;
+) -> Result<PoolBuf, EngineError> {
+    h.credits = u16::try_from(pb.credits).map_err(|_| EngineError::CreditOverflow)?;
     if pb.slot_return {
         h.flags |= FLAG_SLOT_RETURN;
     }
-    let exhausted = |e: byteexpress_mem::MemError| Status::new(Code::Internal, e.to_string());
+    let exhausted = EngineError::Buffers;
     let mut buf = parts.send_pool.alloc().map_err(exhausted)?;
     buf.extend_from_slice(&h.encode()).map_err(exhausted)?;
     fill(&mut buf).map_err(exhausted)?;

@@ -9,24 +9,17 @@ use super::reassembly::ReassemblyError;
 use super::{Engine, post_recv};
 use crate::config::SchedMode;
 use crate::engine::tcp::peer_error;
+use crate::error::EngineError;
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
-use crate::{Code, Status};
-
-fn protocol(e: impl std::fmt::Display) -> Status {
-    Status::new(Code::Internal, format!("peer broke the protocol: {e}"))
-}
 
 impl Engine {
-    pub(super) fn on_receive(&mut self, wc: &Wc) -> Result<(), Status> {
+    pub(super) fn on_receive(&mut self, wc: &Wc) -> Result<(), EngineError> {
         let Some((buf, ())) = self.recv_posted.complete(wc) else {
-            return Err(Status::new(
-                Code::Internal,
-                format!("receive completion for unknown wr {}", wc.wr_id),
-            ));
+            return Err(EngineError::UnknownWr(wc.wr_id));
         };
-        let h = Header::decode(buf.as_slice()).map_err(protocol)?;
+        let h = Header::decode(buf.as_slice()).map_err(EngineError::Garbled)?;
         self.counters
             .metrics
             .bytes_received
@@ -40,10 +33,10 @@ impl Engine {
             // This SEND completes a message: its number must be the next of the direction.
             let want = self.seqs.next_received();
             if h.seq != want as u16 {
-                return Err(protocol(format!(
-                    "message number {} where {} (mod 2^16) was due",
-                    h.seq, want as u16
-                )));
+                return Err(EngineError::OutOfOrder {
+                    got: h.seq,
+                    want: want as u16,
+                });
             }
         }
         let pb = Piggyback {
@@ -52,7 +45,7 @@ impl Engine {
         };
         self.credits
             .on_receive(kind, pb)
-            .map_err(|e| protocol(format!("credits: {e}")))?;
+            .map_err(EngineError::PeerCredits)?;
         if h.more() || h.kind == Kind::Continuation {
             // A chunk: copied after the single-chunk messages polled with it.
             self.chunks.push_back((buf, h, kind));
@@ -67,7 +60,7 @@ impl Engine {
             self.copy_chunks(usize::MAX)?;
         }
         let msg = self.keep_or_copy(buf, kind)?;
-        self.deliver(Incoming::parse(msg).map_err(protocol)?)
+        self.deliver(Incoming::parse(msg).map_err(EngineError::Garbled)?)
     }
 
     /// Copies up to `limit` received chunks into their messages, oldest first, re-posts their
@@ -76,7 +69,7 @@ impl Engine {
     /// messages polled with them were delivered (and their handlers or callers had a turn),
     /// and one per round, so a small call waits at the receiver behind at most one chunk copy
     /// (the receive side of the latency class), not behind every chunk that arrived before it.
-    pub(super) fn copy_chunks(&mut self, limit: usize) -> Result<(), Status> {
+    pub(super) fn copy_chunks(&mut self, limit: usize) -> Result<(), EngineError> {
         for _ in 0..limit {
             let Some((buf, h, kind)) = self.chunks.pop_front() else {
                 break;
@@ -95,15 +88,15 @@ impl Engine {
                 }
                 Ok(None) => {}
                 Err(e @ ReassemblyError::TooLarge { .. }) => {
-                    return Err(Status::new(Code::ResourceExhausted, e.to_string()));
+                    return Err(EngineError::TooLarge(e));
                 }
-                Err(e) => return Err(protocol(e)),
+                Err(e) => return Err(EngineError::Reassembly(e)),
             }
         }
         Ok(())
     }
 
-    fn deliver(&mut self, msg: Incoming) -> Result<(), Status> {
+    fn deliver(&mut self, msg: Incoming) -> Result<(), EngineError> {
         match msg.header.kind {
             Kind::CreditUpdate => Ok(()),
             Kind::Error => Err(peer_error(&msg)),
@@ -121,7 +114,7 @@ impl Engine {
     /// received bodies, so the message is copied out and `buf` re-posted at once (counted in
     /// `LinkStats::copied_out`). The headroom of one grant means an application that keeps its
     /// bodies can never stop credits from flowing back to the peer.
-    fn keep_or_copy(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<Bytes, Status> {
+    fn keep_or_copy(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<Bytes, EngineError> {
         if self.parts.recv_pool.available() > self.parts.grant as usize
             && let Ok(fresh) = self.parts.recv_pool.alloc()
         {
@@ -137,7 +130,7 @@ impl Engine {
     /// Posts `buf` as a receive in place of one of `kind` consumed, and counts it for the
     /// credits owed back to the peer. During a test stall ([`crate::test_hooks`]) the buffer
     /// is held instead, until [`Engine::release_held`].
-    fn repost(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
+    fn repost(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), EngineError> {
         if self.draining {
             // The QP failed: nothing more is posted on it; the buffer goes back to the pool.
             return Ok(());
@@ -153,7 +146,7 @@ impl Engine {
     }
 
     /// Re-posts the buffers a test stall held, once it is over; true when it did.
-    pub(super) fn release_held(&mut self) -> Result<bool, Status> {
+    pub(super) fn release_held(&mut self) -> Result<bool, EngineError> {
         match self.held_until {
             Some(until) if until <= std::time::Instant::now() => {}
             _ => return Ok(false),
@@ -165,17 +158,13 @@ impl Engine {
         Ok(true)
     }
 
-    fn post_and_count(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), Status> {
-        self.queues
-            .try_post_recv()
-            .map_err(|e| Status::new(Code::Internal, format!("queues: {e}")))?;
-        if let Err((e, s)) = post_recv(&self.parts.qp, buf, &mut self.recv_posted) {
+    fn post_and_count(&mut self, buf: PoolBuf, kind: MsgKind) -> Result<(), EngineError> {
+        self.queues.try_post_recv().map_err(EngineError::Queues)?;
+        if let Err(e) = post_recv(&self.parts.qp, buf, &mut self.recv_posted) {
             self.qp_failed
                 .get_or_insert(super::failover::QpFault::PostRecv(e));
-            return Err(s);
+            return Err(EngineError::QpFailed("post_recv"));
         }
-        self.credits
-            .on_reposted(kind)
-            .map_err(|e| Status::new(Code::Internal, format!("credits: {e}")))
+        self.credits.on_reposted(kind).map_err(EngineError::Credits)
     }
 }
