@@ -534,21 +534,45 @@ async fn try_reprobe<R, W>(
     if link.faults().reprobes_blocked() {
         return Err(ReprobeError::Blocked);
     }
-    let n = nonce.ok_or(ReprobeError::NoNonce)?;
-    let (mut parts, select) = prober.offer(n)?;
+    let (mut parts, select) = match nonce.map(|n| prober.offer(n)) {
+        Some(Ok(offer)) => offer,
+        // No nonce, or the probe failed: the path may be down, or the nonce is stale (a
+        // device forgets an armed nonce after a while, and a probe spends it). Ask the server
+        // for a fresh one (a REPROBE with an empty body) and probe once more with it.
+        Some(Err(ReprobeError::Unreachable)) | None => {
+            link.send(reprobe_msg(Kind::Reprobe, probe, 0, Vec::new()))
+                .map_err(|_| ReprobeError::LinkClosed)?;
+            let ack = await_ack(end, nonce, probe).await?;
+            if !ack.body.is_empty() {
+                return Err(ReprobeError::Unexpected("an empty REPROBE_ACK (a nonce)"));
+            }
+            prober.offer(nonce.ok_or(ReprobeError::NoNonce)?)?
+        }
+        Some(Err(e)) => return Err(e),
+    };
     link.send(reprobe_msg(Kind::Reprobe, probe, 0, select))
         .map_err(|_| ReprobeError::LinkClosed)?;
-    let ack = loop {
+    let ack = await_ack(end, nonce, probe).await?;
+    let posted = prober.complete(&mut parts, &ack.body)?;
+    Ok((parts, posted))
+}
+
+/// Waits for the REPROBE_ACK of `probe`, keeping the nonce of every REPROBE_ACK read (the
+/// newest is the one the server armed last).
+async fn await_ack<R, W>(
+    end: &mut PhaseEnd<R, W>,
+    nonce: &mut Option<u64>,
+    probe: u64,
+) -> Result<Incoming, ReprobeError> {
+    loop {
         let m = end.events.recv().await.ok_or(ReprobeError::LinkClosed)?;
         if m.header.kind == Kind::ReprobeAck {
             *nonce = Some(m.header.timeout_us);
             if m.header.call_id == probe {
-                break m;
+                return Ok(m);
             }
         }
-    };
-    let posted = prober.complete(&mut parts, &ack.body)?;
-    Ok((parts, posted))
+    }
 }
 
 /// Server: answers re-probes until the client's SWITCH for an accepted one (or the link
@@ -566,6 +590,21 @@ async fn reprobe_server<R, W>(
         };
         let probe = m.header.call_id;
         match m.header.kind {
+            Kind::Reprobe if m.body.is_empty() => {
+                // A nonce request: the client's nonce went stale. Answer with a fresh one; no
+                // QP is built and any pending re-probe stays.
+                if link
+                    .send(reprobe_msg(
+                        Kind::ReprobeAck,
+                        probe,
+                        prober.arm(),
+                        Vec::new(),
+                    ))
+                    .is_err()
+                {
+                    return None;
+                }
+            }
             Kind::Reprobe => {
                 if link.machine().state() == crate::LinkState::Reprobe {
                     let _ = link.machine().apply(

@@ -50,7 +50,10 @@
 //! same `call_id`, body = RDMA_ACCEPT with its new QP, connected and with receives posted, or
 //! REFUSE), then SWITCH both ways (same `call_id`): each side's last message on TCP. A side
 //! sends over the new QP only after it sent its SWITCH and read the peer's, so everything
-//! either side sent on TCP is delivered before anything it sends on RDMA.
+//! either side sent on TCP is delivered before anything it sends on RDMA. A REPROBE with an
+//! empty body asks for a nonce only (the client's went stale: a device forgets an armed nonce
+//! after a while, and a probe spends it): the server answers a REPROBE_ACK with an empty body
+//! and a fresh nonce in `timeout_us`, and builds no QP.
 //!
 //! [`Header::decode`] checks `meta_len` and `body_len` against the bytes actually received
 //! before anything is sliced. The configured maxima are applied before that, where the bytes
@@ -142,10 +145,11 @@ pub enum Kind {
     Resync = 14,
     /// Client → server on a fallen-back link's TCP connection: try a new QP. `call_id` = the
     /// probe's number; body = a SELECT_RDMA set-up message ([`crate::wire::hello`]) with the
-    /// client's new QP.
+    /// client's new QP, or empty: a request for a fresh probe nonce only.
     Reprobe = 15,
     /// Server → client, answer to REPROBE `call_id`: body = RDMA_ACCEPT (the server's new QP,
-    /// connected, receives posted) or REFUSE.
+    /// connected, receives posted) or REFUSE, or empty for an empty REPROBE; `timeout_us` = a
+    /// nonce armed for the next probe.
     ReprobeAck = 16,
     /// Either way after an accepted REPROBE `call_id`: the sender's last message on TCP; what
     /// it sends next goes over the new QP.
