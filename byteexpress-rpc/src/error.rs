@@ -314,6 +314,11 @@ pub(crate) enum EngineError {
     /// A message on the control connection does not decode.
     #[error("control channel")]
     ControlGarbled(#[source] WireError),
+    /// The peer broke the re-probe protocol (DESIGN.md 3.5, "Link life"): a SWITCH nobody
+    /// agreed to, a re-probe message larger than a set-up message, or more of them queued
+    /// than an honest peer ever has unanswered.
+    #[error("peer broke the re-probe protocol: {0}")]
+    ReprobeProtocol(&'static str),
     /// The peer closed the control connection.
     #[error("peer closed the control connection")]
     ControlClosed,
@@ -353,6 +358,7 @@ impl EngineError {
         match self {
             FrameTooLarge(_) | MessageTooLarge { .. } | TooLarge(_) => Code::ResourceExhausted,
             Garbled(_)
+            | ReprobeProtocol(_)
             | OutOfOrder { .. }
             | PeerCredits(_)
             | Reassembly(_)
@@ -563,6 +569,7 @@ mod tests {
                 Code::Unavailable,
             ),
             (EngineError::ControlClosed, Code::Unavailable),
+            (EngineError::ReprobeProtocol("a SWITCH"), Code::Internal),
             (EngineError::UnknownWr(7), Code::Internal),
             (EngineError::Queues(QueueError::SendFull), Code::Internal),
             (EngineError::Credits(CreditError::ZeroGrant), Code::Internal),

@@ -295,6 +295,9 @@ pub(crate) enum ReprobeError {
     /// A set-up message in a re-probe does not decode.
     #[error("undecodable re-probe message")]
     Wire(#[source] crate::wire::WireError),
+    /// The server sent SWITCH before this client sent its own.
+    #[error("a SWITCH before this side's")]
+    UnaskedSwitch,
     /// A set-up message of another type than the re-probe step expects.
     #[error("expected {0}")]
     Unexpected(&'static str),

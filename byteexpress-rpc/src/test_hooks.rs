@@ -19,7 +19,7 @@
 //!   the link answers by falling back too.
 
 #[cfg(feature = "test-hooks")]
-pub use faults::LinkFaults;
+pub use faults::{LinkFaults, UnaskedReprobe};
 
 #[cfg(feature = "test-hooks")]
 mod faults {
@@ -28,6 +28,19 @@ mod faults {
     use std::time::{Duration, Instant};
 
     use byteexpress_verbs::Qp;
+
+    use crate::message::Outgoing;
+    use crate::wire::header::{Header, Kind};
+
+    /// A re-probe message a broken or hostile peer sends unasked
+    /// ([`LinkFaults::send_unasked`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum UnaskedReprobe {
+        /// An empty SWITCH, though no re-probe was agreed.
+        Switch,
+        /// A REPROBE whose body is 64 KiB of zeros (a set-up message is far smaller).
+        Oversized,
+    }
 
     /// The faults of one link; cheap to clone (clones share the link's faults).
     #[derive(Debug, Clone, Default)]
@@ -44,6 +57,8 @@ mod faults {
         qp: parking_lot::Mutex<Option<Qp>>,
         /// Re-probes fail while set (the path stays down).
         reprobes_blocked: std::sync::atomic::AtomicBool,
+        /// The link's outgoing queue, for [`LinkFaults::send_unasked`].
+        raw: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Outgoing>>,
     }
 
     impl LinkFaults {
@@ -98,6 +113,31 @@ mod faults {
         /// down (the client's side starts them; set it there). Fallback and backoff go on.
         pub fn block_reprobes(&self, blocked: bool) {
             self.inner.reprobes_blocked.store(blocked, Ordering::SeqCst);
+        }
+
+        /// Queues `what` on this link as its next message to the peer (over TCP when the link
+        /// is in fallback), as a broken or hostile peer would send it. False when the link is
+        /// gone.
+        pub fn send_unasked(&self, what: UnaskedReprobe) -> bool {
+            let Some(tx) = self.inner.raw.get() else {
+                return false;
+            };
+            let (kind, body) = match what {
+                UnaskedReprobe::Switch => (Kind::Switch, Vec::new()),
+                UnaskedReprobe::Oversized => (Kind::Reprobe, vec![0u8; 64 << 10]),
+            };
+            let mut header = Header::new(kind);
+            header.call_id = 1;
+            tx.send(Outgoing {
+                header,
+                meta: Vec::new(),
+                body: body.into(),
+            })
+            .is_ok()
+        }
+
+        pub(crate) fn set_raw(&self, tx: tokio::sync::mpsc::UnboundedSender<Outgoing>) {
+            let _ = self.inner.raw.set(tx);
         }
 
         pub(crate) fn reprobes_blocked(&self) -> bool {

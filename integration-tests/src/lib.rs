@@ -14,6 +14,8 @@
 //! - `/test.Test/StallReposts`: stops the caller's RDMA link from re-posting receive buffers
 //!   for the milliseconds in its body (`byteexpress_rpc::test_hooks::LinkFaults`), so no
 //!   credits flow back to that client until then;
+//! - `/test.Test/SendSwitch`: the server's end of the caller's link sends it a SWITCH nobody
+//!   agreed to (a broken peer's re-probe message; `LinkFaults::send_unasked`).
 //! - `/test.Test/FailQp`: fails the QP of the caller's link at the server, as a transport fault
 //!   would (`LinkFaults::inject_qp_error`); answers `1`, or `0` when the link has no QP;
 //! - `/test.Test/Served`: answers, for the caller's `conn_id`, every Echo call that carried an
@@ -163,6 +165,15 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
                 .unwrap_or(0);
             req.link_faults.stall_reposts(Duration::from_millis(ms));
             Ok(Response::default())
+        }
+        "/test.Test/SendSwitch" => {
+            let sent = req
+                .link_faults
+                .send_unasked(byteexpress_rpc::test_hooks::UnaskedReprobe::Switch);
+            Ok(Response {
+                metadata: Metadata::new(),
+                body: Bytes::from(if sent { "1" } else { "0" }),
+            })
         }
         "/test.Test/FailQp" => {
             let failed = req.link_faults.inject_qp_error();

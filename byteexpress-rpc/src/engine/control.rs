@@ -184,7 +184,7 @@ async fn run<R, W>(
             }
         };
         // The TCP phase, with the hooks a re-probe needs.
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::channel(tcp::REPROBE_QUEUE);
         let (stop_tx, stop_writing) = oneshot::channel();
         let (writer_back, writer_rx) = oneshot::channel();
         let (reader_back, reader_rx) = oneshot::channel();
@@ -202,7 +202,7 @@ async fn run<R, W>(
             resynced.rx,
             link.clone(),
             dispatch.clone(),
-            closer,
+            closer.clone(),
             live,
             Some(hooks),
         );
@@ -215,9 +215,9 @@ async fn run<R, W>(
         let next = if prober.is_client() {
             let (first, max, _) = prober.timing();
             let start = next_backoff(first, max, opened_by, rdma_since.elapsed());
-            reprobe_client(&prober, &link, ends, resynced.nonce, start).await
+            reprobe_client(&prober, &link, &closer, ends, resynced.nonce, start).await
         } else {
-            reprobe_server(&prober, &link, ends).await
+            reprobe_server(&prober, &link, &closer, ends).await
         };
         let Some(next) = next else { return };
         opened_by = Some(next.backoff);
@@ -386,7 +386,7 @@ where
 
 /// How the control task ends a TCP phase ([`tcp::Phase`]).
 struct PhaseEnd<R, W> {
-    events: mpsc::UnboundedReceiver<Incoming>,
+    events: mpsc::Receiver<Incoming>,
     stop_tx: oneshot::Sender<Outgoing>,
     writer_rx: oneshot::Receiver<(FrameWriter<W>, mpsc::UnboundedReceiver<Outgoing>)>,
     reader_rx: oneshot::Receiver<FrameReader<R>>,
@@ -470,22 +470,49 @@ fn next_backoff(
 async fn reprobe_client<R, W>(
     prober: &Prober,
     link: &LinkTx,
+    closer: &Closer,
     mut end: PhaseEnd<R, W>,
     mut nonce: Option<u64>,
     start: Duration,
 ) -> Option<Switched<R, W>> {
     let (first, max, limit) = prober.timing();
     if first.is_zero() {
-        // Re-probes are off: the link stays on TCP until it closes.
-        link.close_requested().await;
-        return None;
+        // Re-probes are off: the link stays on TCP until it closes (reading what the server
+        // sends meanwhile: nothing it may send stops the link's reader but a SWITCH).
+        loop {
+            tokio::select! {
+                m = end.events.recv() => match m {
+                    Some(m) if m.header.kind == Kind::Switch => {
+                        unasked_switch(closer);
+                        return None;
+                    }
+                    Some(_) => {}
+                    None => return None,
+                },
+                _ = link.close_requested() => return None,
+            }
+        }
     }
     let mut backoff = start;
     let mut probe = 0u64;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = link.close_requested() => return None,
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                m = end.events.recv() => match m {
+                    // A late answer to a try that timed out: its nonce is the freshest.
+                    Some(m) if m.header.kind == Kind::ReprobeAck => nonce = Some(m.header.timeout_us),
+                    Some(m) if m.header.kind == Kind::Switch => {
+                        unasked_switch(closer);
+                        return None;
+                    }
+                    Some(_) => {}
+                    None => return None,
+                },
+                _ = link.close_requested() => return None,
+            }
         }
         probe += 1;
         let _ = link.machine().apply(
@@ -499,6 +526,10 @@ async fn reprobe_client<R, W>(
         .await;
         match tried {
             Ok(Ok((parts, posted))) => return switch(probe, backoff, parts, posted, end).await,
+            Ok(Err(ReprobeError::UnaskedSwitch)) => {
+                unasked_switch(closer);
+                return None;
+            }
             Ok(Err(why)) => {
                 let _ = link.machine().apply(LinkEvent::ProbeFailed, &why.chain());
             }
@@ -571,8 +602,18 @@ async fn await_ack<R, W>(
             if m.header.call_id == probe {
                 return Ok(m);
             }
+        } else if m.header.kind == Kind::Switch {
+            return Err(ReprobeError::UnaskedSwitch);
         }
     }
+}
+
+/// The server sent SWITCH before the client sent its own (a client's SWITCH always comes
+/// first): its reader has stopped at it, so the link cannot go on. Closes it with a typed
+/// error instead of leaving its calls to their deadlines.
+fn unasked_switch(closer: &Closer) {
+    tracing::warn!("the peer sent a SWITCH nobody agreed to: link closed");
+    closer.close(EngineError::ReprobeProtocol("a SWITCH before this side's"));
 }
 
 /// Server: answers re-probes until the client's SWITCH for an accepted one (or the link
@@ -580,6 +621,7 @@ async fn await_ack<R, W>(
 async fn reprobe_server<R, W>(
     prober: &Prober,
     link: &LinkTx,
+    closer: &Closer,
     mut end: PhaseEnd<R, W>,
 ) -> Option<Switched<R, W>> {
     let mut pending: Option<(u64, RdmaParts, Posted)> = None;
@@ -643,7 +685,13 @@ async fn reprobe_server<R, W>(
                         return switch(probe, Duration::ZERO, parts, posted, end).await;
                     }
                     _ => {
-                        link.close();
+                        tracing::warn!(
+                            probe,
+                            "the peer sent a SWITCH for no accepted re-probe: link closed"
+                        );
+                        closer.close(EngineError::ReprobeProtocol(
+                            "a SWITCH for no accepted re-probe",
+                        ));
                         return None;
                     }
                 }

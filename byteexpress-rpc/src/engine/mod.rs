@@ -89,6 +89,12 @@ impl LinkTx {
         max_message: usize,
         machine: LinkMachine,
     ) -> Self {
+        #[cfg(feature = "test-hooks")]
+        let faults = {
+            let f = crate::test_hooks::LinkFaults::default();
+            f.set_raw(tx.clone());
+            f
+        };
         LinkTx {
             inner: Arc::new(LinkShared {
                 tx,
@@ -104,7 +110,7 @@ impl LinkTx {
                 fall_back_now: parking_lot::Mutex::new(CancellationToken::new()),
                 closed_once: std::sync::atomic::AtomicBool::new(false),
                 #[cfg(feature = "test-hooks")]
-                faults: crate::test_hooks::LinkFaults::default(),
+                faults,
             }),
         }
     }

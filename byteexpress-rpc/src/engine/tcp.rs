@@ -53,7 +53,7 @@ where
 /// (and the callers' channel) back.
 pub(crate) struct Phase<R, W> {
     /// REPROBE, REPROBE_ACK and SWITCH as they arrive.
-    pub events: mpsc::UnboundedSender<Incoming>,
+    pub events: mpsc::Sender<Incoming>,
     /// The last message to write before the write side stops.
     pub stop_writing: tokio::sync::oneshot::Receiver<Outgoing>,
     /// The writer and the callers' channel, once the last message is written.
@@ -233,8 +233,16 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     closer.close(EngineError::Closed);
 }
 
+/// Re-probe messages the control task may have unread before the peer counts as flooding: an
+/// honest peer has at most two of its own unanswered (a nonce request and an offer), plus
+/// late answers to tries that timed out.
+pub(crate) const REPROBE_QUEUE: usize = 16;
+/// The largest re-probe message body: a SELECT_RDMA or RDMA_ACCEPT set-up message, or REFUSE
+/// with its reason, is far smaller (bytes).
+const MAX_REPROBE_BODY: usize = 4096;
+
 type ReadPhase<R> = (
-    mpsc::UnboundedSender<Incoming>,
+    mpsc::Sender<Incoming>,
     tokio::sync::oneshot::Sender<FrameReader<R>>,
 );
 
@@ -293,8 +301,23 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     // A re-probe's message: for the control task of a fallen-back link, dropped
                     // on a link set up on TCP.
                     let Some((events, _)) = &phase else { continue };
+                    if msg.body.len() > MAX_REPROBE_BODY {
+                        protocol_error(
+                            &link,
+                            &closer,
+                            EngineError::ReprobeProtocol("a re-probe message over 4 KiB"),
+                        );
+                        return;
+                    }
                     let switch = msg.header.kind == Kind::Switch;
-                    let _ = events.send(msg);
+                    if let Err(mpsc::error::TrySendError::Full(_)) = events.try_send(msg) {
+                        protocol_error(
+                            &link,
+                            &closer,
+                            EngineError::ReprobeProtocol("re-probe messages nobody asked for"),
+                        );
+                        return;
+                    }
                     if switch {
                         // The peer's last TCP message: the reader goes back to the control task.
                         if let Some((_, back)) = phase {
