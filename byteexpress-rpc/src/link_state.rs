@@ -184,7 +184,7 @@ impl LinkMachine {
                 if to == LinkState::Reprobe {
                     self.reprobes.fetch_add(1, Ordering::Relaxed);
                 }
-                crate::metrics::link_transition(from.name(), to.name());
+                crate::metrics::link_transition(self.side, from.name(), to.name());
                 tracing::info!(
                     side = self.side,
                     from = from.name(),

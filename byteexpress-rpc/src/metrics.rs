@@ -161,8 +161,8 @@ pub(crate) fn record_client_call<T>(
 }
 
 /// Records one transition of a link's state machine ([`LINK_TRANSITIONS`]).
-pub(crate) fn link_transition(from: &'static str, to: &'static str) {
-    metrics::counter!(LINK_TRANSITIONS, "from" => from, "to" => to).increment(1);
+pub(crate) fn link_transition(side: &'static str, from: &'static str, to: &'static str) {
+    metrics::counter!(LINK_TRANSITIONS, "side" => side, "from" => from, "to" => to).increment(1);
 }
 
 /// Records `n` messages re-sent over TCP after a fallback ([`MESSAGES_RESENT`]).
