@@ -229,8 +229,21 @@ impl Mapping {
 
     /// Maps `len` bytes at `offset` of a peer's memfd, which must be sealed against shrinking
     /// and at least `offset + len` bytes long; `offset` must be a multiple of the page size.
-    /// The fd is closed once mapped.
+    /// The fd is closed once mapped. An `O_RDONLY` fd (a read-only grant) is mapped
+    /// read-only, an `O_RDWR` one writable.
     pub(crate) fn open(fd: OwnedFd, offset: u64, len: usize) -> Result<Mapping> {
+        Self::open_checked(fd, offset, len, false)
+    }
+
+    /// As [`Mapping::open`], for peer memory we store into (a peer's QP ring: we claim its
+    /// receive WQEs, write its completion slots, clear its `armed` flag): the fd must be
+    /// `O_RDWR`, else `Error::Peer` and nothing is mapped. A read-only mapping of it would
+    /// fault (SIGSEGV) at our first store.
+    pub(crate) fn open_writable(fd: OwnedFd, offset: u64, len: usize) -> Result<Mapping> {
+        Self::open_checked(fd, offset, len, true)
+    }
+
+    fn open_checked(fd: OwnedFd, offset: u64, len: usize, need_write: bool) -> Result<Mapping> {
         if len == 0 {
             return Err(Error::Peer("zero-length region".into()));
         }
@@ -262,6 +275,11 @@ impl Mapping {
             return Err(Error::last_os("fcntl(F_GETFL)"));
         }
         let writable = flags & libc::O_ACCMODE == libc::O_RDWR;
+        if need_write && !writable {
+            return Err(Error::Peer(
+                "peer memory we must write into was passed without write access".into(),
+            ));
+        }
         // never passed on: the mapping alone keeps the memory, and `fd` closes here
         Self::map_prot(fd.as_raw_fd(), offset, len, writable)
     }

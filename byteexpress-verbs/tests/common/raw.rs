@@ -351,6 +351,21 @@ pub fn raw_peer_connected(
     nonce: u64,
     attr: &ConnectAttr,
 ) -> (Child, TcpStream) {
+    let (child, s, connected) = raw_peer_connecting(ctx, victim, entry, role, nonce, attr);
+    connected.unwrap_or_else(|e| panic!("victim connects to the {role} peer: {e:?}"));
+    (child, s)
+}
+
+/// As [`raw_peer_connected`], returning the outcome of the victim's connect instead of
+/// requiring it to succeed (for peers whose attach our device refuses).
+pub fn raw_peer_connecting(
+    ctx: &Context,
+    victim: &Side,
+    entry: &str,
+    role: &str,
+    nonce: u64,
+    attr: &ConnectAttr,
+) -> (Child, TcpStream, byteexpress_verbs::Result<()>) {
     const T: Duration = Duration::from_secs(10);
     ctx.expect_probe(nonce);
     let (child, mut s) = peer::spawn_peer(entry, role, T);
@@ -363,9 +378,6 @@ pub fn raw_peer_connected(
     ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
     ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
     ep.extend_from_slice(&name);
-    victim
-        .qp
-        .connect(&Endpoint::from_bytes(&ep).unwrap(), attr)
-        .unwrap_or_else(|e| panic!("victim connects to the {role} peer: {e:?}"));
-    (child, s)
+    let connected = victim.qp.connect(&Endpoint::from_bytes(&ep).unwrap(), attr);
+    (child, s, connected)
 }
