@@ -129,6 +129,18 @@ pub fn dial(name: &[u8]) -> OwnedFd {
 
 /// Sends one record with `fds`.
 pub fn send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) {
+    if let Err(e) = sendmsg(sock, data, fds, 0) {
+        panic!("sendmsg: {e}");
+    }
+}
+
+/// As [`send_msg`] without blocking, returning the error (`WouldBlock` once the other end
+/// stopped reading, or a reset once it closed the channel).
+pub fn try_send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    sendmsg(sock, data, fds, libc::MSG_DONTWAIT)
+}
+
+fn sendmsg(sock: RawFd, data: &[u8], fds: &[RawFd], flags: libc::c_int) -> std::io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -153,10 +165,12 @@ pub fn send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) {
                 bytes as usize,
             );
         }
-        assert_eq!(
-            libc::sendmsg(sock, &raw const msg, libc::MSG_NOSIGNAL),
-            data.len() as isize
-        );
+        let n = libc::sendmsg(sock, &raw const msg, libc::MSG_NOSIGNAL | flags);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        assert_eq!(n, data.len() as isize, "one whole record");
+        Ok(())
     }
 }
 
