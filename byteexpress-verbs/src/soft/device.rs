@@ -552,7 +552,9 @@ impl SoftDevice {
             cap: c.ring_cap,
             max_sge: c.ring_sge,
         };
-        let map = Mapping::open(ring_fd, 0, layout.bytes()).map_err(|e| e.to_string())?;
+        // We store into the peer's ring (receive claims, completions, `armed`): it must be
+        // passed read-write, or this connection is refused.
+        let map = Mapping::open_writable(ring_fd, 0, layout.bytes()).map_err(|e| e.to_string())?;
         let ring = Ring::new(Arc::new(map), layout).ok_or("ring region too small")?;
         tracing::debug!(
             "soft: QP {:#x} attached to peer device {:#x}",

@@ -50,6 +50,21 @@ pub(crate) mod limits {
     pub const MTU: u32 = 4096;
     /// Regions / MRs a peer may announce on one connection.
     pub const MAX_PEER_REGIONS: usize = 1 << 16;
+    /// Peer memory mapping budgets (a peer's regions are mapped into our address space and
+    /// each takes one of the process's `vm.max_map_count` mappings). A link's PD announces a
+    /// handful of arenas' regions (byteexpress-mem's pools: 2 MiB chunks, 256 MiB per pool by
+    /// default, so about 128 regions a pool), far below these. A region over budget fails that
+    /// peer's QP ([`super::peer`]).
+    /// Region mappings per peer QP.
+    pub const PEER_MAPS: u64 = 1024;
+    /// Bytes of region mappings per peer QP (64 GiB).
+    pub const PEER_MAP_BYTES: u64 = 64 << 30;
+    /// Peer region mappings in the whole process, all peers together (of the default
+    /// `vm.max_map_count`, 65 530).
+    pub const PROCESS_PEER_MAPS: u64 = 16 * 1024;
+    /// Bytes of peer region mappings in the whole process (16 TiB of the 128 TiB of a 47-bit
+    /// address space).
+    pub const PROCESS_PEER_MAP_BYTES: u64 = 16 << 40;
     /// Largest staging region a peer may send (bytes).
     pub const MAX_STAGE: u32 = 16 << 20;
 }

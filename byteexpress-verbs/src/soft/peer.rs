@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -34,6 +35,24 @@ pub(crate) enum Fault {
     Range,
     /// The MR lacks the access needed.
     Access,
+    /// The peer announced more memory than its mapping budget ([`limits::PEER_MAP_BYTES`] and
+    /// the rest): nothing of it is used any more.
+    Budget,
+}
+
+/// Peer regions this process maps now, all peers together (against
+/// [`limits::PROCESS_PEER_MAPS`]).
+static PROCESS_MAPS: AtomicU64 = AtomicU64::new(0);
+/// Bytes of peer regions this process maps now (against [`limits::PROCESS_PEER_MAP_BYTES`]).
+static PROCESS_MAP_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Adds `n` to `counter` unless the sum would pass `max`.
+fn charge(counter: &AtomicU64, n: u64, max: u64) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+            c.checked_add(n).filter(|&s| s <= max)
+        })
+        .is_ok()
 }
 
 /// The peer of a QP (attached by the device's listener when the peer's `connect` arrives),
@@ -100,6 +119,53 @@ struct Table {
     connect_answer: Option<std::result::Result<(), String>>,
     /// The peer asked us to deliver (`Nudge`) since the last `take_nudge`.
     nudged: bool,
+    /// Region mappings made for this peer, and their bytes, charged to the process's budget
+    /// until the table goes (replaced regions included: the count never goes down).
+    maps: u64,
+    map_bytes: u64,
+    /// The peer went over its mapping budget: its announcements are no longer applied, its
+    /// channel counts as ended, and no address of it resolves (the QP fails).
+    over_budget: bool,
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        PROCESS_MAPS.fetch_sub(self.maps, Ordering::AcqRel);
+        PROCESS_MAP_BYTES.fetch_sub(self.map_bytes, Ordering::AcqRel);
+    }
+}
+
+impl Table {
+    /// Charges one more mapping of `len` bytes to this peer and to the process, or marks the
+    /// peer over budget (false).
+    fn charge_map(&mut self, len: u64) -> bool {
+        let fits_peer = self.maps < limits::PEER_MAPS
+            && self
+                .map_bytes
+                .checked_add(len)
+                .is_some_and(|b| b <= limits::PEER_MAP_BYTES);
+        if !fits_peer {
+            return false;
+        }
+        if !charge(&PROCESS_MAPS, 1, limits::PROCESS_PEER_MAPS) {
+            return false;
+        }
+        if !charge(&PROCESS_MAP_BYTES, len, limits::PROCESS_PEER_MAP_BYTES) {
+            PROCESS_MAPS.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        self.maps += 1;
+        self.map_bytes += len;
+        true
+    }
+
+    /// Gives back a charge whose mapping failed.
+    fn refund_map(&mut self, len: u64) {
+        self.maps -= 1;
+        self.map_bytes -= len;
+        PROCESS_MAPS.fetch_sub(1, Ordering::AcqRel);
+        PROCESS_MAP_BYTES.fetch_sub(len, Ordering::AcqRel);
+    }
 }
 
 /// How a Connect's optional parts arrived.
@@ -186,7 +252,7 @@ impl PeerShared {
     }
 
     fn pump_locked(&self, t: &mut Table) -> bool {
-        if t.eof {
+        if t.eof || t.over_budget {
             return false;
         }
         let mut buf = [0u8; MAX_MSG];
@@ -208,6 +274,9 @@ impl PeerShared {
                     }
                     t.applied += 1;
                     Self::apply(t, &buf[..n], fds);
+                    if t.over_budget {
+                        return false;
+                    }
                 }
                 Ok(Recv::Empty) => return true,
                 Ok(Recv::Eof) | Err(_) => {
@@ -233,11 +302,25 @@ impl PeerShared {
                     tracing::warn!("soft: peer region {id} refused (limits)");
                     return;
                 }
+                // Address space and mappings are the whole process's: a peer that announces
+                // more than its budget (or than the process has left for peers) loses its QP.
+                if !t.charge_map(len) {
+                    tracing::warn!(
+                        "soft: peer region {id} ({len} bytes) over the mapping budget: \
+                         the peer's QP fails"
+                    );
+                    t.over_budget = true;
+                    t.last = None;
+                    return;
+                }
                 match Mapping::open(fd, offset, len as usize) {
                     Ok(m) => {
                         t.regions.insert(id, Arc::new(m));
                     }
-                    Err(e) => tracing::warn!("soft: peer region {id} refused: {e}"),
+                    Err(e) => {
+                        t.refund_map(len);
+                        tracing::warn!("soft: peer region {id} refused: {e}");
+                    }
                 }
             }
             Msg::MrAdd {
@@ -300,6 +383,9 @@ impl PeerShared {
         need: Access,
     ) -> Result<*mut u8, Fault> {
         let mut t = self.table.lock();
+        if t.over_budget {
+            return Err(Fault::Budget);
+        }
         if self
             .ring
             .announced()
@@ -311,6 +397,9 @@ impl PeerShared {
         if t.last.as_ref().is_none_or(|(k, _)| *k != key) {
             if !t.mrs.contains_key(&key) {
                 self.pump_locked(&mut t);
+            }
+            if t.over_budget {
+                return Err(Fault::Budget);
             }
             let mr = t.mrs.get(&key).ok_or(Fault::Key)?.clone();
             t.last = Some((key, mr));
@@ -342,5 +431,41 @@ impl PeerShared {
         // SAFETY: `off + len <= st.len()`, checked above: inside the mapping, which lives as
         // long as `self`.
         Some(unsafe { st.ptr().add(off as usize) }.cast_const())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_charge_past_its_budget_is_refused_and_leaves_the_counter_unchanged() {
+        let c = AtomicU64::new(0);
+        assert!(charge(&c, 3, 4));
+        assert!(!charge(&c, 2, 4), "3 + 2 > 4");
+        assert_eq!(c.load(Ordering::Acquire), 3);
+        assert!(charge(&c, 1, 4), "exactly the budget");
+        assert!(!charge(&c, u64::MAX, u64::MAX), "no overflow");
+        assert_eq!(c.load(Ordering::Acquire), 4);
+    }
+
+    #[test]
+    fn a_peer_table_takes_at_most_its_mapping_budget_and_gives_its_charge_back() {
+        let mut t = Table::default();
+        for _ in 0..limits::PEER_MAPS {
+            assert!(t.charge_map(4096));
+        }
+        assert!(!t.charge_map(4096), "one mapping past the per-peer budget");
+        let mut u = Table::default();
+        assert!(
+            !u.charge_map(limits::PEER_MAP_BYTES + 1),
+            "more bytes than the per-peer budget"
+        );
+        assert!(u.charge_map(limits::PEER_MAP_BYTES), "exactly the budget");
+        assert_eq!(u.map_bytes, limits::PEER_MAP_BYTES);
+        // Dropping the tables gives the process's charge back (other tests of this binary may
+        // map peer regions meanwhile, so only the bound is checked).
+        drop((t, u));
+        assert!(PROCESS_MAP_BYTES.load(Ordering::Acquire) < limits::PEER_MAP_BYTES);
     }
 }

@@ -81,7 +81,8 @@ impl Arena {
 
     /// A zero-filled region of `len` bytes rounded up to the page size, at the end of the
     /// arena (which grows by that much), mapped. Fails with `InvalidState` once the arena's
-    /// fd is closed (its owner then makes a new arena).
+    /// fd is closed, or when a peer it was passed to resized it (the arena is then retired);
+    /// its owner then makes a new arena.
     pub(crate) fn alloc(self: &Arc<Self>, len: usize) -> Result<Mapping> {
         let len = page_round(len)?;
         let fd = self.fd.lock();
@@ -98,15 +99,56 @@ impl Arena {
             .checked_add(len as u64)
             .and_then(|s| libc::off_t::try_from(s).ok())
             .ok_or_else(|| Error::InvalidArgument("shared memory too large".into()))?;
+        // A writable arena went to a peer `O_RDWR`, which can grow the file (only shrinking is
+        // sealed) and write past our end: then our `ftruncate` would shrink it (refused), or
+        // the new region would hold the peer's bytes. Such an arena is retired (the PD carves
+        // from a new one) as soon as its size is not the one we set.
+        let passed = self.is_passed();
+        if passed && file_size(fd.as_raw_fd())? != offset {
+            return Err(self.tampered());
+        }
         // SAFETY: `fd` is an open memfd; growing it is allowed by its seals.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            if passed && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
+                // The peer grew it past `size` since the check: shrinking is sealed.
+                return Err(self.tampered());
+            }
             return Err(Error::last_os("ftruncate"));
         }
         *end = size as u64;
+        if passed {
+            if file_size(fd.as_raw_fd())? != size as u64 {
+                return Err(self.tampered());
+            }
+            // The peer may have grown the file less than we did between the check and our
+            // `ftruncate` and written there: the new range is made holes (zeros) again, so
+            // the region starts with no byte the peer wrote before it was carved.
+            // SAFETY: `fd` is an open memfd; punching a hole only frees the range's pages
+            // (allowed by its seals: no write seal on a writable arena).
+            let punched = unsafe {
+                libc::fallocate(
+                    fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            };
+            if punched != 0 {
+                return Err(Error::last_os("fallocate(FALLOC_FL_PUNCH_HOLE)"));
+            }
+        }
         drop(end);
         let mut map = Mapping::map_at(fd.as_raw_fd(), offset, len)?;
         map.arena = Some(self.clone());
         Ok(map)
+    }
+
+    /// Retires an arena a peer resized behind our back; the error makes the PD carve the
+    /// region from a new arena.
+    fn tampered(&self) -> Error {
+        tracing::warn!("soft: a peer resized a PD arena it was passed; the arena is retired");
+        self.retire();
+        Error::InvalidState("the arena was resized by a peer".into())
     }
 
     /// Stops carving regions from this arena: later ones go to a new arena.
@@ -183,6 +225,17 @@ fn reopen_read_only(fd: RawFd) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ro) })
 }
 
+/// The size of the file `fd` (bytes).
+fn file_size(fd: RawFd) -> Result<u64> {
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a valid, writable `stat`.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(Error::last_os("fstat"));
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
 /// `len` (at least 1) rounded up to the page size.
 fn page_round(len: usize) -> Result<usize> {
     len.max(1)
@@ -229,8 +282,21 @@ impl Mapping {
 
     /// Maps `len` bytes at `offset` of a peer's memfd, which must be sealed against shrinking
     /// and at least `offset + len` bytes long; `offset` must be a multiple of the page size.
-    /// The fd is closed once mapped.
+    /// The fd is closed once mapped. An `O_RDONLY` fd (a read-only grant) is mapped
+    /// read-only, an `O_RDWR` one writable.
     pub(crate) fn open(fd: OwnedFd, offset: u64, len: usize) -> Result<Mapping> {
+        Self::open_checked(fd, offset, len, false)
+    }
+
+    /// As [`Mapping::open`], for peer memory we store into (a peer's QP ring: we claim its
+    /// receive WQEs, write its completion slots, clear its `armed` flag): the fd must be
+    /// `O_RDWR`, else `Error::Peer` and nothing is mapped. A read-only mapping of it would
+    /// fault (SIGSEGV) at our first store.
+    pub(crate) fn open_writable(fd: OwnedFd, offset: u64, len: usize) -> Result<Mapping> {
+        Self::open_checked(fd, offset, len, true)
+    }
+
+    fn open_checked(fd: OwnedFd, offset: u64, len: usize, need_write: bool) -> Result<Mapping> {
         if len == 0 {
             return Err(Error::Peer("zero-length region".into()));
         }
@@ -262,6 +328,11 @@ impl Mapping {
             return Err(Error::last_os("fcntl(F_GETFL)"));
         }
         let writable = flags & libc::O_ACCMODE == libc::O_RDWR;
+        if need_write && !writable {
+            return Err(Error::Peer(
+                "peer memory we must write into was passed without write access".into(),
+            ));
+        }
         // never passed on: the mapping alone keeps the memory, and `fd` closes here
         Self::map_prot(fd.as_raw_fd(), offset, len, writable)
     }
@@ -523,6 +594,42 @@ mod tests {
         // SAFETY: `view` is still mapped.
         let after = unsafe { view.ptr().add(7).read() };
         assert_eq!(after, 0, "pages punched out on drop without the arena's fd");
+    }
+
+    #[test]
+    fn a_passed_arena_a_peer_grew_is_retired_and_carves_nothing_more() {
+        let arena = Arena::create(c"t", false).unwrap();
+        let _a = arena.alloc(page_size()).unwrap();
+        let peer = arena
+            .pass(|fd| {
+                // SAFETY: `fd` is open for the duration of the call; dup returns a new fd or -1.
+                let dup = unsafe { libc::dup(fd) };
+                assert!(dup >= 0);
+                // SAFETY: dup just returned this fd, which nothing else owns.
+                unsafe { OwnedFd::from_raw_fd(dup) }
+            })
+            .expect("open")
+            .expect("passed");
+        // The peer grows the file by one page and writes there.
+        let grown = 2 * page_size() as libc::off_t;
+        // SAFETY: ftruncate and pwrite on the peer's own fd of the memfd, from a valid buffer.
+        unsafe {
+            assert_eq!(libc::ftruncate(peer.as_raw_fd(), grown), 0);
+            assert_eq!(
+                libc::pwrite(
+                    peer.as_raw_fd(),
+                    b"x".as_ptr().cast(),
+                    1,
+                    page_size() as i64
+                ),
+                1
+            );
+        }
+        assert!(
+            matches!(arena.alloc(10), Err(Error::InvalidState(_))),
+            "no region from an arena the peer resized"
+        );
+        assert!(arena.is_retired(), "the resized arena is retired");
     }
 
     #[test]

@@ -129,6 +129,18 @@ pub fn dial(name: &[u8]) -> OwnedFd {
 
 /// Sends one record with `fds`.
 pub fn send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) {
+    if let Err(e) = sendmsg(sock, data, fds, 0) {
+        panic!("sendmsg: {e}");
+    }
+}
+
+/// As [`send_msg`] without blocking, returning the error (`WouldBlock` once the other end
+/// stopped reading, or a reset once it closed the channel).
+pub fn try_send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    sendmsg(sock, data, fds, libc::MSG_DONTWAIT)
+}
+
+fn sendmsg(sock: RawFd, data: &[u8], fds: &[RawFd], flags: libc::c_int) -> std::io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -153,10 +165,12 @@ pub fn send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) {
                 bytes as usize,
             );
         }
-        assert_eq!(
-            libc::sendmsg(sock, &raw const msg, libc::MSG_NOSIGNAL),
-            data.len() as isize
-        );
+        let n = libc::sendmsg(sock, &raw const msg, libc::MSG_NOSIGNAL | flags);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        assert_eq!(n, data.len() as isize, "one whole record");
+        Ok(())
     }
 }
 
@@ -351,6 +365,21 @@ pub fn raw_peer_connected(
     nonce: u64,
     attr: &ConnectAttr,
 ) -> (Child, TcpStream) {
+    let (child, s, connected) = raw_peer_connecting(ctx, victim, entry, role, nonce, attr);
+    connected.unwrap_or_else(|e| panic!("victim connects to the {role} peer: {e:?}"));
+    (child, s)
+}
+
+/// As [`raw_peer_connected`], returning the outcome of the victim's connect instead of
+/// requiring it to succeed (for peers whose attach our device refuses).
+pub fn raw_peer_connecting(
+    ctx: &Context,
+    victim: &Side,
+    entry: &str,
+    role: &str,
+    nonce: u64,
+    attr: &ConnectAttr,
+) -> (Child, TcpStream, byteexpress_verbs::Result<()>) {
     const T: Duration = Duration::from_secs(10);
     ctx.expect_probe(nonce);
     let (child, mut s) = peer::spawn_peer(entry, role, T);
@@ -363,9 +392,6 @@ pub fn raw_peer_connected(
     ep[1..5].copy_from_slice(&0x4242u32.to_le_bytes());
     ep.extend_from_slice(&(name.len() as u16).to_le_bytes());
     ep.extend_from_slice(&name);
-    victim
-        .qp
-        .connect(&Endpoint::from_bytes(&ep).unwrap(), attr)
-        .unwrap_or_else(|e| panic!("victim connects to the {role} peer: {e:?}"));
-    (child, s)
+    let connected = victim.qp.connect(&Endpoint::from_bytes(&ep).unwrap(), attr);
+    (child, s, connected)
 }
