@@ -19,15 +19,7 @@ pub enum RingIndex {
 /// Overwrites `which` in `qp`'s own ring with `value`, as a hostile peer could. False when
 /// `qp` is not a soft QP of this process.
 pub fn corrupt_ring_index(qp: &Qp, which: RingIndex, value: u64) -> bool {
-    let Some(dev) = super::device::opened() else {
-        return false;
-    };
-    let Some(q) = dev
-        .qps
-        .lock()
-        .get(&qp.qp_num())
-        .and_then(std::sync::Weak::upgrade)
-    else {
+    let Some(q) = soft_qp(qp) else {
         return false;
     };
     let word = match which {
@@ -46,13 +38,7 @@ pub struct ProviderHold(#[allow(dead_code)] std::sync::Arc<super::qp::SoftQp>);
 /// Holds `qp`'s provider QP past the drop of every [`Qp`] handle (see [`ProviderHold`]).
 /// `None` when `qp` is not a soft QP of this process.
 pub fn hold_provider_qp(qp: &Qp) -> Option<ProviderHold> {
-    let dev = super::device::opened()?;
-    let q = dev
-        .qps
-        .lock()
-        .get(&qp.qp_num())
-        .and_then(std::sync::Weak::upgrade)?;
-    Some(ProviderHold(q))
+    soft_qp(qp).map(ProviderHold)
 }
 
 /// Fails `qp` as a transport fault would (a dead path, a port down): its oldest outstanding
@@ -62,24 +48,10 @@ pub fn hold_provider_qp(qp: &Qp) -> Option<ProviderHold> {
 /// process is touched. False when `qp` is not a soft QP of this process (another provider's
 /// QP with the same number included).
 pub fn inject_qp_error(qp: &Qp) -> bool {
-    let Some(dev) = super::device::opened() else {
-        return false;
-    };
-    let Some(q) = dev
-        .qps
-        .lock()
-        .get(&qp.qp_num())
-        .and_then(std::sync::Weak::upgrade)
-    else {
-        return false;
-    };
     // The same QP, not another provider's QP with the same number.
-    if !std::ptr::addr_eq(
-        std::sync::Arc::as_ptr(&qp.inner),
-        std::sync::Arc::as_ptr(&q),
-    ) {
+    let Some(q) = soft_qp(qp) else {
         return false;
-    }
+    };
     q.ring
         .recv_cons()
         .fetch_or(super::ring::ERR_BIT, Ordering::AcqRel);
