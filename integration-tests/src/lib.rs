@@ -28,6 +28,8 @@
 //! - `/test.Test/Pull`: answers a body of the size in metadata `x-size` (bytes, default 4096);
 //! - `/test.Test/Push`: answers an empty body (for bulk requests).
 
+pub mod fallback;
+
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Mutex;

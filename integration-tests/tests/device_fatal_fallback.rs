@@ -7,65 +7,12 @@
 
 use std::time::Duration;
 
-use byteexpress_rpc::{Client, Config, LinkState, Metadata, Request, Transport, TransportPref};
-use bytes::Bytes;
+use byteexpress_rpc::{Client, Config, LinkState, TransportPref};
+use integration_tests::fallback::{held_echo, served, wait_for_fallback, wave};
 use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
 const CALLS: u64 = 64;
-
-/// Echo call `id` (logged by the server as `x-id` and `x-seq`), held `delay_ms` in the handler.
-fn echo(id: u64, delay_ms: u64) -> (Request, Bytes) {
-    let body: Bytes = (0..100 + id as usize % 300)
-        .map(|j| (id as usize * 7 + j) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let mut md = Metadata::new();
-    md.insert("x-id", id.to_string()).unwrap();
-    md.insert("x-seq", id.to_string()).unwrap();
-    md.insert("x-delay-ms", delay_ms.to_string()).unwrap();
-    let req = Request {
-        method: "/test.Test/Echo".into(),
-        metadata: md,
-        body: body.clone(),
-        timeout: Some(Duration::from_secs(20)),
-    };
-    (req, body)
-}
-
-fn wave(
-    client: &Client,
-    ids: std::ops::Range<u64>,
-    delay_ms: u64,
-) -> tokio::task::JoinHandle<Vec<(u64, Bytes, Result<byteexpress_rpc::Response, String>)>> {
-    let calls: Vec<_> = ids
-        .map(|id| {
-            let client = client.clone();
-            async move {
-                let (req, body) = echo(id, delay_ms);
-                (id, body, client.call(req).await.map_err(|e| e.to_string()))
-            }
-        })
-        .collect();
-    tokio::spawn(futures::future::join_all(calls))
-}
-
-async fn served(client: &Client) -> Vec<String> {
-    let r = client
-        .call(Request {
-            method: "/test.Test/Served".into(),
-            timeout: Some(Duration::from_secs(20)),
-            ..Default::default()
-        })
-        .await
-        .expect("Served");
-    String::from_utf8(r.body.to_vec())
-        .unwrap()
-        .split(',')
-        .filter(|x| !x.is_empty())
-        .map(str::to_string)
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_fatal_event_falls_back_without_flushes_and_every_call_runs_once_in_order() {
@@ -91,15 +38,7 @@ async fn a_device_fatal_event_falls_back_without_flushes_and_every_call_runs_onc
         client.link_faults().inject_device_fatal(),
         "the link has a soft QP"
     );
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !matches!(client.transport(), Transport::TcpFallback { .. }) {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "no fallback within 10 s: {:?}",
-            client.link_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_fallback(&client).await;
     let st = client.link_stats();
     assert_eq!(
         st.fatal_events, 1,
@@ -121,7 +60,7 @@ async fn a_device_fatal_event_falls_back_without_flushes_and_every_call_runs_onc
     );
     let want: Vec<String> = (0..2 * CALLS).map(|id| format!("{id}:1")).collect();
     assert_eq!(served(&client).await, want, "each call ran once, in order");
-    let (req, body) = echo(5000, 0);
+    let (req, body) = held_echo(5000, 100 + 5000 % 300, 0);
     let r = client.call(req).await.unwrap();
     assert_eq!(r.body, body);
     assert_eq!(

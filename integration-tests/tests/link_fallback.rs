@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use byteexpress_rpc::{Client, Config, LinkState, Metadata, Request, Transport, TransportPref};
 use bytes::Bytes;
+use integration_tests::fallback::{quick_reprobe, served, wait_for_fallback};
 use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
@@ -60,20 +61,6 @@ async fn control(client: &Client, method: &str) -> String {
     String::from_utf8(r.body.to_vec()).unwrap()
 }
 
-/// Waits (generously) until `client`'s link reports `tcp(fallback)`.
-async fn wait_for_fallback(client: &Client) {
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !matches!(client.transport(), Transport::TcpFallback { .. }) {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "no fallback within 10 s: {} {:?}",
-            client.transport(),
-            client.link_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Where the QP error is injected.
 #[derive(Clone, Copy, Debug)]
 enum FaultAt {
@@ -112,15 +99,6 @@ fn wave(
         })
         .collect();
     tokio::spawn(futures::future::join_all(calls))
-}
-
-/// The `x-id`s the server ran for `client`'s logical connection, with how often each ran.
-async fn served(client: &Client) -> Vec<String> {
-    let s = control(client, "/test.Test/Served").await;
-    s.split(',')
-        .filter(|x| !x.is_empty())
-        .map(str::to_string)
-        .collect()
 }
 
 /// 64 small calls on one logical connection and 8 multi-chunk calls on another are running in
@@ -211,15 +189,6 @@ async fn a_client_qp_error_under_64_calls_falls_back_to_tcp_and_every_call_runs_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_qp_error_under_64_calls_falls_back_to_tcp_and_every_call_runs_once_in_order() {
     calls_survive_a_qp_error(FaultAt::Server).await;
-}
-
-/// A client whose link re-probes quickly: first after 50 ms, doubling up to 400 ms.
-fn quick_reprobe() -> Config {
-    Config {
-        reprobe_backoff: Duration::from_millis(50),
-        reprobe_backoff_max: Duration::from_millis(400),
-        ..rdma()
-    }
 }
 
 /// While the path stays down (re-probes blocked) the link stays on TCP and keeps re-probing

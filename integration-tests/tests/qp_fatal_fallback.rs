@@ -7,77 +7,12 @@
 
 use std::time::Duration;
 
-use byteexpress_rpc::{Client, Config, LinkState, Metadata, Request, Transport, TransportPref};
-use bytes::Bytes;
+use byteexpress_rpc::{Client, Config, LinkState, Transport, TransportPref};
+use integration_tests::fallback::{held_echo, quick_reprobe, served, wait_for_fallback, wave};
 use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
 const CALLS: u64 = 64;
-
-/// RDMA, re-probing quickly: first after 50 ms, doubling up to 400 ms.
-fn quick_reprobe() -> Config {
-    Config {
-        transport: TransportPref::Rdma,
-        reprobe_backoff: Duration::from_millis(50),
-        reprobe_backoff_max: Duration::from_millis(400),
-        ..Config::default()
-    }
-}
-
-/// Echo call `id` (logged by the server as `x-id` and `x-seq`), held `delay_ms` in the handler.
-fn echo(id: u64, len: usize, delay_ms: u64) -> (Request, Bytes) {
-    let body: Bytes = (0..len)
-        .map(|j| (id as usize * 7 + j) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let mut md = Metadata::new();
-    md.insert("x-id", id.to_string()).unwrap();
-    md.insert("x-seq", id.to_string()).unwrap();
-    md.insert("x-delay-ms", delay_ms.to_string()).unwrap();
-    let req = Request {
-        method: "/test.Test/Echo".into(),
-        metadata: md,
-        body: body.clone(),
-        timeout: Some(Duration::from_secs(20)),
-    };
-    (req, body)
-}
-
-/// Calls `ids` in order (join_all polls them in order); each answer must be its own body.
-fn wave(
-    client: &Client,
-    ids: std::ops::Range<u64>,
-    delay_ms: u64,
-) -> tokio::task::JoinHandle<Vec<(u64, Bytes, Result<byteexpress_rpc::Response, String>)>> {
-    let calls: Vec<_> = ids
-        .map(|id| {
-            let client = client.clone();
-            async move {
-                let (req, body) = echo(id, 100 + id as usize % 300, delay_ms);
-                (id, body, client.call(req).await.map_err(|e| e.to_string()))
-            }
-        })
-        .collect();
-    tokio::spawn(futures::future::join_all(calls))
-}
-
-/// The `x-id`s the server ran for `client`'s logical connection, with how often each ran.
-async fn served(client: &Client) -> Vec<String> {
-    let r = client
-        .call(Request {
-            method: "/test.Test/Served".into(),
-            timeout: Some(Duration::from_secs(20)),
-            ..Default::default()
-        })
-        .await
-        .expect("Served");
-    String::from_utf8(r.body.to_vec())
-        .unwrap()
-        .split(',')
-        .filter(|x| !x.is_empty())
-        .map(str::to_string)
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qp_fatal_event_under_64_calls_falls_back_to_tcp_every_call_runs_once_in_order_and_rdma_comes_back()
@@ -100,15 +35,7 @@ async fn a_qp_fatal_event_under_64_calls_falls_back_to_tcp_every_call_runs_once_
     let second = wave(&client, CALLS..2 * CALLS, 0);
     assert!(faults.inject_qp_fatal(), "the link has a soft QP");
     // The link learns of the fault from the event alone: nothing completes on its QP.
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !matches!(client.transport(), Transport::TcpFallback { .. }) {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "no fallback within 10 s: {:?}",
-            client.link_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_fallback(&client).await;
     let st = client.link_stats();
     // Under load a send posted after the event may be flushed (a QP in ERR flushes new WRs)
     // and reach the engine before the watcher does: either cause moves the link, once. The
@@ -145,7 +72,7 @@ async fn a_qp_fatal_event_under_64_calls_falls_back_to_tcp_every_call_runs_once_
         }
         next += 8;
     }
-    let (req, body) = echo(next, 10, 0);
+    let (req, body) = held_echo(next, 10, 0);
     let r = client.call(req).await.unwrap();
     assert_eq!(r.body, body);
     assert_eq!(
@@ -172,7 +99,7 @@ async fn an_idle_links_qp_fatal_event_moves_it_to_tcp_without_any_call() {
     };
     let client = Client::connect(&server.addr, &cfg).await.expect("connect");
     assert_eq!(client.transport(), rdma_here());
-    let (req, body) = echo(0, 64, 0);
+    let (req, body) = held_echo(0, 64, 0);
     assert_eq!(client.call(req).await.expect("call over RDMA").body, body);
     assert!(client.link_faults().inject_qp_fatal(), "the link has a QP");
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -186,7 +113,7 @@ async fn an_idle_links_qp_fatal_event_moves_it_to_tcp_without_any_call() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(client.link_stats().fatal_events, 1);
-    let (req, body) = echo(1, 64, 0);
+    let (req, body) = held_echo(1, 64, 0);
     let r = client.call(req).await.expect("call after the fallback");
     assert_eq!(r.body, body);
     assert_eq!(

@@ -6,10 +6,9 @@
 use std::time::{Duration, Instant};
 
 use byteexpress_rpc::test_hooks::UnaskedReprobe;
-use byteexpress_rpc::{
-    Client, Code, Config, LinkState, Metadata, Request, Transport, TransportPref,
-};
+use byteexpress_rpc::{Client, Code, Config, LinkState, Metadata, Request, TransportPref};
 use bytes::Bytes;
+use integration_tests::fallback::wait_for_fallback;
 use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
@@ -41,15 +40,7 @@ async fn fallen_back(server: &ServerProc) -> Client {
         .expect("connect");
     assert_eq!(client.transport(), rdma_here());
     assert!(client.link_faults().inject_qp_error(), "the link has a QP");
-    let until = Instant::now() + Duration::from_secs(10);
-    while !matches!(client.transport(), Transport::TcpFallback { .. }) {
-        assert!(
-            Instant::now() < until,
-            "no fallback: {:?}",
-            client.link_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_fallback(&client).await;
     client
 }
 
