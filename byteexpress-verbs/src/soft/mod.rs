@@ -13,9 +13,11 @@
 //! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
 //! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids).
+//! - [`bell`]: doorbells a peer can neither block nor silence for another peer.
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
 mod ack;
+mod bell;
 mod cq;
 mod deliver;
 mod device;

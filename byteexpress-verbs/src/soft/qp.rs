@@ -2,6 +2,7 @@
 //! The send side (copy engine, RNR and retry) is in `send.rs`.
 
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rand::Rng;
 
+use super::bell::BellIn;
 use super::cq::{CqState, Inbound, Outbound, SoftCq};
 use super::deliver::{RecvSges, RecvSide};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
@@ -89,6 +91,9 @@ pub(crate) struct SoftQp {
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
     connecting: Mutex<()>,
+    /// The receiving ends of the doorbells this QP gave its peer (recv CQ, send CQ, refill),
+    /// in their sets while the QP lives ([`super::bell`]).
+    bells: Mutex<Vec<BellIn>>,
     /// Woken when the peer answers a Connect sent over its own channel (see `connect`).
     connect_answered: parking_lot::Condvar,
     /// The SRQ receives come from, if any.
@@ -194,6 +199,7 @@ impl SoftQp {
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
             connecting: Mutex::new(()),
+            bells: Mutex::new(Vec::new()),
             connect_answered: parking_lot::Condvar::new(),
             srq: srq.clone(),
             sqd_notified: AtomicBool::new(false),
@@ -596,8 +602,24 @@ impl QpImpl for SoftQp {
         };
         // The send CQ's doorbell goes too when it is another CQ (the peer rings it with its
         // ACKs); a QP on one CQ (a link) sends none, so its peer keeps no fd for it. The
-        // refill eventfd only serves a ring fed by an SRQ (its low water set).
+        // refill doorbell only serves a ring fed by an SRQ (its low water set). Each is a new
+        // doorbell for this peer alone ([`super::bell`]).
         let send_bell = !Arc::ptr_eq(&self.send_cq, &self.recv_cq);
+        let mut bells = Vec::with_capacity(3);
+        let mut bell_fds = Vec::with_capacity(3);
+        let mut offer = |o: Result<(BellIn, std::os::fd::OwnedFd)>| -> Result<()> {
+            let (rx, tx) = o?;
+            bells.push(rx);
+            bell_fds.push(tx);
+            Ok(())
+        };
+        offer(self.recv_cq.offer_bell())?;
+        if send_bell {
+            offer(self.send_cq.offer_bell())?;
+        }
+        if self.srq.is_some() {
+            offer(self.dev.offer_refill_bell())?;
+        }
         let stage_arena = self.send.lock().stage.arena().cloned();
         let mut flags = 0;
         if send_bell {
@@ -625,13 +647,13 @@ impl QpImpl for SoftQp {
         })?;
         let send_with = |stage_fd: Option<std::os::fd::RawFd>| {
             let mut fds = Vec::with_capacity(5);
-            fds.extend([ring_fd, self.recv_cq.doorbell_fd()]);
+            fds.extend([ring_fd, bell_fds[0].as_raw_fd()]);
             if send_bell {
-                fds.push(self.send_cq.doorbell_fd());
+                fds.push(bell_fds[1].as_raw_fd());
             }
             fds.extend(stage_fd);
             if self.srq.is_some() {
-                fds.push(self.dev.wake_fd());
+                fds.push(bell_fds[bell_fds.len() - 1].as_raw_fd());
             }
             sock.send(&hello.encode(), &fds)
         };
@@ -722,6 +744,7 @@ impl QpImpl for SoftQp {
             }
         }
         *self.out.lock() = Some(conn);
+        *self.bells.lock() = bells;
         // The peer mapped the staging region: its memfd costs no fd from here on.
         self.send.lock().stage.passed();
         self.pd.qp_connected();

@@ -223,6 +223,38 @@ pub fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<
     v
 }
 
+/// A doorbell as the device wants one (soft/bell.rs): a Unix datagram socket pair whose
+/// sending end goes in the `Connect`; returns (receiving end, sending end).
+pub fn doorbell() -> (OwnedFd, OwnedFd) {
+    let mut sv = [0 as RawFd; 2];
+    // SAFETY: `sv` has room for two fds; both are owned below.
+    unsafe {
+        assert_eq!(
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr()
+            ),
+            0
+        );
+        (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]))
+    }
+}
+
+/// Rings a doorbell the victim sent (one datagram, never blocking).
+pub fn ring_bell(fd: RawFd) {
+    // SAFETY: a one-byte send from a valid buffer.
+    unsafe {
+        libc::send(
+            fd,
+            [1u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
 /// `ConnectReply { ok: true }` (tag 4, ok, empty reason).
 pub const CONNECT_OK: [u8; 4] = [4, 1, 0, 0];
 
@@ -259,7 +291,7 @@ pub struct Attached {
     pub victim_fds: Vec<OwnedFd>,
     pub my_ring: *mut libc::c_void,
     pub my_stage: *mut libc::c_void,
-    _mine: [OwnedFd; 3],
+    _mine: [OwnedFd; 4],
 }
 
 impl Attached {
@@ -282,9 +314,8 @@ impl Attached {
             put32(r, off + 36, 0);
             put64(r, off + 40, addr);
             put64(r, OFF_COMP_PROD, seq + 1);
-            let one = 1u64;
-            libc::write(self.victim_fds[1].as_raw_fd(), (&raw const one).cast(), 8);
         }
+        ring_bell(self.victim_fds[1].as_raw_fd());
     }
 }
 
@@ -308,8 +339,7 @@ pub fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
     // 2. Our Connect to the victim QP, with a ring, a doorbell and a staging region of ours.
     let ring = memfd(c"hostile-ring", ring_bytes(CAP, SGE));
     let stage = memfd(c"hostile-stage", STAGE);
-    // SAFETY: eventfd has no preconditions; the fd is owned below.
-    let bell = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
+    let (bell_rx, bell) = doorbell();
     let my_ring = map(ring.as_raw_fd(), ring_bytes(CAP, SGE), true);
     let my_stage = map(stage.as_raw_fd(), STAGE, true);
     let c = dial(&dev_name);
@@ -344,7 +374,7 @@ pub fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
         victim_fds: fds,
         my_ring,
         my_stage,
-        _mine: [ring, stage, bell],
+        _mine: [ring, stage, bell, bell_rx],
     }
 }
 
