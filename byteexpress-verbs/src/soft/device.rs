@@ -15,6 +15,7 @@ use super::cq::SoftCq;
 use super::limits;
 use super::pd::{SoftMr, SoftPd};
 use super::peer::{Peer, PeerParts};
+use super::probes::Probes;
 use super::qp::SoftQp;
 use super::ring::{Layout, Ring};
 use super::shm::{EventFd, Mapping};
@@ -28,8 +29,6 @@ use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
 
 /// How long an accepted connection may take to send its first message.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a nonce from `expect_probe` stays valid.
-const PROBE_TTL: Duration = Duration::from_secs(30);
 /// Timeout of probe and connect round trips.
 pub(crate) const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -147,7 +146,8 @@ pub(crate) struct SoftDevice {
     /// MRs of user memory (`reg_user`) alive: while there are none, receive SGEs need no
     /// lookup to be refused as user memory.
     pub(crate) user_mrs: AtomicUsize,
-    probes: Mutex<HashMap<u64, Instant>>,
+    /// Probe nonces we expect ([`super::probes`]: bounded).
+    probes: Mutex<Probes>,
     watches: Mutex<Vec<Watch>>,
     timers: Mutex<BinaryHeap<Reverse<Timer>>>,
     /// Asynchronous events of the device.
@@ -189,7 +189,7 @@ impl SoftDevice {
             qps: Mutex::new(HashMap::new()),
             mrs: RwLock::new(HashMap::default()),
             user_mrs: AtomicUsize::new(0),
-            probes: Mutex::new(HashMap::new()),
+            probes: Mutex::new(Probes::default()),
             watches: Mutex::new(Vec::new()),
             timers: Mutex::new(BinaryHeap::new()),
             events: Arc::new(EventHub::default()),
@@ -281,10 +281,7 @@ impl SoftDevice {
     }
 
     fn take_nonce(&self, nonce: u64) -> bool {
-        let mut p = self.probes.lock();
-        let now = Instant::now();
-        p.retain(|_, exp| *exp > now);
-        p.remove(&nonce).is_some()
+        self.probes.lock().take(nonce, Instant::now())
     }
 
     // ---- progress thread ----
@@ -644,10 +641,7 @@ impl ContextImpl for SoftDevice {
     }
 
     fn expect_probe(&self, nonce: u64) {
-        let now = Instant::now();
-        let mut p = self.probes.lock();
-        p.retain(|_, exp| *exp > now);
-        p.insert(nonce, now + PROBE_TTL);
+        self.probes.lock().arm(nonce, Instant::now());
     }
 
     fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>> {
