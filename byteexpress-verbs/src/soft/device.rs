@@ -137,7 +137,6 @@ pub(crate) struct SoftDevice {
     pub(crate) sock_name: Vec<u8>,
     listener: Sock,
     wake: EventFd,
-    next_qpn: AtomicU32,
     next_key: AtomicU32,
     next_id: AtomicU64,
     timer_seq: AtomicU64,
@@ -182,7 +181,6 @@ impl SoftDevice {
             sock_name: name.into_bytes(),
             listener,
             wake: EventFd::new()?,
-            next_qpn: AtomicU32::new(rng.random_range(0x100..0x1000)),
             next_key: AtomicU32::new(rng.random_range(1..0x1000_0000)),
             next_id: AtomicU64::new(1),
             timer_seq: AtomicU64::new(0),
@@ -208,12 +206,15 @@ impl SoftDevice {
         Ok(dev)
     }
 
-    /// A fresh 24-bit QP number, unused on this device.
+    /// A fresh 24-bit QP number, unused on this device, drawn at random: a process that
+    /// passed a probe cannot guess the number of a QP that is about to connect (it could
+    /// attach to it first, see `SoftQp::attach_peer`) from the numbers of its own links.
     pub(crate) fn alloc_qpn(&self) -> u32 {
         let qps = self.qps.lock();
+        let mut rng = rand::rng();
         loop {
-            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-            if n != 0 && !qps.contains_key(&n) {
+            let n = rng.random_range(1..=0xff_ffff);
+            if !qps.contains_key(&n) {
                 return n;
             }
         }
@@ -379,6 +380,8 @@ impl SoftDevice {
                     continue;
                 }
                 let alive = match w {
+                    // Not the channel of the QP's peer (any more): dropped below.
+                    Watch::Inbound { sock, .. } if !qp.has_peer_on(sock) => false,
                     Watch::Inbound { .. } => qp.pump_inbound(),
                     // Our channel to the peer carries the peer's announcements too once the
                     // peer's QP connected back over it (its first message, a Connect).
@@ -417,7 +420,7 @@ impl SoftDevice {
                 };
                 if !alive {
                     gone.push(w.sock().clone());
-                    qp.on_peer_gone();
+                    qp.on_chan_ended(w.sock(), matches!(w, Watch::Inbound { .. }));
                 }
             }
             if !gone.is_empty() {
@@ -478,7 +481,7 @@ impl SoftDevice {
                                 sock,
                             });
                         } else {
-                            qp.on_peer_gone();
+                            qp.on_chan_ended(&sock, true);
                         }
                     }
                     Err(reason) => {

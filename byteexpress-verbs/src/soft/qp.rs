@@ -279,6 +279,12 @@ impl SoftQp {
     // ---- called by the device ----
 
     /// Listener: the peer's `connect` arrived with its ring and doorbell.
+    ///
+    /// Before our own `connect` names the remote QP (`send.remote`), a peer that attaches is
+    /// only pending: any process that passed a probe could have guessed our QP number. Its
+    /// ring carries none of our ACK reads or deliveries until `connect` adopts it (it names
+    /// that peer); a pending peer of another name is evicted there, and one whose channel
+    /// ends is forgotten ([`SoftQp::on_chan_ended`]), costing our QP nothing.
     pub(crate) fn attach_peer(&self, peer: Peer) -> std::result::Result<(), String> {
         if self.state() == QpState::Err {
             return Err("QP is in ERR".into());
@@ -292,13 +298,44 @@ impl SoftQp {
         if send.peer.is_some() {
             return Err("QP already has a peer".into());
         }
-        let _ = self.outbound.ring.set(peer.ring.clone());
-        self.recv.lock().src = Some(peer.shared.clone());
         send.peer = Some(peer);
+        if send.remote.is_some() {
+            self.adopt_peer(&send);
+        }
         drop(send);
         // Sends waiting for the peer may go now.
         self.dev.schedule(Instant::now(), self.me.clone());
         Ok(())
+    }
+
+    /// The attached peer is the one our `connect` named: its ring is where our send CQ reads
+    /// ACKs and its shared parts are what our deliveries copy from. Called with the send lock.
+    fn adopt_peer(&self, send: &SendSide) {
+        if let Some(p) = &send.peer {
+            let _ = self.outbound.ring.set(p.ring.clone());
+            self.recv.lock().src = Some(p.shared.clone());
+        }
+    }
+
+    /// Progress thread: the control channel `sock` ended (EOF) or is no peer's of ours
+    /// (`inbound`: one a peer dialed to us). A channel of a peer that is not ours any more
+    /// (evicted by `connect`) costs nothing; a pending peer's (attached before our `connect`)
+    /// is forgotten; our peer's is its death ([`SoftQp::on_peer_gone`]).
+    pub(crate) fn on_chan_ended(&self, sock: &Arc<Sock>, inbound: bool) {
+        let mut send = self.send.lock();
+        let on_it = send
+            .peer
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p.chan(), sock));
+        if inbound && !on_it {
+            return;
+        }
+        if on_it && send.remote.is_none() {
+            send.peer = None;
+            return;
+        }
+        drop(send);
+        self.on_peer_gone();
     }
 
     /// Whether the peer's announcements arrive on `sock` (its Connect came over it).
@@ -566,6 +603,23 @@ impl QpImpl for SoftQp {
                 remote.qpn
             ))
         };
+        // From here on only `remote` may attach (`attach_peer` checks it). A peer of another
+        // name that attached while we were in RESET (it guessed our QP number) is evicted: its
+        // channel is shut down, which costs that peer only (`on_chan_ended`).
+        let evicted = {
+            let mut send = self.send.lock();
+            send.remote = Some((remote.qpn, remote.addr.clone()));
+            send.peer
+                .take_if(|p| p.qpn != remote.qpn || p.name != remote.addr)
+        };
+        if let Some(p) = evicted {
+            tracing::debug!(
+                "soft: QP {:#x} evicts peer QP {:#x} that attached before connect named another",
+                self.qpn,
+                p.qpn
+            );
+            p.chan().shutdown();
+        }
         // When the peer's QP connected to us first, its control channel (a seqpacket socket,
         // both ways) carries our Connect and our announcements too: one socket per QP pair
         // instead of two (an fd saved on each side). Its device takes the Connect from the
@@ -708,10 +762,7 @@ impl QpImpl for SoftQp {
         {
             let mut send = self.send.lock();
             send.attr = *attr;
-            send.remote = Some((remote.qpn, remote.addr.clone()));
-        }
-        {
-            let mut send = self.send.lock();
+            // `remote` was set before anything was sent, so an attached peer is `remote`.
             if send
                 .peer
                 .as_ref()
@@ -720,6 +771,7 @@ impl QpImpl for SoftQp {
                 send.peer = None;
                 return Err(peer_err("another peer attached before", &"mismatch"));
             }
+            self.adopt_peer(&send);
         }
         *self.out.lock() = Some(conn);
         // The peer mapped the staging region: its memfd costs no fd from here on.

@@ -173,6 +173,13 @@ impl Sock {
         self.peer_cred().map(|c| c.pid)
     }
 
+    /// Ends the connection both ways (`shutdown(2)`, `SHUT_RDWR`): the other end reads EOF,
+    /// and so does a poll of this end, while the fd stays open for whoever holds it.
+    pub(crate) fn shutdown(&self) {
+        // SAFETY: plain syscall on an fd we own; failure (already shut down) is harmless.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
