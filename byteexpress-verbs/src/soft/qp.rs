@@ -1,7 +1,7 @@
 //! RC QPs of the soft device: state machine, connection set-up, receive side and flushes.
 //! The send side (copy engine, RNR and retry) is in `send.rs`.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use super::cq::{CqState, Inbound, Outbound, SoftCq};
 use super::deliver::{RecvSges, RecvSide};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
 use super::limits;
-use super::pd::{Conn, SoftPd};
+use super::pd::{Conn, SoftMr, SoftPd};
 use super::peer::Peer;
 use super::ring::{ERR_BIT, Layout, Ring};
 use super::send::{Blame, Keep, SendSide};
@@ -747,11 +747,30 @@ impl QpImpl for SoftQp {
             Err(e) => return Err(peer_err("no reply from", &e)),
         }
         let conn = Arc::new(Conn::new(sock.clone(), self.ring.clone()));
-        let mut keep = Vec::new();
+        // The PD's MRs as they are now are announced outside the PD's lock, waiting for room
+        // in the peer's socket up to CONTROL_TIMEOUT (a slow peer delays this connect only);
+        // `keep` holds them, so none is withdrawn meanwhile. MRs registered meanwhile are
+        // announced under the lock, without waiting, as `reg_shared` announces.
+        let mut keep: Vec<Arc<SoftMr>> = {
+            let st = self.pd.state.lock();
+            st.mrs.iter().filter_map(Weak::upgrade).collect()
+        };
+        let deadline = Instant::now() + CONTROL_TIMEOUT;
+        for mr in &keep {
+            conn.announce_by(mr, Some(deadline))
+                .map_err(|e| peer_err("announcing memory to", &e))?;
+        }
         {
             let mut st = self.pd.state.lock();
-            keep.extend(st.mrs.iter().filter_map(Weak::upgrade));
-            for mr in &keep {
+            let seen: HashSet<*const SoftMr> = keep.iter().map(Arc::as_ptr).collect();
+            let late: Vec<Arc<SoftMr>> = st
+                .mrs
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|mr| !seen.contains(&Arc::as_ptr(mr)))
+                .collect();
+            keep.extend(late.iter().cloned());
+            for mr in &late {
                 conn.announce(mr)
                     .map_err(|e| peer_err("announcing memory to", &e))?;
             }

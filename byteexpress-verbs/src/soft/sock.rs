@@ -189,6 +189,26 @@ impl Sock {
         self.send_flags(data, fds, libc::MSG_NOSIGNAL)
     }
 
+    /// Sends one record with `fds` attached unless that would block (`WouldBlock`).
+    pub(crate) fn send_nowait(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        self.send_flags(data, fds, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+    }
+
+    /// Waits up to `timeout` for room to send; false when there is none by then.
+    pub(crate) fn wait_writable(&self, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // Interrupted: the caller tries again (and waits again, for what is left).
+        (r > 0 && pfd.revents & libc::POLLOUT != 0)
+            || (r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted)
+    }
+
     /// Sends one record without fds unless that would block (a peer that reads nothing
     /// cannot stall the caller).
     pub(crate) fn try_send(&self, data: &[u8]) -> io::Result<()> {
