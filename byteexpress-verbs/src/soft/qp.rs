@@ -4,7 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use rand::Rng;
@@ -26,10 +26,6 @@ use crate::{
     AsyncEvent, ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode,
     WcStatus,
 };
-
-/// How long a failing QP waits for a peer that already claimed one of its receive WQEs to
-/// finish writing it.
-const CLAIM_GRACE: Duration = Duration::from_millis(100);
 
 fn state_code(s: QpState) -> u8 {
     match s {
@@ -396,19 +392,17 @@ impl SoftQp {
         self.recv.lock().src.clone()
     }
 
-    /// Stops the peer from claiming more receive WQEs, waits briefly for those it claimed,
-    /// drains their completions and flushes every other posted receive, in order.
+    /// Stops the peer from claiming more receive WQEs, drains the completions it published,
+    /// and flushes every other posted receive, in order, at once: it waits for nothing the
+    /// peer writes. A WQE the peer claimed (`recv_cons`) without publishing its completion
+    /// yet is flushed too; the peer's SEND for it is never acknowledged (its requester times
+    /// out, as an IB requester whose responder went to ERR). Since this process copies SENDs
+    /// itself ([`super::deliver`]), nothing the peer writes later reaches the flushed buffers.
+    /// (Before, this spun up to 100 ms on the peer's `comp_prod` with the QP's send lock held,
+    /// on the progress thread too: a peer that claimed and never published stalled it.)
     fn flush_recv(&self) {
         let old = self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
         let claimed = old & !ERR_BIT;
-        let t0 = Instant::now();
-        while !self.recv.lock().poisoned
-            && !self.peer_dead.load(Ordering::Relaxed)
-            && self.ring.comp_prod().load(Ordering::Acquire) < claimed
-            && t0.elapsed() < CLAIM_GRACE
-        {
-            std::thread::yield_now();
-        }
         let mut keep = Keep::default();
         let back = self.recv_cq.with(|cq| {
             let mut recv = self.recv.lock();
