@@ -16,6 +16,7 @@ use super::cq::SoftCq;
 use super::limits;
 use super::pd::{SoftMr, SoftPd};
 use super::peer::{Peer, PeerParts};
+use super::probes::Probes;
 use super::qp::SoftQp;
 use super::ring::{Layout, Ring};
 use super::shm::Mapping;
@@ -29,8 +30,6 @@ use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
 
 /// How long an accepted connection may take to send its first message.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a nonce from `expect_probe` stays valid.
-const PROBE_TTL: Duration = Duration::from_secs(30);
 /// Timeout of probe and connect round trips.
 pub(crate) const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -141,7 +140,6 @@ pub(crate) struct SoftDevice {
     /// Wakes the progress thread: from this process, and per connection the refill doorbell
     /// a peer rings when a ring of ours fed by an SRQ runs low.
     wake: BellSet,
-    next_qpn: AtomicU32,
     next_key: AtomicU32,
     next_id: AtomicU64,
     timer_seq: AtomicU64,
@@ -150,7 +148,8 @@ pub(crate) struct SoftDevice {
     /// MRs of user memory (`reg_user`) alive: while there are none, receive SGEs need no
     /// lookup to be refused as user memory.
     pub(crate) user_mrs: AtomicUsize,
-    probes: Mutex<HashMap<u64, Instant>>,
+    /// Probe nonces we expect ([`super::probes`]: bounded).
+    probes: Mutex<Probes>,
     watches: Mutex<Vec<Watch>>,
     timers: Mutex<BinaryHeap<Reverse<Timer>>>,
     /// Asynchronous events of the device.
@@ -180,14 +179,13 @@ impl SoftDevice {
             sock_name: name.into_bytes(),
             listener,
             wake: BellSet::new()?,
-            next_qpn: AtomicU32::new(rng.random_range(0x100..0x1000)),
             next_key: AtomicU32::new(rng.random_range(1..0x1000_0000)),
             next_id: AtomicU64::new(1),
             timer_seq: AtomicU64::new(0),
             qps: Mutex::new(HashMap::new()),
             mrs: RwLock::new(HashMap::default()),
             user_mrs: AtomicUsize::new(0),
-            probes: Mutex::new(HashMap::new()),
+            probes: Mutex::new(Probes::default()),
             watches: Mutex::new(Vec::new()),
             timers: Mutex::new(BinaryHeap::new()),
             events: Arc::new(EventHub::default()),
@@ -205,12 +203,15 @@ impl SoftDevice {
         Ok(dev)
     }
 
-    /// A fresh 24-bit QP number, unused on this device.
+    /// A fresh 24-bit QP number, unused on this device, drawn at random: a process that
+    /// passed a probe cannot guess the number of a QP that is about to connect (it could
+    /// attach to it first, see `SoftQp::attach_peer`) from the numbers of its own links.
     pub(crate) fn alloc_qpn(&self) -> u32 {
         let qps = self.qps.lock();
+        let mut rng = rand::rng();
         loop {
-            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-            if n != 0 && !qps.contains_key(&n) {
+            let n = rng.random_range(1..=0xff_ffff);
+            if !qps.contains_key(&n) {
                 return n;
             }
         }
@@ -278,10 +279,7 @@ impl SoftDevice {
     }
 
     fn take_nonce(&self, nonce: u64) -> bool {
-        let mut p = self.probes.lock();
-        let now = Instant::now();
-        p.retain(|_, exp| *exp > now);
-        p.remove(&nonce).is_some()
+        self.probes.lock().take(nonce, Instant::now())
     }
 
     // ---- progress thread ----
@@ -379,6 +377,8 @@ impl SoftDevice {
                     continue;
                 }
                 let alive = match w {
+                    // Not the channel of the QP's peer (any more): dropped below.
+                    Watch::Inbound { sock, .. } if !qp.has_peer_on(sock) => false,
                     Watch::Inbound { .. } => qp.pump_inbound(),
                     // Our channel to the peer carries the peer's announcements too once the
                     // peer's QP connected back over it (its first message, a Connect).
@@ -417,7 +417,7 @@ impl SoftDevice {
                 };
                 if !alive {
                     gone.push(w.sock().clone());
-                    qp.on_peer_gone();
+                    qp.on_chan_ended(w.sock(), matches!(w, Watch::Inbound { .. }));
                 }
             }
             if !gone.is_empty() {
@@ -478,7 +478,7 @@ impl SoftDevice {
                                 sock,
                             });
                         } else {
-                            qp.on_peer_gone();
+                            qp.on_chan_ended(&sock, true);
                         }
                     }
                     Err(reason) => {
@@ -623,10 +623,7 @@ impl ContextImpl for SoftDevice {
     }
 
     fn expect_probe(&self, nonce: u64) {
-        let now = Instant::now();
-        let mut p = self.probes.lock();
-        p.retain(|_, exp| *exp > now);
-        p.insert(nonce, now + PROBE_TTL);
+        self.probes.lock().arm(nonce, Instant::now());
     }
 
     fn alloc_pd(&self) -> Result<Arc<dyn PdImpl>> {

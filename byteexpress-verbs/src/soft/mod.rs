@@ -12,7 +12,8 @@
 //! - [`fatal`]: QP and device fatal errors (no completion; an async event).
 //! - [`srq`]: SRQs, lending receive WQEs in batches to the rings of their QPs.
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
-//! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids).
+//! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids);
+//!   [`probes`]: the probe nonces the device expects (bounded).
 //! - [`bell`]: doorbells a peer can neither block nor silence for another peer.
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
@@ -24,6 +25,7 @@ mod device;
 mod fatal;
 mod pd;
 mod peer;
+mod probes;
 mod qp;
 mod ring;
 mod send;

@@ -11,8 +11,9 @@
 //! writable memory is passed read-write.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -39,6 +40,8 @@ pub(crate) struct Conn {
     /// Arenas whose memfd this peer was sent: retired when this connection ends, so no
     /// region made later is carved where that peer could still map it.
     exposed: Mutex<Vec<Arc<Arena>>>,
+    /// An announcement could not be sent: the peer was dropped ([`Conn::fail`]).
+    failed: AtomicBool,
 }
 
 impl Drop for Conn {
@@ -56,17 +59,62 @@ impl Conn {
             ring,
             sent: Mutex::new(HashSet::new()),
             exposed: Mutex::new(Vec::new()),
+            failed: AtomicBool::new(false),
         }
     }
 
     /// Sends one announcement and counts it in the ring (Release: the message is queued on
-    /// the peer's socket before the peer can see the count).
-    fn send(&self, m: &Msg, fds: &[std::os::fd::RawFd]) -> std::io::Result<()> {
-        self.sock.send(&m.encode(), fds)?;
-        self.ring
-            .announced()
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    /// the peer's socket before the peer can see the count). Never blocks past `deadline`
+    /// (`None`: not at all), since announcements are sent under the PD's lock: a peer whose
+    /// socket stays full (it stopped reading) is dropped instead ([`Conn::fail`]), costing
+    /// that peer only.
+    fn send(
+        &self,
+        m: &Msg,
+        fds: &[std::os::fd::RawFd],
+        deadline: Option<Instant>,
+    ) -> std::io::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the peer was dropped: an announcement to it could not be sent",
+            ));
+        }
+        let data = m.encode();
+        loop {
+            match self.sock.send_nowait(&data, fds) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let left = deadline.map_or(Duration::ZERO, |d| {
+                        d.saturating_duration_since(Instant::now())
+                    });
+                    if left.is_zero() || !self.sock.wait_writable(left) {
+                        self.fail();
+                        return Err(e);
+                    }
+                }
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            }
+        }
+        self.ring.announced().fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Drops the peer: it missed an announcement, so nothing more is sent to it, its channel
+    /// is shut down (it reads EOF; our QP sees the peer gone, as after its death) and the
+    /// arenas it was sent get no new regions.
+    fn fail(&self) {
+        if self.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::debug!("soft: a peer that does not read its announcements is dropped");
+        self.sock.shutdown();
+        for a in self.exposed.lock().iter() {
+            a.retire();
+        }
     }
 
     /// Announces a deregistration.
@@ -76,13 +124,24 @@ impl Conn {
     }
 
     pub(crate) fn withdraw(&self, key: u32) -> std::io::Result<()> {
-        self.send(&Msg::MrDel { key }, &[])
+        self.send(&Msg::MrDel { key }, &[], None)
     }
 
-    /// Sends `mr` (and its region's memfd, the first time).
+    /// Sends `mr` (and its region's memfd, the first time), without waiting: a peer whose
+    /// socket is full is dropped ([`Conn::send`]).
     /// User memory ([`Backing::User`]) is never announced: peers cannot reach it.
     /// Local-only memory ([`Exposure::Local`]) is not announced either.
     pub(crate) fn announce(&self, mr: &SoftMr) -> std::io::Result<()> {
+        self.announce_by(mr, None)
+    }
+
+    /// As [`Conn::announce`], waiting for room in the peer's socket until `deadline` (a
+    /// connect announcing the PD's MRs, outside the PD's lock).
+    pub(crate) fn announce_by(
+        &self,
+        mr: &SoftMr,
+        deadline: Option<Instant>,
+    ) -> std::io::Result<()> {
         let Backing::Shared(map) = &mr.backing else {
             return Ok(());
         };
@@ -109,13 +168,13 @@ impl Conn {
                         exposed.push(a.clone());
                     }
                     drop(exposed);
-                    a.pass(|fd| self.send(&m, &[fd]))
+                    a.pass(|fd| self.send(&m, &[fd], deadline))
                         .ok_or_else(closed)?
                         .map_err(std::io::Error::other)??;
                 }
                 None => {
                     let fd = map.fd().ok_or_else(closed)?;
-                    self.send(&m, &[fd])?;
+                    self.send(&m, &[fd], deadline)?;
                 }
             }
             sent.insert(mr.region);
@@ -128,7 +187,7 @@ impl Conn {
             addr: mr.addr,
             access: mr.access.0,
         };
-        self.send(&m, &[])
+        self.send(&m, &[], deadline)
     }
 }
 
@@ -627,7 +686,8 @@ impl PdImpl for SoftPd {
         st.mrs.push(Arc::downgrade(&mr));
         for c in st.conns.iter().filter_map(Weak::upgrade) {
             if let Err(e) = c.announce(&mr) {
-                // The peer is gone or stuck; its QP fails through the control channel.
+                // The peer is gone, or stuck and dropped (`Conn::fail`); its QP fails through
+                // the control channel.
                 tracing::debug!("soft: announcing MR {:#x} failed: {e}", mr.key);
             }
         }

@@ -1,11 +1,11 @@
 //! RC QPs of the soft device: state machine, connection set-up, receive side and flushes.
 //! The send side (copy engine, RNR and retry) is in `send.rs`.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use rand::Rng;
@@ -15,7 +15,7 @@ use super::cq::{CqState, Inbound, Outbound, SoftCq};
 use super::deliver::{RecvSges, RecvSide};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
 use super::limits;
-use super::pd::{Conn, SoftPd};
+use super::pd::{Conn, SoftMr, SoftPd};
 use super::peer::Peer;
 use super::ring::{ERR_BIT, Layout, Ring};
 use super::send::{Blame, Keep, SendSide};
@@ -28,10 +28,6 @@ use crate::{
     AsyncEvent, ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode,
     WcStatus,
 };
-
-/// How long a failing QP waits for a peer that already claimed one of its receive WQEs to
-/// finish writing it.
-const CLAIM_GRACE: Duration = Duration::from_millis(100);
 
 fn state_code(s: QpState) -> u8 {
     match s {
@@ -285,6 +281,12 @@ impl SoftQp {
     // ---- called by the device ----
 
     /// Listener: the peer's `connect` arrived with its ring and doorbell.
+    ///
+    /// Before our own `connect` names the remote QP (`send.remote`), a peer that attaches is
+    /// only pending: any process that passed a probe could have guessed our QP number. Its
+    /// ring carries none of our ACK reads or deliveries until `connect` adopts it (it names
+    /// that peer); a pending peer of another name is evicted there, and one whose channel
+    /// ends is forgotten ([`SoftQp::on_chan_ended`]), costing our QP nothing.
     pub(crate) fn attach_peer(&self, peer: Peer) -> std::result::Result<(), String> {
         if self.state() == QpState::Err {
             return Err("QP is in ERR".into());
@@ -298,13 +300,44 @@ impl SoftQp {
         if send.peer.is_some() {
             return Err("QP already has a peer".into());
         }
-        let _ = self.outbound.ring.set(peer.ring.clone());
-        self.recv.lock().src = Some(peer.shared.clone());
         send.peer = Some(peer);
+        if send.remote.is_some() {
+            self.adopt_peer(&send);
+        }
         drop(send);
         // Sends waiting for the peer may go now.
         self.dev.schedule(Instant::now(), self.me.clone());
         Ok(())
+    }
+
+    /// The attached peer is the one our `connect` named: its ring is where our send CQ reads
+    /// ACKs and its shared parts are what our deliveries copy from. Called with the send lock.
+    fn adopt_peer(&self, send: &SendSide) {
+        if let Some(p) = &send.peer {
+            let _ = self.outbound.ring.set(p.ring.clone());
+            self.recv.lock().src = Some(p.shared.clone());
+        }
+    }
+
+    /// Progress thread: the control channel `sock` ended (EOF) or is no peer's of ours
+    /// (`inbound`: one a peer dialed to us). A channel of a peer that is not ours any more
+    /// (evicted by `connect`) costs nothing; a pending peer's (attached before our `connect`)
+    /// is forgotten; our peer's is its death ([`SoftQp::on_peer_gone`]).
+    pub(crate) fn on_chan_ended(&self, sock: &Arc<Sock>, inbound: bool) {
+        let mut send = self.send.lock();
+        let on_it = send
+            .peer
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p.chan(), sock));
+        if inbound && !on_it {
+            return;
+        }
+        if on_it && send.remote.is_none() {
+            send.peer = None;
+            return;
+        }
+        drop(send);
+        self.on_peer_gone();
     }
 
     /// Whether the peer's announcements arrive on `sock` (its Connect came over it).
@@ -365,19 +398,17 @@ impl SoftQp {
         self.recv.lock().src.clone()
     }
 
-    /// Stops the peer from claiming more receive WQEs, waits briefly for those it claimed,
-    /// drains their completions and flushes every other posted receive, in order.
+    /// Stops the peer from claiming more receive WQEs, drains the completions it published,
+    /// and flushes every other posted receive, in order, at once: it waits for nothing the
+    /// peer writes. A WQE the peer claimed (`recv_cons`) without publishing its completion
+    /// yet is flushed too; the peer's SEND for it is never acknowledged (its requester times
+    /// out, as an IB requester whose responder went to ERR). Since this process copies SENDs
+    /// itself ([`super::deliver`]), nothing the peer writes later reaches the flushed buffers.
+    /// (Before, this spun up to 100 ms on the peer's `comp_prod` with the QP's send lock held,
+    /// on the progress thread too: a peer that claimed and never published stalled it.)
     fn flush_recv(&self) {
         let old = self.ring.recv_cons().fetch_or(ERR_BIT, Ordering::AcqRel);
         let claimed = old & !ERR_BIT;
-        let t0 = Instant::now();
-        while !self.recv.lock().poisoned
-            && !self.peer_dead.load(Ordering::Relaxed)
-            && self.ring.comp_prod().load(Ordering::Acquire) < claimed
-            && t0.elapsed() < CLAIM_GRACE
-        {
-            std::thread::yield_now();
-        }
         let mut keep = Keep::default();
         let back = self.recv_cq.with(|cq| {
             let mut recv = self.recv.lock();
@@ -572,6 +603,23 @@ impl QpImpl for SoftQp {
                 remote.qpn
             ))
         };
+        // From here on only `remote` may attach (`attach_peer` checks it). A peer of another
+        // name that attached while we were in RESET (it guessed our QP number) is evicted: its
+        // channel is shut down, which costs that peer only (`on_chan_ended`).
+        let evicted = {
+            let mut send = self.send.lock();
+            send.remote = Some((remote.qpn, remote.addr.clone()));
+            send.peer
+                .take_if(|p| p.qpn != remote.qpn || p.name != remote.addr)
+        };
+        if let Some(p) = evicted {
+            tracing::debug!(
+                "soft: QP {:#x} evicts peer QP {:#x} that attached before connect named another",
+                self.qpn,
+                p.qpn
+            );
+            p.chan().shutdown();
+        }
         // When the peer's QP connected to us first, its control channel (a seqpacket socket,
         // both ways) carries our Connect and our announcements too: one socket per QP pair
         // instead of two (an fd saved on each side). Its device takes the Connect from the
@@ -715,11 +763,30 @@ impl QpImpl for SoftQp {
             Err(e) => return Err(peer_err("no reply from", &e)),
         }
         let conn = Arc::new(Conn::new(sock.clone(), self.ring.clone()));
-        let mut keep = Vec::new();
+        // The PD's MRs as they are now are announced outside the PD's lock, waiting for room
+        // in the peer's socket up to CONTROL_TIMEOUT (a slow peer delays this connect only);
+        // `keep` holds them, so none is withdrawn meanwhile. MRs registered meanwhile are
+        // announced under the lock, without waiting, as `reg_shared` announces.
+        let mut keep: Vec<Arc<SoftMr>> = {
+            let st = self.pd.state.lock();
+            st.mrs.iter().filter_map(Weak::upgrade).collect()
+        };
+        let deadline = Instant::now() + CONTROL_TIMEOUT;
+        for mr in &keep {
+            conn.announce_by(mr, Some(deadline))
+                .map_err(|e| peer_err("announcing memory to", &e))?;
+        }
         {
             let mut st = self.pd.state.lock();
-            keep.extend(st.mrs.iter().filter_map(Weak::upgrade));
-            for mr in &keep {
+            let seen: HashSet<*const SoftMr> = keep.iter().map(Arc::as_ptr).collect();
+            let late: Vec<Arc<SoftMr>> = st
+                .mrs
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|mr| !seen.contains(&Arc::as_ptr(mr)))
+                .collect();
+            keep.extend(late.iter().cloned());
+            for mr in &late {
                 conn.announce(mr)
                     .map_err(|e| peer_err("announcing memory to", &e))?;
             }
@@ -730,10 +797,7 @@ impl QpImpl for SoftQp {
         {
             let mut send = self.send.lock();
             send.attr = *attr;
-            send.remote = Some((remote.qpn, remote.addr.clone()));
-        }
-        {
-            let mut send = self.send.lock();
+            // `remote` was set before anything was sent, so an attached peer is `remote`.
             if send
                 .peer
                 .as_ref()
@@ -742,6 +806,7 @@ impl QpImpl for SoftQp {
                 send.peer = None;
                 return Err(peer_err("another peer attached before", &"mismatch"));
             }
+            self.adopt_peer(&send);
         }
         *self.out.lock() = Some(conn);
         *self.bells.lock() = bells;

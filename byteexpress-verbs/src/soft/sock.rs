@@ -173,6 +173,13 @@ impl Sock {
         self.peer_cred().map(|c| c.pid)
     }
 
+    /// Ends the connection both ways (`shutdown(2)`, `SHUT_RDWR`): the other end reads EOF,
+    /// and so does a poll of this end, while the fd stays open for whoever holds it.
+    pub(crate) fn shutdown(&self) {
+        // SAFETY: plain syscall on an fd we own; failure (already shut down) is harmless.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -180,6 +187,26 @@ impl Sock {
     /// Sends one record with `fds` attached.
     pub(crate) fn send(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
         self.send_flags(data, fds, libc::MSG_NOSIGNAL)
+    }
+
+    /// Sends one record with `fds` attached unless that would block (`WouldBlock`).
+    pub(crate) fn send_nowait(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        self.send_flags(data, fds, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+    }
+
+    /// Waits up to `timeout` for room to send; false when there is none by then.
+    pub(crate) fn wait_writable(&self, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // Interrupted: the caller tries again (and waits again, for what is left).
+        (r > 0 && pfd.revents & libc::POLLOUT != 0)
+            || (r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted)
     }
 
     /// Sends one record without fds unless that would block (a peer that reads nothing
