@@ -214,21 +214,31 @@ fn a_peer_cannot_make_a_doorbell_we_ring_block_us() {
 }
 
 /// Attaches to the victim QP (whose recv CQ an honest QP shares), then does its worst to the
-/// doorbell of that CQ the victim sent it: fills it and makes it blocking, then reads it.
+/// doorbell of that CQ: fills the victim's end of it and makes that end blocking (it holds a
+/// copy of the same open file: it made the pair), then keeps reading it and shuts it down.
 fn child_silencer(s: &mut TcpStream) {
     let at = raw::attach(s);
     assert_eq!(get(s), b"jam");
-    let fd = at.victim_fds[1].as_raw_fd();
-    jam(fd);
+    let end = at.victim_end;
+    if is_socket(end) {
+        // SAFETY: one-byte non-blocking sends into the victim's end until its queue is full.
+        while unsafe { libc::send(at.victim_bell, [0u8].as_ptr().cast(), 1, libc::MSG_DONTWAIT) }
+            == 1
+        {}
+        // SAFETY: F_SETFL on an open fd: clears O_NONBLOCK on the shared open file.
+        unsafe { libc::fcntl(end, libc::F_SETFL, 0) };
+    } else {
+        jam(end);
+    }
     put(s, b"jammed");
     // Swallow what anyone rings there, as long as the victim wants.
     let mut b = [0u8; 8];
     loop {
         // SAFETY: a read of at most 8 bytes into a valid buffer, without blocking.
-        unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 8, libc::MSG_DONTWAIT) };
-        if is_socket(fd) {
+        unsafe { libc::recv(end, b.as_mut_ptr().cast(), 8, libc::MSG_DONTWAIT) };
+        if is_socket(end) {
             // SAFETY: shutdown of an open socket.
-            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            unsafe { libc::shutdown(end, libc::SHUT_RDWR) };
         }
         std::thread::sleep(Duration::from_millis(1));
         let mut done = [0u8; 4];

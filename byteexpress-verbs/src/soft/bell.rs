@@ -8,11 +8,15 @@
 //! the counter back to zero and so swallow the wake-ups other peers owed us.
 //!
 //! So a doorbell is a connected pair of `AF_UNIX` `SOCK_DGRAM` sockets made **per connection**
-//! by the side that sleeps ([`BellSet::offer`]): it keeps the receiving end in its
-//! [`BellSet`], an epoll set of its own, and passes the sending end to that one peer. The peer
-//! rings with `send(MSG_DONTWAIT)` ([`Bell::ring`]), a per-call flag no file-status change
-//! can undo. What a peer can do to its doorbell (fill it, shut it down, read it) reaches its own
-//! connection only, and a doorbell we ring can never make us block.
+//! by the side that sleeps ([`BellSet::offer`]): it keeps its end in its [`BellSet`], an epoll
+//! set of its own, and passes the other end to that one peer. The peer rings with
+//! `send(MSG_DONTWAIT)` ([`Bell::ring`]), a per-call flag no file-status change can undo, and
+//! every read of ours is `MSG_DONTWAIT` too. What a peer can do to a pair (fill it, shut it
+//! down, disconnect it, read it, keep a copy of our end if it made the pair) reaches that
+//! pair only, so that connection only, and a doorbell never makes us block. A pair serves
+//! both ways when both sides sleep on one CQ (a link): the peer puts the end it was given in
+//! its own set ([`BellSet::adopt`]) and we ring it from ours ([`BellIn::bell`]), one fd per
+//! side as the eventfd was.
 //!
 //! The sleeper waits on the set's epoll fd. Every datagram queued on a member wakes the
 //! set's waiters again (Linux's epoll calls its own waiters on each member's wake-up, so a
@@ -20,12 +24,13 @@
 //! eventfd). The queues are drained only now and then ([`BellSet::drain`]): an honest peer rings
 //! at most once per arming of its flag in the shared ring, so a drain every few arms keeps them
 //! far below the socket buffer, and a peer flooding its doorbell costs us a bounded drain.
-//! The set also holds an eventfd that is never passed on, for wake-ups from this process.
+//! A wake-up from this process adds an always-readable eventfd, one per process and never
+//! passed on, to the set, and the waiter takes it out again when it wakes.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -37,8 +42,29 @@ const DRAIN_PER_BELL: usize = 64;
 /// Doorbells one drain visits (more wait for the next drain; the set stays readable).
 const DRAIN_BELLS: usize = 64;
 
-/// Token of the local eventfd in a set's epoll events (receiving ends get 1, 2, …).
+/// Token of the process's always-readable eventfd in a set's epoll events (members get 1,
+/// 2, …).
 const LOCAL: u64 = 0;
+
+/// An eventfd whose counter is 1 and never read: always readable, never leaves the process.
+/// Adding it to a set is a wake-up from this process ([`BellSet::signal`]), taking it out
+/// consumes that wake-up: one fd per process instead of one per set.
+fn ready_fd() -> Result<RawFd> {
+    static READY: OnceLock<std::result::Result<OwnedFd, String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            // SAFETY: eventfd has no memory-safety preconditions.
+            let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            // SAFETY: just created, owned by nothing else.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        })
+        .as_ref()
+        .map(|fd| fd.as_raw_fd())
+        .map_err(|e| Error::InvalidState(format!("eventfd for local wake-ups: {e}")))
+}
 
 /// The epoll fd of a set and its members by token, shared by the set and the receiving ends
 /// registered in it (each removes itself on drop). A drain reads a member through the map, so
@@ -48,14 +74,19 @@ struct Epoll {
     fd: OwnedFd,
     members: Mutex<HashMap<u64, Arc<OwnedFd>>>,
     next: AtomicU64,
+    /// The always-readable eventfd is in the set: a local wake-up is pending (the lock
+    /// orders adding and removing it).
+    local: Mutex<bool>,
+    /// A lock-free hint of `local` for the consumer's fast path.
+    local_hint: AtomicBool,
 }
 
-/// An epoll set of the receiving ends of doorbells given to peers, plus a local eventfd.
+/// An epoll set of the receiving ends of doorbells given to peers; wake-ups from this process
+/// add the process's always-readable eventfd to it.
 #[derive(Debug)]
 pub(crate) struct BellSet {
     ep: Arc<Epoll>,
-    /// Wake-ups from this process; never leaves it.
-    local: OwnedFd,
+    ready: RawFd,
 }
 
 /// The receiving end of a doorbell given to a peer; leaves its set when dropped (the QP that
@@ -64,12 +95,15 @@ pub(crate) struct BellSet {
 pub(crate) struct BellIn {
     ep: Arc<Epoll>,
     token: u64,
+    fd: Arc<OwnedFd>,
 }
 
-/// A peer's doorbell: the sending end of a datagram socket pair the peer made.
-#[derive(Debug)]
+/// A doorbell we ring: one end of a datagram socket pair, whose other end is in a peer's set.
+/// The pair may serve both ways ([`BellIn::bell`], [`BellSet::adopt`]): each end receives
+/// what the other sends.
+#[derive(Debug, Clone)]
 pub(crate) struct Bell {
-    tx: OwnedFd,
+    tx: Arc<OwnedFd>,
 }
 
 fn last_os(what: &'static str) -> Error {
@@ -101,19 +135,13 @@ impl BellSet {
             fd,
             members: Mutex::new(HashMap::new()),
             next: AtomicU64::new(LOCAL + 1),
+            local: Mutex::new(false),
+            local_hint: AtomicBool::new(false),
         });
-        // SAFETY: eventfd has no memory-safety preconditions.
-        let local = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if local < 0 {
-            return Err(last_os("eventfd"));
-        }
-        // SAFETY: just created, owned by nothing else.
-        let local = unsafe { OwnedFd::from_raw_fd(local) };
-        ctl(&ep, libc::EPOLL_CTL_ADD, local.as_raw_fd(), LOCAL).map_err(|source| Error::Os {
-            what: "epoll_ctl(ADD)",
-            source,
-        })?;
-        Ok(BellSet { ep, local })
+        Ok(BellSet {
+            ep,
+            ready: ready_fd()?,
+        })
     }
 
     /// The fd to wait on: readable once any doorbell of the set rang.
@@ -121,13 +149,29 @@ impl BellSet {
         self.ep.fd.as_raw_fd()
     }
 
-    /// Wakes the set's waiter from this process.
+    /// Wakes the set's waiter from this process: adds the always-readable eventfd, which
+    /// makes the set readable and wakes its waiters (as a ring does). Nothing to do while a
+    /// wake-up is pending ([`BellSet::consume_local`] not called since).
     pub(crate) fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our own non-blocking eventfd, which no
-        // other process holds (so no one can make it blocking). A full counter (2^64 − 2
-        // unread wake-ups) fails harmlessly: the set is readable then anyway.
-        unsafe { libc::write(self.local.as_raw_fd(), (&raw const one).cast(), 8) };
+        let mut local = self.ep.local.lock();
+        if !*local && ctl(&self.ep, libc::EPOLL_CTL_ADD, self.ready, LOCAL).is_ok() {
+            *local = true;
+            self.ep.local_hint.store(true, Ordering::Release);
+        }
+    }
+
+    /// Consumes a pending local wake-up (the waiter woke): the next [`BellSet::signal`]
+    /// wakes it again.
+    pub(crate) fn consume_local(&self) {
+        if !self.ep.local_hint.load(Ordering::Acquire) {
+            return;
+        }
+        let mut local = self.ep.local.lock();
+        if *local {
+            let _ = ctl(&self.ep, libc::EPOLL_CTL_DEL, self.ready, LOCAL);
+            *local = false;
+            self.ep.local_hint.store(false, Ordering::Release);
+        }
     }
 
     /// A new doorbell for one peer: its receiving end joins the set (kept by the caller for
@@ -149,28 +193,35 @@ impl BellSet {
         }
         // SAFETY: both fds were just created and are owned by nothing else.
         let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-        // Only the peer sends; nothing is ever sent back on this pair.
-        // SAFETY: `rx` is an open socket.
-        unsafe { libc::shutdown(rx.as_raw_fd(), libc::SHUT_WR) };
+        Ok((self.join(Arc::new(rx))?, tx))
+    }
+
+    /// Puts the end of a peer's doorbell we ring into this set too, so the peer rings us on
+    /// the same pair (from its end): one fd for both ways. What a peer can do to a pair it
+    /// made still reaches that pair only (module doc).
+    pub(crate) fn adopt(&self, bell: &Bell) -> Result<BellIn> {
+        self.join(bell.tx.clone())
+    }
+
+    fn join(&self, fd: Arc<OwnedFd>) -> Result<BellIn> {
         let token = self.ep.next.fetch_add(1, Ordering::Relaxed);
         let mut members = self.ep.members.lock();
-        ctl(&self.ep, libc::EPOLL_CTL_ADD, rx.as_raw_fd(), token).map_err(|source| Error::Os {
+        ctl(&self.ep, libc::EPOLL_CTL_ADD, fd.as_raw_fd(), token).map_err(|source| Error::Os {
             what: "epoll_ctl(ADD)",
             source,
         })?;
-        members.insert(token, Arc::new(rx));
+        members.insert(token, fd.clone());
         drop(members);
-        Ok((
-            BellIn {
-                ep: self.ep.clone(),
-                token,
-            },
-            tx,
-        ))
+        Ok(BellIn {
+            ep: self.ep.clone(),
+            token,
+            fd,
+        })
     }
 
     /// Empties the doorbells that rang (at most [`DRAIN_BELLS`] of them, [`DRAIN_PER_BELL`]
-    /// datagrams each) and the local eventfd. Never blocks: every fd read here is ours alone.
+    /// datagrams each) and consumes a local wake-up. Never blocks: every read is
+    /// `MSG_DONTWAIT`.
     pub(crate) fn drain(&self) {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; DRAIN_BELLS];
         // SAFETY: `evs` has room for DRAIN_BELLS events; timeout 0 never sleeps.
@@ -185,10 +236,7 @@ impl BellSet {
         for ev in evs.iter().take(n.max(0) as usize) {
             let token = ev.u64;
             if token == LOCAL {
-                let mut v: u64 = 0;
-                // SAFETY: reads at most 8 bytes into a valid u64 from our own non-blocking
-                // eventfd.
-                unsafe { libc::read(self.local.as_raw_fd(), (&raw mut v).cast(), 8) };
+                self.consume_local();
                 continue;
             }
             // The member's fd stays open while this clone of it lives (a member that left
@@ -210,10 +258,24 @@ impl BellSet {
     }
 }
 
+impl BellIn {
+    /// The same pair as a doorbell to ring: the peer that holds the other end receives it.
+    pub(crate) fn bell(&self) -> Bell {
+        Bell {
+            tx: self.fd.clone(),
+        }
+    }
+}
+
 impl Drop for BellIn {
     fn drop(&mut self) {
-        if let Some(rx) = self.ep.members.lock().remove(&self.token) {
-            let _ = ctl(&self.ep, libc::EPOLL_CTL_DEL, rx.as_raw_fd(), self.token);
+        if self.ep.members.lock().remove(&self.token).is_some() {
+            let _ = ctl(
+                &self.ep,
+                libc::EPOLL_CTL_DEL,
+                self.fd.as_raw_fd(),
+                self.token,
+            );
         }
     }
 }
@@ -242,7 +304,7 @@ impl Bell {
         {
             return Err("a doorbell must be a Unix datagram socket".into());
         }
-        Ok(Bell { tx: fd })
+        Ok(Bell { tx: Arc::new(fd) })
     }
 
     /// Rings: one datagram, never blocking whatever the peer did to the socket (a full queue,
@@ -288,9 +350,31 @@ mod tests {
         set.drain();
         assert!(!readable(set.fd()));
         set.signal();
+        set.signal();
         assert!(readable(set.fd()));
+        set.consume_local();
+        assert!(!readable(set.fd()));
+        set.signal();
+        assert!(readable(set.fd()), "a wake-up after the last was consumed");
         set.drain();
         assert!(!readable(set.fd()));
+    }
+
+    #[test]
+    fn a_pair_adopted_by_the_peer_rings_both_ways_and_each_side_drains_only_its_end() {
+        let (ours, theirs) = (BellSet::new().unwrap(), BellSet::new().unwrap());
+        let (our_end, their_fd) = ours.offer().unwrap();
+        let to_us_from_them = Bell::from_peer(their_fd).unwrap();
+        let _their_end = theirs.adopt(&to_us_from_them).unwrap();
+        let to_them = our_end.bell();
+        to_them.ring();
+        assert!(readable(theirs.fd()) && !readable(ours.fd()));
+        to_us_from_them.ring();
+        assert!(readable(ours.fd()));
+        ours.drain();
+        assert!(!readable(ours.fd()) && readable(theirs.fd()));
+        theirs.drain();
+        assert!(!readable(theirs.fd()));
     }
 
     #[test]
@@ -330,10 +414,8 @@ mod tests {
         assert!(Bell::from_peer(efd).is_err());
         let mut sv = [0; 2];
         // SAFETY: valid array for two fds.
-        assert_eq!(
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()) },
-            0
-        );
+        let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()) };
+        assert_eq!(rc, 0);
         // SAFETY: just created.
         let (a, _b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
         assert!(Bell::from_peer(a).is_err());

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::bell::{BellIn, BellSet};
+use super::bell::{Bell, BellIn, BellSet};
 use super::qp::SoftQp;
 use super::ring::Ring;
 use crate::events::EventHub;
@@ -210,6 +210,11 @@ impl SoftCq {
     /// the QP lives, and the sending end, for the peer ([`BellSet::offer`]).
     pub(crate) fn offer_bell(&self) -> Result<(BellIn, std::os::fd::OwnedFd)> {
         self.bells.offer()
+    }
+
+    /// A peer's doorbell pair that rings this CQ too ([`BellSet::adopt`]).
+    pub(crate) fn adopt_bell(&self, bell: &Bell) -> Result<BellIn> {
+        self.bells.adopt(bell)
     }
 
     /// Runs `f` on the locked state, then wakes a sleeping consumer if completions were queued.
@@ -487,6 +492,7 @@ impl CqImpl for SoftCq {
     }
 
     fn ack_event(&self) -> Result<()> {
+        self.bells.consume_local();
         // Nothing to consume: tokio registers the doorbells' epoll fd edge-triggered, and each
         // ring of a doorbell wakes the epoll fd's waiters again whatever was queued before, so
         // the next ring wakes the CQ without the queues being read (no syscall per wake-up;

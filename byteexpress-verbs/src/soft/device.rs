@@ -23,7 +23,10 @@ use super::shm::Mapping;
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
 use super::srq::SoftSrq;
 use super::trust::Trust;
-use super::wire::{CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg};
+use super::wire::{
+    CONNECT_BELL_BACK, CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg,
+    connect_fds,
+};
 use crate::events::EventHub;
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_SOFT, PdImpl};
 use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
@@ -499,13 +502,16 @@ impl SoftDevice {
         fds: Vec<OwnedFd>,
         sock: &Arc<Sock>,
     ) -> std::result::Result<Arc<SoftQp>, String> {
-        if fds.len() != 2 + (c.flags & 7).count_ones() as usize {
+        if fds.len() != connect_fds(c.flags) {
             return Err("connect: the fds do not match its flags".to_string());
         }
         let mut fds = fds.into_iter();
-        let (Some(ring_fd), Some(bell_fd)) = (fds.next(), fds.next()) else {
-            return Err("connect needs a ring and a doorbell".to_string());
+        let Some(ring_fd) = fds.next() else {
+            return Err("connect needs a ring".to_string());
         };
+        let bell_fd = (c.flags & CONNECT_BELL_BACK == 0)
+            .then(|| fds.next())
+            .flatten();
         let send_bell_fd = (c.flags & CONNECT_SEND_BELL != 0)
             .then(|| fds.next())
             .flatten();
@@ -548,8 +554,15 @@ impl SoftDevice {
             Some(_) => return Err("staging region size out of range".into()),
             None => None,
         };
+        let doorbell = match bell_fd {
+            Some(fd) => Bell::from_peer(fd)?,
+            // Our own end of the pair our Connect gave this peer on this very channel.
+            None => qp
+                .ring_back(sock)
+                .ok_or("a doorbell to ring back that was never given on this channel")?,
+        };
         let parts = PeerParts {
-            doorbell: Arc::new(Bell::from_peer(bell_fd)?),
+            doorbell: Arc::new(doorbell),
             tx_bell: send_bell_fd.map(Bell::from_peer).transpose()?.map(Arc::new),
             staging,
             refill: refill_fd.map(Bell::from_peer).transpose()?,
