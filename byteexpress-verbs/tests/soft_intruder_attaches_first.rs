@@ -9,7 +9,7 @@
 mod common;
 
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use byteexpress_verbs::{ConnectAttr, QpCap, WcStatus, WrOp};
@@ -45,11 +45,7 @@ fn child_intruder(s: &mut TcpStream) {
     assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
     let ring = memfd(c"intruder-ring", raw::ring_bytes(CAP, SGE));
     let stage = memfd(c"intruder-stage", STAGE);
-    // SAFETY: eventfd has no preconditions.
-    let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    assert!(bell >= 0);
-    // SAFETY: a fresh fd nothing else owns.
-    let bell = unsafe { OwnedFd::from_raw_fd(bell) };
+    let (_bell_rx, bell) = raw::doorbell();
     let _ring_map = map(ring.as_raw_fd(), raw::ring_bytes(CAP, SGE), true);
     let c = dial(&dev_name);
     let name = format!("bx-intruder-{}", std::process::id()).into_bytes();

@@ -51,11 +51,8 @@ fn owner(seal: bool) -> (libc::c_int, *mut u8, libc::c_int) {
         let seals =
             libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
         // SAFETY: `fd` is a sealable memfd.
-        assert_eq!(
-            unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) },
-            0,
-            "F_ADD_SEALS"
-        );
+        let rc = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) };
+        assert_eq!(rc, 0, "F_ADD_SEALS");
     }
     let ro = reopen(fd, libc::O_RDONLY);
     assert!(ro >= 0, "read-only reopen");
@@ -88,10 +85,8 @@ fn a_future_write_sealed_memfd_passed_read_only_cannot_be_written_by_its_receive
     let rw = reopen(ro, libc::O_RDWR);
     assert!(rw >= 0, "the reopen itself is allowed");
     // SAFETY: as above.
-    assert!(
-        unsafe { libc::pwrite(rw, [1u8].as_ptr().cast(), 1, 0) } < 0,
-        "write after reopen"
-    );
+    let written = unsafe { libc::pwrite(rw, [1u8].as_ptr().cast(), 1, 0) };
+    assert!(written < 0, "write after reopen");
     assert_eq!(
         map(rw, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED).err(),
         Some(libc::EPERM),

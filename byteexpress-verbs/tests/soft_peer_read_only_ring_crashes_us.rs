@@ -46,9 +46,9 @@ fn ro_ring_peer(s: &mut TcpStream, read_only: bool) {
     assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
     let ring = raw::memfd(c"ro-ring", raw::ring_bytes(CAP, SGE));
     let stage = raw::memfd(c"ro-ring-stage", STAGE);
-    // SAFETY: eventfd has no preconditions; open of our own /proc fd path; both owned below.
-    let (bell, ring_ro) = unsafe {
-        let bell = OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC));
+    let (_bell_rx, bell) = raw::doorbell();
+    // SAFETY: open of our own /proc fd path; owned below.
+    let ring_ro = unsafe {
         let path = std::ffi::CString::new(format!("/proc/self/fd/{}", ring.as_raw_fd())).unwrap();
         let mode = if read_only {
             libc::O_RDONLY
@@ -57,7 +57,7 @@ fn ro_ring_peer(s: &mut TcpStream, read_only: bool) {
         };
         let ro = libc::open(path.as_ptr(), mode | libc::O_CLOEXEC);
         assert!(ro >= 0);
-        (bell, OwnedFd::from_raw_fd(ro))
+        OwnedFd::from_raw_fd(ro)
     };
     let my_ring = raw::map(ring.as_raw_fd(), raw::ring_bytes(CAP, SGE), true);
     let c = dial(&dev_name);

@@ -45,10 +45,8 @@ fn child_entry() {
     // One sparse memfd of 1 TiB, sealed against shrinking: costs the peer nothing.
     let big = raw::memfd(c"hoard", 4096);
     // SAFETY: our own memfd; growing it is allowed by its seals.
-    assert_eq!(
-        unsafe { libc::ftruncate(big.as_raw_fd(), each as libc::off_t) },
-        0
-    );
+    let rc = unsafe { libc::ftruncate(big.as_raw_fd(), each as libc::off_t) };
+    assert_eq!(rc, 0);
     let small = raw::memfd(c"hoard-src", 4096);
     let region = |id: u64, len: u64| {
         let mut m = vec![5u8];

@@ -46,12 +46,11 @@ fn child_hostile(s: &mut TcpStream, how: &str) {
     let at = attach(s);
     assert_eq!(get(s), b"corrupt");
     match how {
-        // SAFETY: OFF_COMP_PROD is inside the mapped header, 8-aligned.
-        "indices" => unsafe {
-            raw::put64(at.victim_ring, OFF_COMP_PROD, 1 << 40);
-            let one = 1u64;
-            libc::write(at.victim_fds[1].as_raw_fd(), (&raw const one).cast(), 8);
-        },
+        "indices" => {
+            // SAFETY: OFF_COMP_PROD is inside the mapped header, 8-aligned.
+            unsafe { raw::put64(at.victim_ring, OFF_COMP_PROD, 1 << 40) };
+            raw::ring_bell(at.victim_bell);
+        }
         "key" => at.post_send(0, 16, raw::SRC_MR, 0xDEAD_BEEF, 0x1000),
         "offset" => at.post_send(0, 16, raw::SRC_STAGED, 0, raw::STAGE as u64 + 64),
         "length" => at.post_send(0, 32, raw::SRC_STAGED, 0, raw::STAGE as u64 - 16),

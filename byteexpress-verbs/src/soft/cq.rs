@@ -4,15 +4,15 @@
 //! whose send CQ it is.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::bell::{Bell, BellIn, BellSet};
 use super::qp::SoftQp;
 use super::ring::Ring;
-use super::shm::EventFd;
 use crate::events::EventHub;
 use crate::provider::{CqImpl, QpImpl};
 use crate::{AsyncEvent, Error, QpState, Result, Wc};
@@ -20,6 +20,9 @@ use crate::{AsyncEvent, Error, QpState, Result, Wc};
 /// Turns of a hybrid-polling spin between two reads of the clock: a turn is a few loads, so a
 /// spin ends at most a few hundred nanoseconds after its budget.
 const SPIN_CLOCK_EVERY: u32 = 32;
+/// The CQ's doorbells are drained once every this many arms ([`super::bell`]): each peer rings
+/// at most once per arm, and a doorbell queues a few hundred rings before it is full.
+const DRAIN_EVERY: u32 = 16;
 
 /// Queued completions of a CQ.
 #[derive(Debug)]
@@ -150,13 +153,16 @@ impl Outbound {
 /// snapshot, as for inbound rings.
 type Senders = Arc<[Arc<Outbound>]>;
 
-/// A completion queue with an eventfd as its completion channel.
+/// A completion queue whose completion channel is a [`BellSet`]: one doorbell per QP
+/// connection that delivers into it, plus wake-ups from this process.
 #[derive(Debug)]
 pub(crate) struct SoftCq {
     /// QPs whose send CQ this is (a leaf lock; read once per poll, arm and spin).
     senders: Mutex<Senders>,
     me: Weak<SoftCq>,
-    efd: EventFd,
+    bells: BellSet,
+    /// Arms since the doorbells were last drained ([`DRAIN_EVERY`]).
+    arms: AtomicU32,
     armed: AtomicBool,
     queued: AtomicUsize,
     /// Bumped whenever the snapshot of inbound rings changes (a spinner re-reads it).
@@ -169,12 +175,13 @@ pub(crate) struct SoftCq {
 
 impl SoftCq {
     pub(crate) fn new(size: u32, events: Arc<EventHub>) -> Result<Arc<SoftCq>> {
-        let efd = EventFd::new()?;
+        let bells = BellSet::new()?;
         let id = crate::events::next_object_id();
         Ok(Arc::new_cyclic(|me| SoftCq {
             senders: Mutex::new(Arc::new([])),
             me: me.clone(),
-            efd,
+            bells,
+            arms: AtomicU32::new(0),
             armed: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
@@ -199,9 +206,15 @@ impl SoftCq {
         cq.as_any().downcast_ref::<SoftCq>()?.me.upgrade()
     }
 
-    /// The eventfd peers ring as doorbell.
-    pub(crate) fn doorbell_fd(&self) -> std::os::fd::RawFd {
-        self.efd.raw()
+    /// A new doorbell of this CQ for one peer connection: the receiving end, to keep while
+    /// the QP lives, and the sending end, for the peer ([`BellSet::offer`]).
+    pub(crate) fn offer_bell(&self) -> Result<(BellIn, std::os::fd::OwnedFd)> {
+        self.bells.offer()
+    }
+
+    /// A peer's doorbell pair that rings this CQ too ([`BellSet::adopt`]).
+    pub(crate) fn adopt_bell(&self, bell: &Bell) -> Result<BellIn> {
+        self.bells.adopt(bell)
     }
 
     /// Runs `f` on the locked state, then wakes a sleeping consumer if completions were queued.
@@ -232,7 +245,7 @@ impl SoftCq {
             && self.armed.load(Ordering::Relaxed)
             && self.armed.swap(false, Ordering::SeqCst)
         {
-            self.efd.signal();
+            self.bells.signal();
         }
     }
 
@@ -446,10 +459,20 @@ impl CqImpl for SoftCq {
     }
 
     fn event_fd(&self) -> std::os::fd::RawFd {
-        self.efd.raw()
+        self.bells.fd()
     }
 
     fn arm(&self) -> Result<bool> {
+        // A peer rings a doorbell at most once per arm (it clears the ring's `armed` flag
+        // first), so draining every DRAIN_EVERY arms keeps an honest peer's doorbell queue far
+        // below its socket buffer, and a full one can only be a peer's own doing.
+        if self
+            .arms
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(DRAIN_EVERY)
+        {
+            self.bells.drain();
+        }
         self.armed.store(true, Ordering::SeqCst);
         let (inbound, _) = self.snapshot();
         for e in inbound.iter() {
@@ -469,10 +492,11 @@ impl CqImpl for SoftCq {
     }
 
     fn ack_event(&self) -> Result<()> {
-        // Nothing to consume: tokio registers the eventfd edge-triggered, and Linux reports an
-        // edge on every write to an eventfd whatever its count, so the next doorbell wakes the
-        // CQ again without the count being read back to 0 (one read syscall fewer per
-        // wake-up). The count cannot overflow: one doorbell per arm, below 2^64 − 1.
+        self.bells.consume_local();
+        // Nothing to consume: tokio registers the doorbells' epoll fd edge-triggered, and each
+        // ring of a doorbell wakes the epoll fd's waiters again whatever was queued before, so
+        // the next ring wakes the CQ without the queues being read (no syscall per wake-up;
+        // `arm` drains them now and then, [`super::bell`]).
         Ok(())
     }
 

@@ -239,6 +239,6 @@ fn ring_tx_bell(ring: &super::ring::Ring, src: &PeerShared) {
     fence(Ordering::SeqCst);
     let armed = ring.tx_armed();
     if armed.load(Ordering::Relaxed) != 0 && armed.swap(0, Ordering::SeqCst) != 0 {
-        src.tx_bell.signal();
+        src.tx_bell.ring();
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use rand::Rng;
 
+use super::bell::{Bell, BellIn, BellSet};
 use super::cq::SoftCq;
 use super::limits;
 use super::pd::{SoftMr, SoftPd};
@@ -18,11 +19,14 @@ use super::peer::{Peer, PeerParts};
 use super::probes::Probes;
 use super::qp::SoftQp;
 use super::ring::{Layout, Ring};
-use super::shm::{EventFd, Mapping};
+use super::shm::Mapping;
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
 use super::srq::SoftSrq;
 use super::trust::Trust;
-use super::wire::{CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg};
+use super::wire::{
+    CONNECT_BELL_BACK, CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg,
+    connect_fds,
+};
 use crate::events::EventHub;
 use crate::provider::{ContextImpl, CqImpl, PROVIDER_SOFT, PdImpl};
 use crate::{Access, DeviceAttr, DeviceInfo, Error, Result};
@@ -136,7 +140,9 @@ pub(crate) struct SoftDevice {
     pub(crate) dev_id: u64,
     pub(crate) sock_name: Vec<u8>,
     listener: Sock,
-    wake: EventFd,
+    /// Wakes the progress thread: from this process, and per connection the refill doorbell
+    /// a peer rings when a ring of ours fed by an SRQ runs low.
+    wake: BellSet,
     next_key: AtomicU32,
     next_id: AtomicU64,
     timer_seq: AtomicU64,
@@ -151,14 +157,9 @@ pub(crate) struct SoftDevice {
     timers: Mutex<BinaryHeap<Reverse<Timer>>>,
     /// Asynchronous events of the device.
     pub(crate) events: Arc<EventHub>,
-    /// SRQs of the device: woken (refill eventfd = `wake`), the progress thread tops up the
-    /// rings they lend to.
+    /// SRQs of the device: woken (a refill doorbell of `wake`), the progress thread tops up
+    /// the rings they lend to.
     pub(crate) srqs: Mutex<Vec<Weak<SoftSrq>>>,
-    /// Refill eventfds of peer devices, by (peer pid from `SO_PEERCRED`, peer `dev_id`): the
-    /// first one a peer process sends for its device is kept and shared by every QP attached
-    /// to that device, and the duplicates its later connects carry are closed. Keyed by the
-    /// kernel's pid, so no process can stand in for another's device.
-    refills: Mutex<HashMap<(libc::pid_t, u64), Weak<EventFd>>>,
     /// Who may connect, and who may be sent memfds ([`super::trust`]).
     pub(crate) trust: Trust,
 }
@@ -180,7 +181,7 @@ impl SoftDevice {
             dev_id,
             sock_name: name.into_bytes(),
             listener,
-            wake: EventFd::new()?,
+            wake: BellSet::new()?,
             next_key: AtomicU32::new(rng.random_range(1..0x1000_0000)),
             next_id: AtomicU64::new(1),
             timer_seq: AtomicU64::new(0),
@@ -192,7 +193,6 @@ impl SoftDevice {
             timers: Mutex::new(BinaryHeap::new()),
             events: Arc::new(EventHub::default()),
             srqs: Mutex::new(Vec::new()),
-            refills: Mutex::new(HashMap::new()),
             trust: Trust::from_env(),
         });
         let d = dev.clone();
@@ -263,10 +263,10 @@ impl SoftDevice {
         self.wake.signal();
     }
 
-    /// The progress thread's wake eventfd, which peers also ring as the refill eventfd of
-    /// SRQ-fed rings.
-    pub(crate) fn wake_fd(&self) -> RawFd {
-        self.wake.raw()
+    /// A refill doorbell for one peer connection of a QP fed by an SRQ: it wakes the
+    /// progress thread ([`BellSet::offer`]).
+    pub(crate) fn offer_refill_bell(&self) -> Result<(BellIn, OwnedFd)> {
+        self.wake.offer()
     }
 
     /// Lets every SRQ top up the rings it lends to.
@@ -300,7 +300,7 @@ impl SoftDevice {
                 revents: 0,
             };
             pfds.push(pfd(self.listener.raw()));
-            pfds.push(pfd(self.wake.raw()));
+            pfds.push(pfd(self.wake.fd()));
             pfds.extend(handshakes.iter().map(|(s, _)| pfd(s.raw())));
             pfds.extend(watches.iter().map(|w| pfd(w.sock().raw())));
 
@@ -495,23 +495,6 @@ impl SoftDevice {
         }
     }
 
-    /// The refill eventfd of peer device `dev_id` in the process at the other end of `sock`:
-    /// the one already held for it, else `fd` (see `refills`). `fd` itself when the peer's
-    /// pid cannot be read.
-    fn shared_refill(&self, sock: &Sock, dev_id: u64, fd: OwnedFd) -> Arc<EventFd> {
-        let Ok(pid) = sock.peer_pid() else {
-            return Arc::new(EventFd::from_peer(fd));
-        };
-        let mut refills = self.refills.lock();
-        if let Some(held) = refills.get(&(pid, dev_id)).and_then(Weak::upgrade) {
-            return held; // `fd` is a duplicate: closed here
-        }
-        refills.retain(|_, w| w.strong_count() > 0);
-        let fresh = Arc::new(EventFd::from_peer(fd));
-        refills.insert((pid, dev_id), Arc::downgrade(&fresh));
-        fresh
-    }
-
     /// Attaches a connecting peer's ring, doorbell and channel to our QP `c.dst_qpn`.
     fn attach(
         &self,
@@ -519,13 +502,16 @@ impl SoftDevice {
         fds: Vec<OwnedFd>,
         sock: &Arc<Sock>,
     ) -> std::result::Result<Arc<SoftQp>, String> {
-        if fds.len() != 2 + (c.flags & 7).count_ones() as usize {
+        if fds.len() != connect_fds(c.flags) {
             return Err("connect: the fds do not match its flags".to_string());
         }
         let mut fds = fds.into_iter();
-        let (Some(ring_fd), Some(bell_fd)) = (fds.next(), fds.next()) else {
-            return Err("connect needs a ring and a doorbell".to_string());
+        let Some(ring_fd) = fds.next() else {
+            return Err("connect needs a ring".to_string());
         };
+        let bell_fd = (c.flags & CONNECT_BELL_BACK == 0)
+            .then(|| fds.next())
+            .flatten();
         let send_bell_fd = (c.flags & CONNECT_SEND_BELL != 0)
             .then(|| fds.next())
             .flatten();
@@ -568,12 +554,18 @@ impl SoftDevice {
             Some(_) => return Err("staging region size out of range".into()),
             None => None,
         };
-        let refill = refill_fd.map(|fd| self.shared_refill(sock, c.src_dev, fd));
+        let doorbell = match bell_fd {
+            Some(fd) => Bell::from_peer(fd)?,
+            // Our own end of the pair our Connect gave this peer on this very channel.
+            None => qp
+                .ring_back(sock)
+                .ok_or("a doorbell to ring back that was never given on this channel")?,
+        };
         let parts = PeerParts {
-            doorbell: Arc::new(EventFd::from_peer(bell_fd)),
-            tx_bell: send_bell_fd.map(|fd| Arc::new(EventFd::from_peer(fd))),
+            doorbell: Arc::new(doorbell),
+            tx_bell: send_bell_fd.map(Bell::from_peer).transpose()?.map(Arc::new),
             staging,
-            refill,
+            refill: refill_fd.map(Bell::from_peer).transpose()?,
         };
         let peer = Peer::new(
             c.name,

@@ -14,9 +14,11 @@
 //! - [`peer`]: what a QP knows of its peer (mapped ring and regions, MR table).
 //! - [`trust`]: who may connect (uid allow-list) and who may be sent memory (probed pids);
 //!   [`probes`]: the probe nonces the device expects (bounded).
+//! - [`bell`]: doorbells a peer can neither block nor silence for another peer.
 //! - [`ring`], [`shm`], [`sock`], [`wire`], [`timing`]: building blocks.
 
 mod ack;
+mod bell;
 mod cq;
 mod deliver;
 mod device;

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::bell::Bell;
 use super::limits;
 use super::ring::Ring;
-use super::shm::{EventFd, Mapping};
+use super::shm::Mapping;
 use super::sock::{MAX_MSG, Recv, Sock};
 use super::wire::Msg;
 use crate::Access;
@@ -63,11 +64,10 @@ pub(crate) struct Peer {
     pub(crate) qpn: u32,
     pub(crate) ring: Ring,
     /// The peer's recv CQ doorbell: rung when we publish a completion and its CQ sleeps.
-    pub(crate) doorbell: Arc<EventFd>,
-    /// The peer device's refill eventfd: rung when an SRQ-fed ring of the peer runs low.
-    /// One per peer process and device, shared by all our QPs attached to it (an fd per link
-    /// saved, [`super::device`]).
-    pub(crate) refill: Option<Arc<EventFd>>,
+    pub(crate) doorbell: Arc<Bell>,
+    /// The peer device's refill doorbell for this connection: rung when the peer's ring, fed
+    /// by an SRQ, runs low.
+    pub(crate) refill: Option<Bell>,
     /// Access the peer's QP grants us (`qp_access_flags`).
     pub(crate) access: Access,
     /// What the receive side needs of the peer too: its announced memory, staging region,
@@ -95,8 +95,8 @@ pub(crate) struct PeerShared {
     ring: Ring,
     /// The peer's send CQ doorbell (its recv CQ's when they are one CQ): rung when we
     /// acknowledge its SENDs and it sleeps waiting for that.
-    pub(crate) tx_bell: Arc<EventFd>,
-    /// Whether `tx_bell` is the same eventfd as the peer's recv CQ doorbell.
+    pub(crate) tx_bell: Arc<Bell>,
+    /// Whether `tx_bell` is the same doorbell as the peer's recv CQ doorbell.
     pub(crate) tx_bell_shared: bool,
     /// The peer's staging region, mapped read-only (inline SENDs and SENDs from memory the
     /// peer does not announce are copied there by the peer).
@@ -171,10 +171,10 @@ impl Table {
 /// How a Connect's optional parts arrived.
 #[derive(Debug)]
 pub(crate) struct PeerParts {
-    pub(crate) doorbell: Arc<EventFd>,
-    pub(crate) tx_bell: Option<Arc<EventFd>>,
+    pub(crate) doorbell: Arc<Bell>,
+    pub(crate) tx_bell: Option<Arc<Bell>>,
     pub(crate) staging: Option<Mapping>,
-    pub(crate) refill: Option<Arc<EventFd>>,
+    pub(crate) refill: Option<Bell>,
 }
 
 impl Peer {

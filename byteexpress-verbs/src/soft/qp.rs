@@ -2,6 +2,7 @@
 //! The send side (copy engine, RNR and retry) is in `send.rs`.
 
 use std::collections::{HashSet, VecDeque};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -9,6 +10,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rand::Rng;
 
+use super::bell::{Bell, BellIn};
 use super::cq::{CqState, Inbound, Outbound, SoftCq};
 use super::deliver::{RecvSges, RecvSide};
 use super::device::{CONTROL_TIMEOUT, SoftDevice, Watch};
@@ -20,7 +22,9 @@ use super::send::{Blame, Keep, SendSide};
 use super::shm::Mapping;
 use super::sock::{MAX_MSG, MAX_NAME, Recv, Sock};
 use super::srq::SoftSrq;
-use super::wire::{CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg};
+use super::wire::{
+    CONNECT_BELL_BACK, CONNECT_REFILL, CONNECT_SEND_BELL, CONNECT_STAGING, ConnectMsg, Msg,
+};
 use crate::provider::{CqImpl, PROVIDER_IBVERBS, PROVIDER_SOFT, QpImpl};
 use crate::{
     AsyncEvent, ConnectAttr, Endpoint, Error, QpCap, QpState, RecvWr, Result, SendWr, Wc, WcOpcode,
@@ -85,6 +89,13 @@ pub(crate) struct SoftQp {
     pub(crate) peer_dead: AtomicBool,
     out: Mutex<Option<Arc<Conn>>>,
     connecting: Mutex<()>,
+    /// The receiving ends of the doorbells this QP gave its peer (recv CQ, send CQ, refill),
+    /// in their sets while the QP lives ([`super::bell`]).
+    bells: Mutex<Vec<BellIn>>,
+    /// Our recv CQ's doorbell pair as offered to the peer on the channel we dialed: a peer
+    /// connecting back over that channel may ring us on it and take our end as its own
+    /// doorbell (`CONNECT_BELL_BACK`, [`super::bell`]).
+    ring_back: Mutex<Option<(Arc<Sock>, Bell)>>,
     /// Woken when the peer answers a Connect sent over its own channel (see `connect`).
     connect_answered: parking_lot::Condvar,
     /// The SRQ receives come from, if any.
@@ -190,6 +201,8 @@ impl SoftQp {
             peer_dead: AtomicBool::new(false),
             out: Mutex::new(None),
             connecting: Mutex::new(()),
+            bells: Mutex::new(Vec::new()),
+            ring_back: Mutex::new(None),
             connect_answered: parking_lot::Condvar::new(),
             srq: srq.clone(),
             sqd_notified: AtomicBool::new(false),
@@ -332,6 +345,17 @@ impl SoftQp {
         }
         drop(send);
         self.on_peer_gone();
+    }
+
+    /// Device: the doorbell a peer connecting back over `sock` rings us on when its `Connect`
+    /// says `CONNECT_BELL_BACK`: our end of the pair our own `Connect` gave it on that same
+    /// channel (none on any other channel).
+    pub(crate) fn ring_back(&self, sock: &Arc<Sock>) -> Option<Bell> {
+        self.ring_back
+            .lock()
+            .as_ref()
+            .filter(|(s, _)| Arc::ptr_eq(s, sock))
+            .map(|(_, b)| b.clone())
     }
 
     /// Whether the peer's announcements arrive on `sock` (its Connect came over it).
@@ -644,12 +668,46 @@ impl QpImpl for SoftQp {
         };
         // The send CQ's doorbell goes too when it is another CQ (the peer rings it with its
         // ACKs); a QP on one CQ (a link) sends none, so its peer keeps no fd for it. The
-        // refill eventfd only serves a ring fed by an SRQ (its low water set).
+        // refill doorbell only serves a ring fed by an SRQ (its low water set). Each is a new
+        // doorbell for this peer alone ([`super::bell`]).
+        // Over a channel the peer's QP connected to us on, its doorbell (the pair it made for
+        // its recv CQ) serves both ways: our recv CQ watches our end of it, the peer rings us
+        // from its end, and no new pair is made (one fd per side and link, as an eventfd was).
         let send_bell = !Arc::ptr_eq(&self.send_cq, &self.recv_cq);
+        let back = if reused {
+            let bell = self.send.lock().peer.as_ref().map(|p| p.doorbell.clone());
+            match bell {
+                Some(b) => Some(self.recv_cq.adopt_bell(&b)?),
+                None => None,
+            }
+        } else {
+            None
+        };
+        let bell_back = back.is_some();
+        let mut bells: Vec<BellIn> = back.into_iter().collect();
+        let mut bell_fds = Vec::with_capacity(3);
+        let mut offer = |o: Result<(BellIn, std::os::fd::OwnedFd)>| -> Result<()> {
+            let (rx, tx) = o?;
+            bells.push(rx);
+            bell_fds.push(tx);
+            Ok(())
+        };
+        if !bell_back {
+            offer(self.recv_cq.offer_bell())?;
+        }
+        if send_bell {
+            offer(self.send_cq.offer_bell())?;
+        }
+        if self.srq.is_some() {
+            offer(self.dev.offer_refill_bell())?;
+        }
         let stage_arena = self.send.lock().stage.arena().cloned();
         let mut flags = 0;
         if send_bell {
             flags |= CONNECT_SEND_BELL;
+        }
+        if bell_back {
+            flags |= CONNECT_BELL_BACK;
         }
         if stage_arena.is_some() {
             flags |= CONNECT_STAGING;
@@ -672,14 +730,20 @@ impl QpImpl for SoftQp {
             Error::InvalidState("the QP's ring was already passed to a peer".into())
         })?;
         let send_with = |stage_fd: Option<std::os::fd::RawFd>| {
+            // Ring memfd, the recv CQ's doorbell unless it rings back, then as the flags say:
+            // the send CQ's doorbell, the staging region, the refill doorbell.
             let mut fds = Vec::with_capacity(5);
-            fds.extend([ring_fd, self.recv_cq.doorbell_fd()]);
+            fds.push(ring_fd);
+            let mut bell_fds = bell_fds.iter().map(|f| f.as_raw_fd());
+            if !bell_back {
+                fds.extend(bell_fds.next());
+            }
             if send_bell {
-                fds.push(self.send_cq.doorbell_fd());
+                fds.extend(bell_fds.next());
             }
             fds.extend(stage_fd);
             if self.srq.is_some() {
-                fds.push(self.dev.wake_fd());
+                fds.extend(bell_fds.next());
             }
             sock.send(&hello.encode(), &fds)
         };
@@ -787,6 +851,10 @@ impl QpImpl for SoftQp {
             self.adopt_peer(&send);
         }
         *self.out.lock() = Some(conn);
+        if !bell_back && !reused {
+            *self.ring_back.lock() = Some((sock.clone(), bells[0].bell()));
+        }
+        *self.bells.lock() = bells;
         // The peer mapped the staging region: its memfd costs no fd from here on.
         self.send.lock().stage.passed();
         self.pd.qp_connected();

@@ -718,7 +718,7 @@ impl SoftQp {
             if low_water > 0
                 && let Some(r) = &peer.refill
             {
-                r.signal(); // an SRQ may have WQEs for this ring
+                r.ring(); // an SRQ may have WQEs for this ring
             }
             return Outcome::Rnr;
         }
@@ -765,7 +765,7 @@ impl SoftQp {
             && prod - (cons + 1) <= low_water
             && let Some(r) = &peer.refill
         {
-            r.signal();
+            r.ring();
         }
         let opcode = match what {
             What::WriteImm(src, dst) => {
@@ -796,7 +796,7 @@ impl SoftQp {
         fence(Ordering::SeqCst);
         let armed = peer.ring.armed();
         if armed.load(Ordering::Relaxed) != 0 && armed.swap(0, Ordering::SeqCst) != 0 {
-            peer.doorbell.signal();
+            peer.doorbell.ring();
         }
         // Whatever we owed the peer in ACKs, its CQ now polls (it was rung or is awake).
         if self.ack_owed.load(Ordering::Relaxed) {

@@ -1,4 +1,4 @@
-//! Shared memory: sealed memfd mappings and eventfds.
+//! Shared memory: sealed memfd mappings (doorbells are in [`super::bell`]).
 //!
 //! A memfd is sealed against shrinking before it leaves this process, and a peer's memfd is
 //! mapped only if it carries that seal, so no peer can truncate a mapping under us (SIGBUS).
@@ -460,56 +460,6 @@ impl Drop for Mapping {
         }
         // SAFETY: `ptr`/`len` are the mapping created in `map`, unmapped only here.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// A non-blocking eventfd: a CQ's completion channel, and the doorbell peers ring.
-#[derive(Debug)]
-pub(crate) struct EventFd {
-    fd: OwnedFd,
-}
-
-impl EventFd {
-    pub(crate) fn new() -> Result<EventFd> {
-        // SAFETY: eventfd has no memory-safety preconditions.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(Error::last_os("eventfd"));
-        }
-        // SAFETY: eventfd just returned this fd, which nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        Ok(EventFd { fd })
-    }
-
-    /// Wraps a peer's doorbell and makes it non-blocking, so ringing it never stalls us.
-    pub(crate) fn from_peer(fd: OwnedFd) -> EventFd {
-        // SAFETY: `fd` is open; F_GETFL/F_SETFL only change its status flags.
-        unsafe {
-            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            if fl >= 0 {
-                libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
-            }
-        }
-        EventFd { fd }
-    }
-
-    pub(crate) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// Adds 1 (wakes the reader). Errors (a full counter, a peer's odd fd) are ignored: the
-    /// reader polls anyway once woken.
-    pub(crate) fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to an open fd.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
-    }
-
-    /// Resets the counter (non-blocking).
-    pub(crate) fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads at most 8 bytes into a valid u64.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
     }
 }
 

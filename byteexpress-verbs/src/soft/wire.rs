@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | 1 | `Probe { nonce u64 }` | — |
 //! | 2 | `ProbeReply { ok u8, dev_id u64 }` | — |
-//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, flags u32, stage_len u32, name_len u16, name }` | ring memfd, doorbell eventfd (the recv CQ's), then as `flags` says: the send CQ's doorbell eventfd (bit 0: a CQ other than the recv CQ), the staging region (bit 1: `stage_len` bytes, an `O_RDONLY` memfd sealed against writes), the refill eventfd (bit 2: sent only by a QP fed by an SRQ, rung when its ring runs low) |
+//! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, flags u32, stage_len u32, name_len u16, name }` | ring memfd, the recv CQ's doorbell (one end of a new `AF_UNIX` `SOCK_DGRAM` socket pair; none with bit 3), then as `flags` says: the send CQ's doorbell (bit 0: a CQ other than the recv CQ; a new pair's end), the staging region (bit 1: `stage_len` bytes, an `O_RDONLY` memfd sealed against writes), the refill doorbell (bit 2: sent only by a QP fed by an SRQ, rung when its ring runs low; a new pair's end). Bit 3 (`BELL_BACK`): sent over the channel the receiver's own `Connect` came on, the sender rings the receiver on the pair that `Connect` gave it, which also rings the sender's recv CQ |
 //! | 4 | `ConnectReply { ok u8, reason_len u16, reason }` | — |
 //! | 5 | `Region { id u64, offset u64, len u64 }`: `len` bytes at `offset` (page-aligned) of the memfd | memfd (the PD's arena, shared by its regions; the receiver closes it once mapped) |
 //! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }` | — |
@@ -16,15 +16,27 @@
 //! may later send its own `Connect` back over that channel (answered there with
 //! `ConnectReply`); the channel then carries both directions' announcements.
 
-/// Protocol version carried in `Connect` (2: receiver-side SEND copy, issue 22 item 2).
-pub(crate) const VERSION: u16 = 2;
+/// Protocol version carried in `Connect` (2: receiver-side SEND copy, issue 22 item 2;
+/// 3: doorbells are datagram socket pairs, one per connection, [`super::bell`]).
+pub(crate) const VERSION: u16 = 3;
 
 /// `Connect` flag: the send CQ's doorbell follows the recv CQ's.
 pub(crate) const CONNECT_SEND_BELL: u32 = 1;
 /// `Connect` flag: the staging region's memfd follows.
 pub(crate) const CONNECT_STAGING: u32 = 2;
-/// `Connect` flag: the refill eventfd comes last.
+/// `Connect` flag: the refill doorbell comes last.
 pub(crate) const CONNECT_REFILL: u32 = 4;
+/// `Connect` flag: no recv-CQ doorbell follows the ring; the sender connects back over the
+/// channel the receiver's own `Connect` came on and rings the receiver on the doorbell pair
+/// that `Connect` gave it (each side keeps one end: [`super::bell`]).
+pub(crate) const CONNECT_BELL_BACK: u32 = 8;
+/// The flags a `Connect` may carry.
+pub(crate) const CONNECT_FLAGS: u32 = 15;
+
+/// How many fds a `Connect` with `flags` carries.
+pub(crate) fn connect_fds(flags: u32) -> usize {
+    1 + usize::from(flags & CONNECT_BELL_BACK == 0) + (flags & 7).count_ones() as usize
+}
 
 /// `Connect` fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +96,7 @@ impl Msg {
     /// How many fds must accompany this message.
     pub(crate) fn fds(&self) -> usize {
         match self {
-            Msg::Connect(c) => 2 + (c.flags & 7).count_ones() as usize,
+            Msg::Connect(c) => connect_fds(c.flags),
             Msg::Region { .. } => 1,
             _ => 0,
         }
@@ -175,7 +187,7 @@ impl Msg {
                 let (src_qpn, dst_qpn, ring_cap, ring_sge, access) =
                     (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
                 let (flags, stage_len) = (r.u32()?, r.u32()?);
-                if flags & !7 != 0 {
+                if flags & !CONNECT_FLAGS != 0 {
                     return None;
                 }
                 let n = r.u16()? as usize;

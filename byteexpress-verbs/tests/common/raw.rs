@@ -119,11 +119,8 @@ pub fn dial(name: &[u8]) -> OwnedFd {
     let fd = seqpacket();
     let (a, len) = abstract_addr(name);
     // SAFETY: a valid address of `len` bytes.
-    assert_eq!(
-        unsafe { libc::connect(fd.as_raw_fd(), (&raw const a).cast(), len) },
-        0,
-        "connect to the device"
-    );
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), (&raw const a).cast(), len) };
+    assert_eq!(rc, 0, "connect to the device");
     fd
 }
 
@@ -209,11 +206,11 @@ pub fn recv_msg(sock: RawFd) -> (Vec<u8>, Vec<OwnedFd>) {
     (buf, fds)
 }
 
-/// `Connect` as soft/wire.rs encodes it (tag 3, version 2), with the flag saying a staging
+/// `Connect` as soft/wire.rs encodes it (tag 3, version 3), with the flag saying a staging
 /// region follows the ring and the doorbell.
 pub fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<u8> {
     let mut v = vec![3u8];
-    v.extend_from_slice(&2u16.to_le_bytes());
+    v.extend_from_slice(&3u16.to_le_bytes());
     v.extend_from_slice(&0xBAD_u64.to_le_bytes());
     for x in [src_qpn, dst_qpn, CAP, SGE, access, 2, STAGE as u32] {
         v.extend_from_slice(&x.to_le_bytes());
@@ -221,6 +218,38 @@ pub fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<
     v.extend_from_slice(&(name.len() as u16).to_le_bytes());
     v.extend_from_slice(name);
     v
+}
+
+/// A doorbell as the device wants one (soft/bell.rs): a Unix datagram socket pair whose
+/// sending end goes in the `Connect`; returns (receiving end, sending end).
+pub fn doorbell() -> (OwnedFd, OwnedFd) {
+    let mut sv = [0 as RawFd; 2];
+    // SAFETY: `sv` has room for two fds; both are owned below.
+    unsafe {
+        assert_eq!(
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr()
+            ),
+            0
+        );
+        (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1]))
+    }
+}
+
+/// Rings a doorbell the victim sent (one datagram, never blocking).
+pub fn ring_bell(fd: RawFd) {
+    // SAFETY: a one-byte send from a valid buffer.
+    unsafe {
+        libc::send(
+            fd,
+            [1u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
 }
 
 /// `ConnectReply { ok: true }` (tag 4, ok, empty reason).
@@ -255,11 +284,19 @@ pub struct Attached {
     pub victim_ring: *mut libc::c_void,
     pub victim_cap: u32,
     pub victim_sge: u32,
-    /// Ring, recv-CQ doorbell, then what the victim's `Connect` flags say.
+    /// Ring, then what the victim's `Connect` flags say (a recv-CQ doorbell only without
+    /// `BELL_BACK`, bit 3).
     pub victim_fds: Vec<OwnedFd>,
+    /// The fd we ring the victim's recv CQ on: our own end of the doorbell pair we made when
+    /// the victim rings back on it (`BELL_BACK`, as the device does over a shared channel),
+    /// else the doorbell its `Connect` carried.
+    pub victim_bell: RawFd,
+    /// The victim's end of that doorbell as we hold it: our copy of the end we sent (the
+    /// victim keeps it in its CQ's set), or the one its `Connect` carried.
+    pub victim_end: RawFd,
     pub my_ring: *mut libc::c_void,
     pub my_stage: *mut libc::c_void,
-    _mine: [OwnedFd; 3],
+    _mine: [OwnedFd; 4],
 }
 
 impl Attached {
@@ -282,9 +319,8 @@ impl Attached {
             put32(r, off + 36, 0);
             put64(r, off + 40, addr);
             put64(r, OFF_COMP_PROD, seq + 1);
-            let one = 1u64;
-            libc::write(self.victim_fds[1].as_raw_fd(), (&raw const one).cast(), 8);
         }
+        ring_bell(self.victim_bell);
     }
 }
 
@@ -308,8 +344,7 @@ pub fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
     // 2. Our Connect to the victim QP, with a ring, a doorbell and a staging region of ours.
     let ring = memfd(c"hostile-ring", ring_bytes(CAP, SGE));
     let stage = memfd(c"hostile-stage", STAGE);
-    // SAFETY: eventfd has no preconditions; the fd is owned below.
-    let bell = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
+    let (bell_rx, bell) = doorbell();
     let my_ring = map(ring.as_raw_fd(), ring_bytes(CAP, SGE), true);
     let my_stage = map(stage.as_raw_fd(), STAGE, true);
     let c = dial(&dev_name);
@@ -329,14 +364,22 @@ pub fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
     let cap = u32::from_le_bytes(m[19..23].try_into().unwrap());
     let sge = u32::from_le_bytes(m[23..27].try_into().unwrap());
     let flags = u32::from_le_bytes(m[31..35].try_into().unwrap());
+    let bell_back = flags & 8 != 0;
     assert_eq!(
         fds.len(),
-        2 + (flags & 7).count_ones() as usize,
-        "ring, doorbell and the fds its flags name"
+        1 + usize::from(!bell_back) + (flags & 7).count_ones() as usize,
+        "ring, doorbell unless it rings back, and the fds its flags name"
     );
     send_msg(back, &CONNECT_OK, &[]);
     let victim_ring = map(fds[0].as_raw_fd(), ring_bytes(cap, sge), true);
+    let (victim_bell, victim_end) = if bell_back {
+        (bell_rx.as_raw_fd(), bell.as_raw_fd())
+    } else {
+        (fds[1].as_raw_fd(), fds[1].as_raw_fd())
+    };
     Attached {
+        victim_bell,
+        victim_end,
         chan: c,
         victim_ring,
         victim_cap: cap,
@@ -344,7 +387,7 @@ pub fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
         victim_fds: fds,
         my_ring,
         my_stage,
-        _mine: [ring, stage, bell],
+        _mine: [ring, stage, bell, bell_rx],
     }
 }
 
