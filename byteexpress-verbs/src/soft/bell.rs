@@ -154,23 +154,30 @@ impl BellSet {
     /// wake-up is pending ([`BellSet::consume_local`] not called since).
     pub(crate) fn signal(&self) {
         let mut local = self.ep.local.lock();
-        if !*local && ctl(&self.ep, libc::EPOLL_CTL_ADD, self.ready, LOCAL).is_ok() {
-            *local = true;
-            self.ep.local_hint.store(true, Ordering::Release);
+        if !*local {
+            // The hint goes up before the eventfd goes in: a waiter the addition wakes must
+            // not find the hint still down and leave the eventfd in the set, or every later
+            // signal would find a wake-up pending and wake nobody.
+            self.ep.local_hint.store(true, Ordering::SeqCst);
+            if ctl(&self.ep, libc::EPOLL_CTL_ADD, self.ready, LOCAL).is_ok() {
+                *local = true;
+            } else {
+                self.ep.local_hint.store(false, Ordering::SeqCst);
+            }
         }
     }
 
     /// Consumes a pending local wake-up (the waiter woke): the next [`BellSet::signal`]
     /// wakes it again.
     pub(crate) fn consume_local(&self) {
-        if !self.ep.local_hint.load(Ordering::Acquire) {
+        if !self.ep.local_hint.load(Ordering::SeqCst) {
             return;
         }
         let mut local = self.ep.local.lock();
         if *local {
             let _ = ctl(&self.ep, libc::EPOLL_CTL_DEL, self.ready, LOCAL);
             *local = false;
-            self.ep.local_hint.store(false, Ordering::Release);
+            self.ep.local_hint.store(false, Ordering::SeqCst);
         }
     }
 
@@ -358,6 +365,54 @@ mod tests {
         assert!(readable(set.fd()), "a wake-up after the last was consumed");
         set.drain();
         assert!(!readable(set.fd()));
+    }
+
+    /// Regression (review of issue 22): `signal` raised the fast-path hint only after adding
+    /// the eventfd, so a waiter woken by the addition could find the hint down, leave the
+    /// eventfd in the set, and from then on every `signal` found a wake-up pending and made no
+    /// edge: a consumer slept on a CQ holding a completion (echo_rtt's p99 was the 1 ms nudge).
+    #[test]
+    fn a_waiter_woken_by_a_local_signal_always_consumes_it_so_the_next_signal_wakes_again() {
+        let set = Arc::new(BellSet::new().unwrap());
+        // An edge-triggered outer epoll, as tokio registers a CQ's fd.
+        // SAFETY: plain syscall; owned below.
+        let outer = unsafe { OwnedFd::from_raw_fd(libc::epoll_create1(libc::EPOLL_CLOEXEC)) };
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: 1,
+        };
+        // SAFETY: both fds are open; `ev` is valid.
+        let rc = unsafe {
+            libc::epoll_ctl(
+                outer.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                set.fd(),
+                &raw mut ev,
+            )
+        };
+        assert_eq!(rc, 0);
+        let outer = Arc::new(outer);
+        for round in 0..2000 {
+            let (s2, o2) = (set.clone(), outer.clone());
+            let waiter = std::thread::spawn(move || {
+                let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+                // SAFETY: `evs` has room for 4 events.
+                let n = unsafe { libc::epoll_wait(o2.as_raw_fd(), evs.as_mut_ptr(), 4, 5000) };
+                s2.consume_local(); // what `ack_event` does once woken
+                n
+            });
+            std::thread::sleep(std::time::Duration::from_micros(20));
+            set.signal();
+            assert_eq!(
+                waiter.join().unwrap(),
+                1,
+                "round {round}: the signal woke the waiter"
+            );
+            assert!(
+                !readable(set.fd()),
+                "round {round}: the woken waiter left the local wake-up pending"
+            );
+        }
     }
 
     #[test]
