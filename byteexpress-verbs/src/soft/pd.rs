@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::device::SoftDevice;
+use super::device::{CONTROL_TIMEOUT, SoftDevice};
 use super::limits;
 use super::qp::SoftQp;
 use super::ring::Ring;
@@ -64,10 +64,12 @@ impl Conn {
     }
 
     /// Sends one announcement and counts it in the ring (Release: the message is queued on
-    /// the peer's socket before the peer can see the count). Never blocks past `deadline`
-    /// (`None`: not at all), since announcements are sent under the PD's lock: a peer whose
-    /// socket stays full (it stopped reading) is dropped instead ([`Conn::fail`]), costing
-    /// that peer only.
+    /// the peer's socket before the peer can see the count). Waits for room in the peer's
+    /// socket until `deadline` (`None`: [`CONTROL_TIMEOUT`] from now): a live peer's progress
+    /// thread empties it within milliseconds, so a burst of registrations never costs an
+    /// honest peer its QP; a peer that leaves its socket full that long (it stopped reading)
+    /// is dropped ([`Conn::fail`]), and later announcements skip it at once. Under the PD's
+    /// lock, such a peer can hold the PD's registrations once, for at most that long.
     fn send(
         &self,
         m: &Msg,
@@ -81,13 +83,12 @@ impl Conn {
             ));
         }
         let data = m.encode();
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + CONTROL_TIMEOUT);
         loop {
             match self.sock.send_nowait(&data, fds) {
                 Ok(()) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let left = deadline.map_or(Duration::ZERO, |d| {
-                        d.saturating_duration_since(Instant::now())
-                    });
+                    let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() || !self.sock.wait_writable(left) {
                         self.fail();
                         return Err(e);
@@ -127,8 +128,8 @@ impl Conn {
         self.send(&Msg::MrDel { key }, &[], None)
     }
 
-    /// Sends `mr` (and its region's memfd, the first time), without waiting: a peer whose
-    /// socket is full is dropped ([`Conn::send`]).
+    /// Sends `mr` (and its region's memfd, the first time), waiting for room as
+    /// [`Conn::send`] does.
     /// User memory ([`Backing::User`]) is never announced: peers cannot reach it.
     /// Local-only memory ([`Exposure::Local`]) is not announced either.
     pub(crate) fn announce(&self, mr: &SoftMr) -> std::io::Result<()> {
