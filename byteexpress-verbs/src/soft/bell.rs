@@ -34,6 +34,8 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::peer_fd::PeerFd;
+
 use crate::{Error, Result};
 
 /// Datagrams taken from one doorbell per drain: a peer flooding its own doorbell makes us read
@@ -72,7 +74,7 @@ fn ready_fd() -> Result<RawFd> {
 #[derive(Debug)]
 struct Epoll {
     fd: OwnedFd,
-    members: Mutex<HashMap<u64, Arc<OwnedFd>>>,
+    members: Mutex<HashMap<u64, Arc<PeerFd>>>,
     next: AtomicU64,
     /// The always-readable eventfd is in the set: a local wake-up is pending (the lock
     /// orders adding and removing it).
@@ -95,7 +97,7 @@ pub(crate) struct BellSet {
 pub(crate) struct BellIn {
     ep: Arc<Epoll>,
     token: u64,
-    fd: Arc<OwnedFd>,
+    fd: Arc<PeerFd>,
 }
 
 /// A doorbell we ring: one end of a datagram socket pair, whose other end is in a peer's set.
@@ -103,7 +105,7 @@ pub(crate) struct BellIn {
 /// what the other sends.
 #[derive(Debug, Clone)]
 pub(crate) struct Bell {
-    tx: Arc<OwnedFd>,
+    tx: Arc<PeerFd>,
 }
 
 fn last_os(what: &'static str) -> Error {
@@ -200,7 +202,7 @@ impl BellSet {
         }
         // SAFETY: both fds were just created and are owned by nothing else.
         let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-        Ok((self.join(Arc::new(rx))?, tx))
+        Ok((self.join(Arc::new(PeerFd::new(rx)))?, tx))
     }
 
     /// Puts the end of a peer's doorbell we ring into this set too, so the peer rings us on
@@ -210,7 +212,8 @@ impl BellSet {
         self.join(bell.tx.clone())
     }
 
-    fn join(&self, fd: Arc<OwnedFd>) -> Result<BellIn> {
+    fn join(&self, fd: Arc<PeerFd>) -> Result<BellIn> {
+        refuse_rights(fd.raw());
         let token = self.ep.next.fetch_add(1, Ordering::Relaxed);
         let mut members = self.ep.members.lock();
         ctl(&self.ep, libc::EPOLL_CTL_ADD, fd.as_raw_fd(), token).map_err(|source| Error::Os {
@@ -251,18 +254,83 @@ impl BellSet {
             let Some(rx) = self.ep.members.lock().get(&token).cloned() else {
                 continue;
             };
-            let fd = rx.as_raw_fd();
-            let mut b = [0u8; 16];
             for _ in 0..DRAIN_PER_BELL {
-                // SAFETY: `b` is a valid buffer of its length; MSG_DONTWAIT never sleeps.
-                let r =
-                    unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
-                if r <= 0 {
+                if !take_one(rx.raw()) {
                     break;
                 }
             }
         }
     }
+}
+
+/// `SO_PASSRIGHTS` (Linux 6.16): with it off, a sender's `SCM_RIGHTS` to the socket fails
+/// `EPERM`. Not in the libc crate yet; older kernels refuse the option (`ENOPROTOOPT`), and
+/// then [`take_one`] still keeps a passed file's close off this thread.
+const SO_PASSRIGHTS: libc::c_int = 83;
+
+/// Refuses files sent to our end of a doorbell, where the kernel can.
+fn refuse_rights(fd: RawFd) {
+    let off: libc::c_int = 0;
+    // SAFETY: an int option on an open socket; failure (an older kernel) is harmless.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&raw const off).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+/// Takes one datagram off a doorbell without blocking; false when there was none. Files a peer
+/// sent with it (`SCM_RIGHTS`) are received whole (room for the most one message carries, so
+/// the kernel closes none here) and closed off this thread ([`super::peer_fd`]): a peer's
+/// lingering socket must not stall the CQ's consumer or the progress thread.
+fn take_one(fd: RawFd) -> bool {
+    let mut b = [0u8; 16];
+    let mut iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: b.len(),
+    };
+    let mut cbuf = [0u64; super::sock::CMSG_WORDS];
+    // SAFETY: an all-zero msghdr is a valid value of this plain C struct.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: `msg` points to live, writable iovec and control buffers; MSG_DONTWAIT never
+    // sleeps.
+    let r = unsafe {
+        libc::recvmsg(
+            fd,
+            &raw mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if r < 0 {
+        return false;
+    }
+    // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR/NXTHDR walk only
+    // inside it; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds the kernel
+    // installed in this process, owned by nothing else yet.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / 4 {
+                    let f = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
+                    drop(PeerFd::new(OwnedFd::from_raw_fd(f)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&raw const msg, c);
+        }
+    }
+    // A datagram may be empty; 0 bytes and no control data is a shut-down socket's EOF.
+    r > 0 || msg.msg_controllen > 0
 }
 
 impl BellIn {
@@ -290,7 +358,7 @@ impl Drop for BellIn {
 impl Bell {
     /// A peer's doorbell, checked to be the sending end of a Unix datagram socket (anything
     /// else is refused: a peer choosing the kind of fd could choose one whose writes block).
-    pub(crate) fn from_peer(fd: OwnedFd) -> std::result::Result<Bell, String> {
+    pub(crate) fn from_peer(fd: PeerFd) -> std::result::Result<Bell, String> {
         let opt = |name: libc::c_int| -> Option<libc::c_int> {
             let mut v: libc::c_int = 0;
             let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -349,7 +417,7 @@ mod tests {
     fn a_rung_bell_makes_its_set_readable_until_drained() {
         let set = BellSet::new().unwrap();
         let (_rx, tx) = set.offer().unwrap();
-        let bell = Bell::from_peer(tx).unwrap();
+        let bell = Bell::from_peer(PeerFd::new(tx)).unwrap();
         assert!(!readable(set.fd()));
         bell.ring();
         bell.ring();
@@ -415,11 +483,79 @@ mod tests {
         }
     }
 
+    /// Sends `file` over the doorbell end `tx` (`SCM_RIGHTS`), as a hostile peer would.
+    fn send_file(tx: RawFd, file: RawFd) -> std::io::Result<()> {
+        let mut b = [1u8];
+        let mut iov = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: an all-zero msghdr is valid; the control buffer holds one fd's cmsg.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &raw mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let c = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), file);
+            if libc::sendmsg(tx, &raw const msg, libc::MSG_DONTWAIT) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Regression (review of issue 22, F1): a peer sent a TCP socket with `SO_LINGER` and
+    /// unsent data over its doorbell; the drain received it without room for files, the
+    /// kernel closed it in the draining thread, and that close waited out the linger time
+    /// (3.06 s measured): a CQ's consumer or the device's progress thread, stalled at will.
+    #[test]
+    fn a_lingering_socket_a_peer_sends_over_a_doorbell_never_stalls_the_drain() {
+        use crate::soft::peer_fd::tests::lingering_socket;
+        let set = BellSet::new().unwrap();
+        let (rx, tx) = set.offer().unwrap();
+        let (file, _l) = lingering_socket(3);
+        match send_file(tx.as_raw_fd(), file.as_raw_fd()) {
+            // The kernel refuses files to our end (SO_PASSRIGHTS, Linux 6.16).
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}"),
+            Ok(()) => {}
+        }
+        // A peer that made the pair keeps a copy of our end and allows files again (or the
+        // kernel is older): the file arrives, and the drain must not close it in place.
+        let on: libc::c_int = 1;
+        // SAFETY: an int option on an open socket.
+        unsafe {
+            libc::setsockopt(
+                rx.fd.raw(),
+                libc::SOL_SOCKET,
+                SO_PASSRIGHTS,
+                (&raw const on).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        send_file(tx.as_raw_fd(), file.as_raw_fd()).unwrap();
+        drop(file); // the copy in flight is now the last one
+        assert!(readable(set.fd()));
+        let t0 = std::time::Instant::now();
+        set.drain();
+        let took = t0.elapsed();
+        assert!(!readable(set.fd()), "drained");
+        assert!(
+            took < std::time::Duration::from_secs(2),
+            "the drain closed the peer's lingering socket in place: {took:?}"
+        );
+    }
+
     #[test]
     fn a_pair_adopted_by_the_peer_rings_both_ways_and_each_side_drains_only_its_end() {
         let (ours, theirs) = (BellSet::new().unwrap(), BellSet::new().unwrap());
         let (our_end, their_fd) = ours.offer().unwrap();
-        let to_us_from_them = Bell::from_peer(their_fd).unwrap();
+        let to_us_from_them = Bell::from_peer(PeerFd::new(their_fd)).unwrap();
         let _their_end = theirs.adopt(&to_us_from_them).unwrap();
         let to_them = our_end.bell();
         to_them.ring();
@@ -455,7 +591,7 @@ mod tests {
             filled += 1;
         }
         assert!(filled > 0);
-        let bell = Bell::from_peer(tx).unwrap();
+        let bell = Bell::from_peer(PeerFd::new(tx)).unwrap();
         // Blocking here would hang the test (and, in the provider, the progress thread).
         for _ in 0..1000 {
             bell.ring();
@@ -466,21 +602,21 @@ mod tests {
     fn an_eventfd_or_a_stream_socket_is_refused_as_a_doorbell() {
         // SAFETY: eventfd has no preconditions; owned below.
         let efd = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
-        assert!(Bell::from_peer(efd).is_err());
+        assert!(Bell::from_peer(PeerFd::new(efd)).is_err());
         let mut sv = [0; 2];
         // SAFETY: valid array for two fds.
         let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()) };
         assert_eq!(rc, 0);
         // SAFETY: just created.
         let (a, _b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-        assert!(Bell::from_peer(a).is_err());
+        assert!(Bell::from_peer(PeerFd::new(a)).is_err());
     }
 
     #[test]
     fn a_dropped_receiving_end_leaves_its_set() {
         let set = BellSet::new().unwrap();
         let (rx, tx) = set.offer().unwrap();
-        let bell = Bell::from_peer(tx).unwrap();
+        let bell = Bell::from_peer(PeerFd::new(tx)).unwrap();
         drop(rx);
         bell.ring();
         assert!(!readable(set.fd()), "a bell whose QP went wakes nobody");

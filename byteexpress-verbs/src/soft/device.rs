@@ -16,6 +16,7 @@ use super::cq::SoftCq;
 use super::limits;
 use super::pd::{SoftMr, SoftPd};
 use super::peer::{Peer, PeerParts};
+use super::peer_fd::PeerFd;
 use super::probes::Probes;
 use super::qp::SoftQp;
 use super::ring::{Layout, Ring};
@@ -450,7 +451,7 @@ impl SoftDevice {
     }
 
     /// The first message on an accepted connection: a probe or a QP connect.
-    fn first_message(&self, sock: Sock, b: &[u8], fds: Vec<OwnedFd>) {
+    fn first_message(&self, sock: Sock, b: &[u8], fds: Vec<PeerFd>) {
         match Msg::decode(b) {
             Some(Msg::Probe { nonce }) if fds.is_empty() => {
                 let ok = self.take_nonce(nonce);
@@ -499,7 +500,7 @@ impl SoftDevice {
     fn attach(
         &self,
         c: ConnectMsg,
-        fds: Vec<OwnedFd>,
+        fds: Vec<PeerFd>,
         sock: &Arc<Sock>,
     ) -> std::result::Result<Arc<SoftQp>, String> {
         if fds.len() != connect_fds(c.flags) {
@@ -540,6 +541,7 @@ impl SoftDevice {
         };
         // We store into the peer's ring (receive claims, completions, `armed`): it must be
         // passed read-write, or this connection is refused.
+        let ring_fd = ring_fd.into_memfd().ok_or("the ring is not a memfd")?;
         let map = Mapping::open_writable(ring_fd, 0, layout.bytes()).map_err(|e| e.to_string())?;
         let ring = Ring::new(Arc::new(map), layout).ok_or("ring region too small")?;
         tracing::debug!(
@@ -549,6 +551,7 @@ impl SoftDevice {
         );
         let staging = match stage_fd {
             Some(fd) if (1..=limits::MAX_STAGE).contains(&c.stage_len) => {
+                let fd = fd.into_memfd().ok_or("the staging region is not a memfd")?;
                 Some(Mapping::open(fd, 0, c.stage_len as usize).map_err(|e| e.to_string())?)
             }
             Some(_) => return Err("staging region size out of range".into()),

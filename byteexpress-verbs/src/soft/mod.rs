@@ -25,6 +25,7 @@ mod device;
 mod fatal;
 mod pd;
 mod peer;
+mod peer_fd;
 mod probes;
 mod qp;
 mod ring;

@@ -3,7 +3,6 @@
 //! before use.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +10,7 @@ use parking_lot::Mutex;
 
 use super::bell::Bell;
 use super::limits;
+use super::peer_fd::PeerFd;
 use super::ring::Ring;
 use super::shm::Mapping;
 use super::sock::{MAX_MSG, Recv, Sock};
@@ -287,7 +287,7 @@ impl PeerShared {
         }
     }
 
-    fn apply(t: &mut Table, b: &[u8], fds: Vec<OwnedFd>) {
+    fn apply(t: &mut Table, b: &[u8], fds: Vec<PeerFd>) {
         t.last = None;
         let Some(msg) = Msg::decode(b).filter(|m| m.fds() == fds.len()) else {
             tracing::warn!("soft: malformed announcement from a peer ignored");
@@ -296,6 +296,11 @@ impl PeerShared {
         match msg {
             Msg::Region { id, offset, len } => {
                 let Some(fd) = fds.into_iter().next() else {
+                    return;
+                };
+                // Anything but a memfd is closed off this thread, unmapped ([`PeerFd`]).
+                let Some(fd) = fd.into_memfd() else {
+                    tracing::warn!("soft: peer region {id} is not a memfd: refused");
                     return;
                 };
                 if t.regions.len() >= limits::MAX_PEER_REGIONS || len > limits::MAX_MR_SIZE {

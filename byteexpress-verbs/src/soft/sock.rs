@@ -5,8 +5,12 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use super::peer_fd::PeerFd;
+
 /// Most fds one control message carries.
 pub(crate) const MAX_FDS: usize = 5;
+/// 8-byte words of a control buffer that holds SCM_MAX_FD (253) fds: CMSG_SPACE(253 × 4).
+pub(crate) const CMSG_WORDS: usize = (16 + 253 * 4_usize).div_ceil(8);
 /// Largest control message.
 pub(crate) const MAX_MSG: usize = 2048;
 /// Longest abstract socket name (sun_path minus the leading NUL).
@@ -22,7 +26,7 @@ pub(crate) struct Sock {
 #[derive(Debug)]
 pub(crate) enum Recv {
     /// A record of `n` bytes and the fds that came with it.
-    Msg(usize, Vec<OwnedFd>),
+    Msg(usize, Vec<PeerFd>),
     /// The peer closed its end.
     Eof,
     /// Nothing queued (non-blocking receive).
@@ -277,7 +281,9 @@ impl Sock {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
         };
-        let mut cbuf = [0u64; 8];
+        // Room for the most fds one message can carry (SCM_MAX_FD, 253): fds that did not fit
+        // would be closed by the kernel in this thread ([`super::peer_fd`]).
+        let mut cbuf = [0u64; CMSG_WORDS];
         // SAFETY: an all-zero msghdr is a valid value of this plain C struct.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = &raw mut iov;
@@ -311,7 +317,7 @@ impl Sock {
                     let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
                     for i in 0..bytes / 4 {
                         let fd = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
-                        fds.push(OwnedFd::from_raw_fd(fd));
+                        fds.push(PeerFd::new(OwnedFd::from_raw_fd(fd)));
                     }
                 }
                 c = libc::CMSG_NXTHDR(&raw const msg, c);
@@ -327,5 +333,64 @@ impl Sock {
             return Ok(Recv::Eof);
         }
         Ok(Recv::Msg(n, fds))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::soft::peer_fd::tests::lingering_socket;
+    use std::time::Instant;
+
+    /// Regression (review of issue 22): the control buffer held 12 fds; a peer's record with
+    /// more had the rest closed by the kernel in the receiving thread (the device's progress
+    /// thread), where a lingering socket's close waited out its linger time.
+    #[test]
+    fn a_record_with_many_lingering_sockets_is_received_without_closing_any_in_place() {
+        let name = format!("bx-sock-test-{}", std::process::id());
+        let l = Sock::listen(name.as_bytes()).unwrap();
+        let c = Sock::connect(name.as_bytes(), Duration::from_secs(5)).unwrap();
+        let s = (0..50)
+            .find_map(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                l.accept().unwrap()
+            })
+            .expect("accepted");
+        let (file, _l) = lingering_socket(3);
+        // 20 copies of one lingering socket: more than the old buffer's 12.
+        let fds = vec![file.as_raw_fd(); 20];
+        let mut byte = [b'x'];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut cbuf = [0u64; 16];
+        // SAFETY: an all-zero msghdr is valid; the control buffer holds one cmsg of 20 fds.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &raw mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(80) as _;
+            let h = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*h).cmsg_level = libc::SOL_SOCKET;
+            (*h).cmsg_type = libc::SCM_RIGHTS;
+            (*h).cmsg_len = libc::CMSG_LEN(80) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(h), 80);
+            assert_eq!(libc::sendmsg(c.raw(), &raw const msg, 0), 1);
+        }
+        drop(file); // the copies in flight are the last ones
+        let mut buf = [0u8; 16];
+        let t0 = Instant::now();
+        let got = s.recv(&mut buf, true).unwrap();
+        let took = t0.elapsed();
+        match got {
+            Recv::Msg(1, fds) => assert_eq!(fds.len(), 20),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            took < Duration::from_secs(2),
+            "a close ran in place: {took:?}"
+        );
     }
 }
