@@ -28,6 +28,7 @@ const OFF_ARMED: usize = 256;
 /// Offset of the first receive WQE in a ring (its `num_sge` u32 first).
 const OFF_WQE0: usize = 512;
 
+/// The peer process's entry point (not a check of its own: it returns at once in a normal run).
 #[test]
 fn child_entry() {
     let Some((role, mut s)) = peer::peer_role() else {

@@ -358,7 +358,7 @@ mod tests {
             .expect("accepted");
         let (file, _l) = lingering_socket(3);
         // 20 copies of one lingering socket: more than the old buffer's 12.
-        let fds = vec![file.as_raw_fd(); 20];
+        let fds = [file.as_raw_fd(); 20];
         let mut byte = [b'x'];
         let mut iov = libc::iovec {
             iov_base: byte.as_mut_ptr().cast(),
