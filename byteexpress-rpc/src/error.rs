@@ -56,7 +56,7 @@ pub(crate) enum NoRdma {
     #[error("{0} offers no RDMA device")]
     PeerOffersNone(String),
     /// No local device's probe reached a server device.
-    #[error("peer unreachable over RDMA: none of {} reaches {addr}'s {remote} device(s)", .local.join(", "))]
+    #[error("peer unreachable over RDMA: none of {} reaches {addr}'s {remote} device(s){}", .local.join(", "), if .local.contains(&"soft0") { " (the soft device reaches processes of its own user and of BX_SOFT_ALLOW_UIDS only)" } else { "" })]
     Unreachable {
         /// The local devices probed.
         local: Vec<&'static str>,

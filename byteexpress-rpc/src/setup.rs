@@ -505,6 +505,10 @@ pub(crate) async fn connect(
         dispatch.peer_stream_window(stream_window.min(MAX_STREAM_WINDOW));
         let chosen = pick_device(&local, &remote, nonce);
         let Some((ctx, server_dev)) = chosen else {
+            // Devices were offered and none reached the server: that is why the link is on
+            // TCP, whatever left faster devices out before (a soft device refused by the
+            // server's uid check was reported as "no hardware RDMA device").
+            let why = if local.is_empty() { why } else { None };
             let why = why.unwrap_or_else(|| {
                 if remote.is_empty() {
                     NoRdma::PeerOffersNone(addr.to_string())

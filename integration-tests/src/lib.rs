@@ -251,7 +251,22 @@ impl ServerProc {
     /// [`ServerProc::start`] with `env` added to the server's environment (e.g.
     /// `[("BX_GID_INDEX", "99")]`).
     pub async fn start_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProc {
-        let mut child = Command::new(bin)
+        Self::start_as(bin, args, env, None).await
+    }
+
+    /// [`ServerProc::start_env`] as user `uid` (the test must run as root to switch), or as
+    /// this process's user for `None`.
+    pub async fn start_as(
+        bin: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> ServerProc {
+        let mut cmd = Command::new(bin);
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd
             .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
