@@ -37,12 +37,7 @@ fn child_intruder(s: &mut TcpStream) {
     let dev_name = get(s);
     let nonce = u64::from_le_bytes(get(s).try_into().unwrap());
     let victim_qpn = u32::from_le_bytes(get(s).try_into().unwrap());
-    let p = dial(&dev_name);
-    let mut probe = vec![1u8];
-    probe.extend_from_slice(&nonce.to_le_bytes());
-    send_msg(p.as_raw_fd(), &probe, &[]);
-    let (reply, _) = recv_msg(p.as_raw_fd());
-    assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
+    raw::probe(&dev_name, nonce);
     let ring = memfd(c"intruder-ring", raw::ring_bytes(CAP, SGE));
     let stage = memfd(c"intruder-stage", STAGE);
     let (_bell_rx, bell) = raw::doorbell();

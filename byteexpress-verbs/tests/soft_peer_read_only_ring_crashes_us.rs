@@ -38,12 +38,7 @@ fn ro_ring_peer(s: &mut TcpStream, read_only: bool) {
     let nonce = u64::from_le_bytes(get(s).try_into().unwrap());
     let victim_qpn = u32::from_le_bytes(get(s).try_into().unwrap());
     let my_name = format!("bx-ro-ring-{}", std::process::id()).into_bytes();
-    let p = dial(&dev_name);
-    let mut probe = vec![1u8];
-    probe.extend_from_slice(&nonce.to_le_bytes());
-    send_msg(p.as_raw_fd(), &probe, &[]);
-    let (reply, _) = recv_msg(p.as_raw_fd());
-    assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
+    raw::probe(&dev_name, nonce);
     let ring = raw::memfd(c"ro-ring", raw::ring_bytes(CAP, SGE));
     let stage = raw::memfd(c"ro-ring-stage", STAGE);
     let (_bell_rx, bell) = raw::doorbell();

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use byteexpress_verbs::{Access, ConnectAttr, Endpoint, QpCap};
 use common::peer::{self, get, put};
-use common::raw::{self, CONNECT_OK, abstract_addr, dial, recv_msg, send_msg};
+use common::raw::{self, CONNECT_OK, abstract_addr, recv_msg, send_msg};
 use common::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -47,12 +47,7 @@ fn child_stopped_listener(s: &mut TcpStream) {
         assert_eq!(libc::listen(l.as_raw_fd(), 4), 0);
     }
     // The probe: after it our process may be sent memfds.
-    let p = dial(&dev_name);
-    let mut probe = vec![1u8];
-    probe.extend_from_slice(&nonce.to_le_bytes());
-    send_msg(p.as_raw_fd(), &probe, &[]);
-    let (reply, _) = recv_msg(p.as_raw_fd());
-    assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
+    raw::probe(&dev_name, nonce);
     put(s, &name);
     // SAFETY: accept on our listener; the fd is checked and owned below.
     let c = unsafe { libc::accept(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };

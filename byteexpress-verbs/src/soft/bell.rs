@@ -312,23 +312,9 @@ fn take_one(fd: RawFd) -> bool {
     if r < 0 {
         return false;
     }
-    // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR/NXTHDR walk only
-    // inside it; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds the kernel
-    // installed in this process, owned by nothing else yet.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / 4 {
-                    let f = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
-                    drop(PeerFd::new(OwnedFd::from_raw_fd(f)));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&raw const msg, c);
-        }
-    }
+    // Any files that came with it go to the closer thread as they drop here.
+    // SAFETY: `msg` was just filled by this successful recvmsg; `cbuf` is live.
+    drop(unsafe { super::peer_fd::received_fds(&msg) });
     // A datagram may be empty; 0 bytes and no control data is a shut-down socket's EOF.
     r > 0 || msg.msg_controllen > 0
 }
@@ -485,29 +471,7 @@ mod tests {
 
     /// Sends `file` over the doorbell end `tx` (`SCM_RIGHTS`), as a hostile peer would.
     fn send_file(tx: RawFd, file: RawFd) -> std::io::Result<()> {
-        let mut b = [1u8];
-        let mut iov = libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        let mut cbuf = [0u64; 4];
-        // SAFETY: an all-zero msghdr is valid; the control buffer holds one fd's cmsg.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &raw mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let c = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), file);
-            if libc::sendmsg(tx, &raw const msg, libc::MSG_DONTWAIT) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        crate::soft::peer_fd::tests::send_fds(tx, &[file])
     }
 
     /// Regression (review of issue 22, F1): a peer sent a TCP socket with `SO_LINGER` and

@@ -11,7 +11,7 @@
 //! What a peer can still do: stall the closer thread, which delays only the closing of other
 //! peers' fds (each held open that much longer).
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
@@ -53,6 +53,32 @@ impl Drop for PeerFd {
             close_later(fd);
         }
     }
+}
+
+/// The files of the `SCM_RIGHTS` messages in `msg`'s control data, each as a [`PeerFd`].
+///
+/// # Safety
+/// `msg` was just filled by a successful `recvmsg` whose control buffer is still live: the fds
+/// in it were installed in this process by that call and nothing owns them yet.
+pub(crate) unsafe fn received_fds(msg: &libc::msghdr) -> Vec<PeerFd> {
+    let mut fds = Vec::new();
+    // SAFETY: the caller's contract; CMSG_FIRSTHDR/NXTHDR walk only inside the control data the
+    // kernel filled, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / 4 {
+                    let fd = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
+                    fds.push(PeerFd::new(OwnedFd::from_raw_fd(fd)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    fds
 }
 
 /// A file whose seals can be read: a memfd (or another shmem file), whose release only frees
@@ -98,8 +124,36 @@ pub(crate) fn close_later(fd: OwnedFd) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
     use std::time::{Duration, Instant};
+
+    /// Sends one byte with `fds` attached (`SCM_RIGHTS`) on the Unix socket `sock`, without
+    /// waiting, as a peer passing files would.
+    pub(crate) fn send_fds(sock: RawFd, fds: &[RawFd]) -> std::io::Result<()> {
+        let mut byte = [1u8];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let bytes = std::mem::size_of_val(fds);
+        let mut cbuf = vec![0u64; 4 + bytes / 8 + 1];
+        // SAFETY: an all-zero msghdr is valid; `cbuf` holds CMSG_SPACE(bytes) for one cmsg.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &raw mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(bytes as u32) as _;
+            let c = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), bytes);
+            if libc::sendmsg(sock, &raw const msg, libc::MSG_DONTWAIT) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
 
     /// A TCP socket whose close lingers `secs` seconds: connected to a listener that never
     /// accepts nor reads, with more unsent data than the kernel buffers take.

@@ -305,24 +305,8 @@ impl Sock {
                 _ => return Err(e),
             }
         };
-        let mut fds = Vec::new();
-        // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR/NXTHDR walk only
-        // inside it; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds that the
-        // kernel installed in this process and that nothing else owns yet.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(c);
-                    let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    for i in 0..bytes / 4 {
-                        let fd = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
-                        fds.push(PeerFd::new(OwnedFd::from_raw_fd(fd)));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&raw const msg, c);
-            }
-        }
+        // SAFETY: `msg` was just filled by this successful recvmsg; `cbuf` is live.
+        let fds = unsafe { super::peer_fd::received_fds(&msg) };
         if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -359,26 +343,7 @@ mod tests {
         let (file, _l) = lingering_socket(3);
         // 20 copies of one lingering socket: more than the old buffer's 12.
         let fds = [file.as_raw_fd(); 20];
-        let mut byte = [b'x'];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        let mut cbuf = [0u64; 16];
-        // SAFETY: an all-zero msghdr is valid; the control buffer holds one cmsg of 20 fds.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &raw mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(80) as _;
-            let h = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*h).cmsg_level = libc::SOL_SOCKET;
-            (*h).cmsg_type = libc::SCM_RIGHTS;
-            (*h).cmsg_len = libc::CMSG_LEN(80) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(h), 80);
-            assert_eq!(libc::sendmsg(c.raw(), &raw const msg, 0), 1);
-        }
+        crate::soft::peer_fd::tests::send_fds(c.raw(), &fds).unwrap();
         drop(file); // the copies in flight are the last ones
         let mut buf = [0u8; 16];
         let t0 = Instant::now();

@@ -324,6 +324,17 @@ impl Attached {
     }
 }
 
+/// Probes the device named `dev_name` with `nonce` as link set-up does (after it, our process
+/// may be sent memfds); panics unless the device answers ok.
+pub fn probe(dev_name: &[u8], nonce: u64) {
+    let p = dial(dev_name);
+    let mut msg = vec![1u8];
+    msg.extend_from_slice(&nonce.to_le_bytes());
+    send_msg(p.as_raw_fd(), &msg, &[]);
+    let (reply, _) = recv_msg(p.as_raw_fd());
+    assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
+}
+
 /// Steps 1–3 of a raw peer: probe, attach a QP of ours to the victim QP (our ring, doorbell
 /// and staging region), take the victim's ring when it connects back; our QP grants the
 /// victim's `access` (its `Connect`'s access flags).
@@ -335,12 +346,7 @@ pub fn attach_granting(s: &mut TcpStream, access: u32) -> Attached {
     // over our channel).
     let my_name = format!("bx-hostile-{}", std::process::id()).into_bytes();
     // 1. The probe, as link set-up makes it.
-    let p = dial(&dev_name);
-    let mut probe = vec![1u8];
-    probe.extend_from_slice(&nonce.to_le_bytes());
-    send_msg(p.as_raw_fd(), &probe, &[]);
-    let (reply, _) = recv_msg(p.as_raw_fd());
-    assert_eq!((reply[0], reply[1]), (2, 1), "probe answered ok");
+    probe(&dev_name, nonce);
     // 2. Our Connect to the victim QP, with a ring, a doorbell and a staging region of ours.
     let ring = memfd(c"hostile-ring", ring_bytes(CAP, SGE));
     let stage = memfd(c"hostile-stage", STAGE);
