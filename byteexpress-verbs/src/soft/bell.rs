@@ -38,11 +38,15 @@ use super::peer_fd::PeerFd;
 
 use crate::{Error, Result};
 
-/// Datagrams taken from one doorbell per drain: a peer flooding its own doorbell makes us read
-/// at most this many per drain (the rest waits for the next one).
-const DRAIN_PER_BELL: usize = 64;
-/// Doorbells one drain visits (more wait for the next drain; the set stays readable).
+/// Datagrams taken from one doorbell per visit: about what one pair can hold (the sender's
+/// socket buffer, some 280 one-byte datagrams), so an honest doorbell is emptied in one visit,
+/// and a peer flooding its own doorbell makes us read at most this many per visit.
+const DRAIN_PER_BELL: usize = 256;
+/// Doorbells one `epoll_wait` of a drain returns.
 const DRAIN_BELLS: usize = 64;
+/// `epoll_wait`s one drain makes at most (level-triggered: a doorbell left non-empty comes
+/// back at the end of the ready list): 1024 doorbell visits per drain.
+const DRAIN_BATCHES: usize = 16;
 
 /// Token of the process's always-readable eventfd in a set's epoll events (members get 1,
 /// 2, …).
@@ -229,10 +233,19 @@ impl BellSet {
         })
     }
 
-    /// Empties the doorbells that rang (at most [`DRAIN_BELLS`] of them, [`DRAIN_PER_BELL`]
-    /// datagrams each) and consumes a local wake-up. Never blocks: every read is
+    /// Empties the doorbells that rang (up to [`DRAIN_BELLS`] × [`DRAIN_BATCHES`] visits of
+    /// at most [`DRAIN_PER_BELL`] datagrams) and consumes a local wake-up. Never blocks: every read is
     /// `MSG_DONTWAIT`.
     pub(crate) fn drain(&self) {
+        for _ in 0..DRAIN_BATCHES {
+            if self.drain_batch() < DRAIN_BELLS {
+                break;
+            }
+        }
+    }
+
+    /// One `epoll_wait` of [`BellSet::drain`]; returns how many members it reported.
+    fn drain_batch(&self) -> usize {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; DRAIN_BELLS];
         // SAFETY: `evs` has room for DRAIN_BELLS events; timeout 0 never sleeps.
         let n = unsafe {
@@ -243,7 +256,8 @@ impl BellSet {
                 0,
             )
         };
-        for ev in evs.iter().take(n.max(0) as usize) {
+        let n = n.max(0) as usize;
+        for ev in evs.iter().take(n) {
             let token = ev.u64;
             if token == LOCAL {
                 self.consume_local();
@@ -260,6 +274,7 @@ impl BellSet {
                 }
             }
         }
+        n
     }
 }
 
@@ -512,6 +527,27 @@ mod tests {
             took < std::time::Duration::from_secs(2),
             "the drain closed the peer's lingering socket in place: {took:?}"
         );
+    }
+
+    /// Regression (review of issue 22, F6): a drain visited 64 doorbells and took 64 rings
+    /// from each, so on a CQ shared by more than 256 connections that each ring once per arm
+    /// (drained every 16 arms) the queues grew until rings failed and woke nobody.
+    #[test]
+    fn one_drain_empties_two_hundred_doorbells_with_a_hundred_rings_each() {
+        let set = BellSet::new().unwrap();
+        let bells: Vec<(BellIn, Bell)> = (0..200)
+            .map(|_| {
+                let (rx, tx) = set.offer().unwrap();
+                (rx, Bell::from_peer(PeerFd::new(tx)).unwrap())
+            })
+            .collect();
+        for (_, b) in &bells {
+            for _ in 0..100 {
+                b.ring();
+            }
+        }
+        set.drain();
+        assert!(!readable(set.fd()), "rings left after one drain");
     }
 
     #[test]
