@@ -34,6 +34,11 @@ pub(crate) fn access_bits(a: Access) -> Result<u32> {
     Ok(a.0)
 }
 
+/// As [`access_bits`], for an MR: [`Access::MW_BIND`] (`IBV_ACCESS_MW_BIND`) allowed too.
+pub(crate) fn mr_access_bits(a: Access) -> Result<u32> {
+    access_bits(Access(a.0 & !Access::MW_BIND.0)).map(|b| b | (a.0 & Access::MW_BIND.0))
+}
+
 /// `enum ibv_wc_status` number → [`WcStatus`]; statuses without a variant of their own
 /// (BAD_RESP, LOC_ACCESS, REM_ABORT, FATAL, RESP_TIMEOUT, …) are `GeneralErr`.
 pub(crate) fn wc_status(code: u32) -> WcStatus {
@@ -43,6 +48,7 @@ pub(crate) fn wc_status(code: u32) -> WcStatus {
         2 => WcStatus::LocQpOpErr,
         4 => WcStatus::LocProtErr,
         5 => WcStatus::WrFlushErr,
+        6 => WcStatus::MwBindErr,
         9 => WcStatus::RemInvReqErr,
         10 => WcStatus::RemAccessErr,
         11 => WcStatus::RemOpErr,
@@ -58,6 +64,8 @@ fn wc_opcode(code: u32) -> WcOpcode {
     match code {
         1 => WcOpcode::RdmaWrite,
         2 => WcOpcode::RdmaRead,
+        5 => WcOpcode::BindMw,
+        6 => WcOpcode::LocalInv,
         128 => WcOpcode::Recv,
         129 => WcOpcode::RecvRdmaWithImm,
         _ => WcOpcode::Send,
@@ -65,7 +73,8 @@ fn wc_opcode(code: u32) -> WcOpcode {
 }
 
 /// One `ibv_wc` as a [`Wc`]. The immediate arrives in network byte order and is returned in
-/// host order, present only when `IBV_WC_WITH_IMM` is set on a successful completion.
+/// host order, present only when `IBV_WC_WITH_IMM` is set on a successful completion; the
+/// invalidated rkey (host order) only when `IBV_WC_WITH_INV` is.
 pub(crate) fn wc(w: &ibv_wc) -> Wc {
     let status = wc_status(w.status);
     let with_imm = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
@@ -74,6 +83,11 @@ pub(crate) fn wc(w: &ibv_wc) -> Wc {
         // members are plain u32s, so reading either is defined anyway.
         u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data })
     });
+    let with_inv = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
+    // SAFETY: with IBV_WC_WITH_INV set the union holds `invalidated_rkey` (host order,
+    // ibv_poll_cq(3)); both members are plain u32s, so reading either is defined anyway.
+    let rkey = unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey };
+    let invalidated_rkey = (status == WcStatus::Success && with_inv).then_some(rkey);
     Wc {
         wr_id: w.wr_id,
         status,
@@ -81,6 +95,7 @@ pub(crate) fn wc(w: &ibv_wc) -> Wc {
         byte_len: w.byte_len,
         imm,
         qp_num: w.qp_num,
+        invalidated_rkey,
     }
 }
 
@@ -154,5 +169,11 @@ mod tests {
     fn unknown_access_bits_are_refused() {
         assert_eq!(access_bits(Access::ALL).unwrap(), 7);
         assert!(access_bits(Access(8)).is_err());
+        assert!(access_bits(Access::MW_BIND).is_err(), "not a QP flag");
+        assert_eq!(
+            mr_access_bits(Access::MW_BIND | Access::LOCAL_WRITE).unwrap(),
+            17
+        );
+        assert!(mr_access_bits(Access(8 | 16)).is_err());
     }
 }
