@@ -309,6 +309,14 @@ pub struct DeviceAttr {
     /// on memory from [`crate::Pd::alloc_shared`] (the soft provider); false on NICs, where any
     /// registered memory will do.
     pub remote_access_needs_shared: bool,
+    /// True when a peer's READ/WRITE with a memory window's rkey is checked against the
+    /// window's bound range ([`crate::MwBind`]), as the IB spec has it (the soft provider,
+    /// NICs). False on rxe (kernel Soft-RoCE, Linux 6.1): its responder checks the range of the
+    /// window's MR only (`rxe_resp.c` `check_rkey`), so a bound window grants its whole MR
+    /// (the window's access and the QP it was bound on are still checked). Seen in the VM: a
+    /// READ one byte before the window, or past its end, inside the MR, succeeded. Where a
+    /// window must grant no more than its range, bind it over an MR of that range there.
+    pub mw_range_checked: bool,
 }
 
 /// Attributes of a shared receive queue (`struct ibv_srq_attr`, `ibv_create_srq(3)`).

@@ -629,6 +629,7 @@ impl ContextImpl for SoftDevice {
             max_mr_size: limits::MAX_MR_SIZE,
             active_mtu: limits::MTU,
             remote_access_needs_shared: true,
+            mw_range_checked: true,
         }
     }
 

@@ -4,6 +4,11 @@
 //! rkey fails with `REM_ACCESS_ERR` at the peer.
 //!
 //! In every test `b` lends memory through a window and `a`, its peer, uses it.
+//!
+//! Not here, because rxe (Linux 6.1) crashes the kernel on them (a NULL dereference in
+//! `rxe_do_invalidate_mw`, seen in the VM): invalidating a window that is not bound, by
+//! LOCAL_INV with its current rkey or by a peer's SEND_WITH_INV naming it. The soft
+//! provider's answers to those are pinned in `tests/soft_memory_windows.rs`.
 
 use byteexpress_verbs::{
     Access, ConnectAttr, Error, Mr, Mw, MwBind, QpCap, SendWr, SharedMem, Wc, WcOpcode, WcStatus,
@@ -132,14 +137,32 @@ fn a_read_inside_a_bound_window_returns_the_lent_bytes() {
     drop(l.mem);
 }
 
+/// A READ with `rkey` of `[off, off + len)` (inside the MR, not inside the window) fails with
+/// `REM_ACCESS_ERR` where the device checks a window's range
+/// (`DeviceAttr::mw_range_checked`). On rxe, which checks the MR's range only, it succeeds,
+/// and a READ past the end of the MR is what fails.
+fn assert_outside_the_window_is_refused(a: &Side, l: &Lent, rkey: u32, off: u64, len: u32) {
+    let wc = read(a, l, rkey, off, len);
+    if provider().query().mw_range_checked {
+        assert_eq!(wc.status, WcStatus::RemAccessErr);
+    } else {
+        assert_eq!(
+            wc.status,
+            WcStatus::Success,
+            "DeviceAttr::mw_range_checked is false: this device bounds a window by its MR"
+        );
+        let wc = read(a, l, rkey, LENT as u64 - 8, 16);
+        assert_eq!(wc.status, WcStatus::RemAccessErr, "past the end of the MR");
+    }
+}
+
 #[test]
 fn a_read_past_the_end_of_the_window_fails_with_a_remote_access_error() {
     let (a, b) = pair(QpCap::default(), ConnectAttr::default());
     let l = lend(&b);
     let rkey = bind(&b, &l, Access::REMOTE_READ);
     // Inside the MR, one byte past the window.
-    let wc = read(&a, &l, rkey, WIN_OFF + WIN_LEN - 100, 101);
-    assert_eq!(wc.status, WcStatus::RemAccessErr);
+    assert_outside_the_window_is_refused(&a, &l, rkey, WIN_OFF + WIN_LEN - 100, 101);
 }
 
 #[test]
@@ -147,8 +170,7 @@ fn a_read_before_the_window_start_fails_with_a_remote_access_error() {
     let (a, b) = pair(QpCap::default(), ConnectAttr::default());
     let l = lend(&b);
     let rkey = bind(&b, &l, Access::REMOTE_READ);
-    let wc = read(&a, &l, rkey, WIN_OFF - 1, 16);
-    assert_eq!(wc.status, WcStatus::RemAccessErr);
+    assert_outside_the_window_is_refused(&a, &l, rkey, WIN_OFF - 1, 16);
 }
 
 #[test]
@@ -362,20 +384,6 @@ fn local_inv_of_an_rkey_that_names_no_window_fails_the_wr() {
     let wc = local_inv(&b, l.mw.rkey().wrapping_add(7));
     assert_eq!(wc.wr_id, 0x1f);
     assert_ne!(wc.status, WcStatus::Success, "{wc:?}");
-}
-
-#[test]
-fn the_receive_of_a_send_with_inv_naming_no_bound_window_fails() {
-    let (a, b) = pair(QpCap::default(), fast_attr());
-    let l = lend(&b);
-    b.post_recv(3, 0, 64);
-    a.send(4, WrOp::SendWithInv { rkey: l.mw.rkey() }, 0, 8, true)
-        .unwrap();
-    let rx = one(&b.recv_cq);
-    assert_ne!(rx.status, WcStatus::Success, "{rx:?}");
-    assert_eq!(rx.invalidated_rkey, None);
-    let tx = one(&a.send_cq);
-    assert_ne!(tx.status, WcStatus::Success, "{tx:?}");
 }
 
 #[test]
