@@ -41,7 +41,10 @@ impl Mw {
     /// The window's remote key: as allocated, then after each successfully posted
     /// [`crate::WrOp::BindMw`] the rkey that bind gives it (the same key index, the next key
     /// byte: `ibv_inc_rkey`). Hand it to the peer only after the bind (a later WR of the same
-    /// QP, or its completion): before the bind executes it grants nothing.
+    /// QP, or its completion): before the bind executes it grants nothing. As with
+    /// `ibv_bind_mw(3)`, the rkey moves on at the post: a bind that then does not execute
+    /// (flushed, or failed with `MW_BIND_ERR`) leaves the device's key behind this one on
+    /// rdma-core devices, so later binds of that window fail; deallocate it then.
     pub fn rkey(&self) -> u32 {
         self.rkey.load(Ordering::Acquire)
     }
