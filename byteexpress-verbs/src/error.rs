@@ -13,6 +13,9 @@ pub enum WcStatus {
     LocQpOpErr = 2,
     /// `IBV_WC_LOC_PROT_ERR`: an SGE names memory outside its lkey's MR.
     LocProtErr = 4,
+    /// `IBV_WC_MW_BIND_ERR`: a [`crate::WrOp::BindMw`] failed when it executed (the window
+    /// was still bound, or the MR is gone).
+    MwBindErr = 6,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP went to ERR before this WR was processed.
     WrFlushErr = 5,
     /// `IBV_WC_REM_INV_REQ_ERR`

@@ -1,4 +1,5 @@
-//! Safe RDMA verbs for ByteExpress: devices, PD, MR, CQ, RC QP, SRQ and async events, over two
+//! Safe RDMA verbs for ByteExpress: devices, PD, MR, memory windows, CQ, RC QP, SRQ and async
+//! events, over two
 //! providers chosen at run time.
 //!
 //! - `ibverbs`: rdma-core's libibverbs, loaded at run time through `rdma-mummy-sys`, so a binary
@@ -27,12 +28,12 @@ pub use anon::{AnonMap, page_size};
 pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
 pub use events::AsyncEvents;
-pub use objects::{Context, Cq, Mr, Pd, Qp, SharedMem, UserRegion};
+pub use objects::{Context, Cq, Mr, Mw, Pd, Qp, SharedMem, UserRegion};
 pub use soft::trust::ALLOW_UIDS_ENV as SOFT_ALLOW_UIDS_ENV;
 pub use srq::Srq;
 pub use types::{
-    Access, AsyncEvent, ConnectAttr, DeviceAttr, QpCap, QpState, RecvWr, SendWr, Sge, SrqAttr, Wc,
-    WcOpcode, WrOp,
+    Access, AsyncEvent, ConnectAttr, DeviceAttr, MwBind, QpCap, QpState, RecvWr, SendWr, Sge,
+    SrqAttr, Wc, WcOpcode, WrOp,
 };
 
 /// Fault injection for this crate's own tests (feature `test-hooks`); not a stable API.

@@ -73,6 +73,8 @@ pub(crate) trait PdImpl: Send + Sync + std::fmt::Debug {
         cap: QpCap,
     ) -> Result<Arc<dyn QpImpl>>;
     fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>>;
+    /// A type 2 memory window, unbound (`ibv_alloc_mw(3)`).
+    fn alloc_mw(&self) -> Result<Arc<dyn MwImpl>>;
     /// No QP will be created in this PD any more ([`crate::Pd::finish_qps`]).
     fn finish_qps(&self);
     /// Whether [`PdImpl::finish_qps`] was called.
@@ -104,6 +106,13 @@ pub(crate) trait MrImpl: Send + Sync + std::fmt::Debug {
     fn rkey(&self) -> u32;
     fn addr(&self) -> u64;
     fn len(&self) -> usize;
+}
+
+/// A type 2 memory window (`ibv_mw`); deallocated on drop.
+pub(crate) trait MwImpl: Send + Sync + std::fmt::Debug {
+    /// The rkey at allocation.
+    fn rkey(&self) -> u32;
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// A completion queue (`ibv_cq` with its completion channel).

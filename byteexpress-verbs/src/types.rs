@@ -13,8 +13,13 @@ impl Access {
     pub const REMOTE_WRITE: Access = Access(2);
     /// `IBV_ACCESS_REMOTE_READ`
     pub const REMOTE_READ: Access = Access(4);
+    /// `IBV_ACCESS_MW_BIND`: memory windows may be bound over this MR ([`WrOp::BindMw`];
+    /// `ibv_bind_mw(3)`, IB spec C10-73). Not part of [`Access::ALL`]; never a flag of a QP.
+    pub const MW_BIND: Access = Access(16);
     /// Everything an RPC transport needs on its pool memory.
     pub const ALL: Access = Access(1 | 2 | 4);
+    /// Every flag this crate knows for an MR ([`Access::ALL`] and [`Access::MW_BIND`]).
+    pub(crate) const MR_FLAGS: Access = Access(1 | 2 | 4 | 16);
 
     /// True when every flag of `other` is set in `self`.
     pub fn contains(self, other: Access) -> bool {
@@ -41,9 +46,10 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// The operation of a send-queue WR (`enum ibv_wr_opcode`).
+/// The operation of a send-queue WR (`enum ibv_wr_opcode`). `'a`: the verbs objects a
+/// [`WrOp::BindMw`] names, borrowed for the post only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WrOp {
+pub enum WrOp<'a> {
     /// `IBV_WR_SEND`: consumes the peer's next posted receive.
     Send,
     /// `IBV_WR_SEND_WITH_IMM`: as `Send`, the 32-bit immediate reaches the peer's receive CQE.
@@ -71,7 +77,63 @@ pub enum WrOp {
         /// Peer MR key with REMOTE_READ.
         rkey: u32,
     },
+    /// `IBV_WR_BIND_MW` of a type 2 memory window (`ibv_post_send(3)`, IB spec 10.6.7): in QP
+    /// order, once every earlier WR of the send queue executed, the window grants the peer of
+    /// this QP (and no other QP) `access` to its range; completes with [`WcOpcode::BindMw`].
+    /// The WR carries no SGE. On a successful post the window's rkey is its old rkey with the
+    /// low 8 bits (the key byte) incremented ([`crate::Mw::rkey`], `ibv_inc_rkey`): the peer
+    /// uses that rkey.
+    BindMw(MwBind<'a>),
+    /// `IBV_WR_LOCAL_INV`: in QP order, invalidates the memory window whose current rkey is
+    /// `rkey` (`ibv_post_send(3)`); afterwards a peer's READ/WRITE with it fails with
+    /// `REM_ACCESS_ERR`. Completes with [`WcOpcode::LocalInv`]; an rkey that names no bound
+    /// window of this device fails the WR with `LOC_QP_OP_ERR` (as rxe). No SGE.
+    LocalInv {
+        /// Current rkey of a bound type 2 memory window of this device.
+        rkey: u32,
+    },
+    /// `IBV_WR_SEND_WITH_INV`: a SEND that, at the receiver, invalidates the receiver's memory
+    /// window `rkey` before its receive completes; the receive completion reports it
+    /// ([`Wc::invalidated_rkey`]). An rkey that names no window bound for this connection at
+    /// the receiver fails the message (receiver and sender: `REM_INV_REQ_ERR`, as rxe).
+    SendWithInv {
+        /// Current rkey of one of the peer's bound type 2 memory windows.
+        rkey: u32,
+    },
 }
+
+/// What [`WrOp::BindMw`] binds (`struct ibv_mw_bind_info`, `ibv_bind_mw(3)`): `len` bytes at
+/// virtual address `addr` of `mr`, with `access`.
+///
+/// Checked at post time for every provider ([`crate::Qp::post_send`], `InvalidArgument`):
+/// `len > 0`, the range inside `mr`, `access` only `REMOTE_READ` / `REMOTE_WRITE`, `mr`
+/// registered with [`Access::MW_BIND`] (C10-73), `REMOTE_WRITE` only over an MR with
+/// `LOCAL_WRITE` (C10-74), `mw` allocated in the QP's PD (C10-72).
+#[derive(Debug, Clone, Copy)]
+pub struct MwBind<'a> {
+    /// The window ([`crate::Pd::alloc_mw`]); it must be unbound (type 2: free, or invalidated)
+    /// when the WR executes, else the WR completes with `MW_BIND_ERR`.
+    pub mw: &'a crate::Mw,
+    /// The MR the window lies in (same PD).
+    pub mr: &'a crate::Mr,
+    /// Start (virtual address in this process, inside `mr`).
+    pub addr: u64,
+    /// Length in bytes (> 0).
+    pub len: u64,
+    /// `REMOTE_READ` and/or `REMOTE_WRITE`.
+    pub access: Access,
+}
+
+impl PartialEq for MwBind<'_> {
+    /// Same window, same MR (the same objects), same range and access.
+    fn eq(&self, o: &Self) -> bool {
+        std::ptr::eq(self.mw, o.mw)
+            && self.mr.lkey() == o.mr.lkey()
+            && (self.addr, self.len, self.access) == (o.addr, o.len, o.access)
+    }
+}
+
+impl Eq for MwBind<'_> {}
 
 /// A send-queue work request (`struct ibv_send_wr`, one per post).
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +141,7 @@ pub struct SendWr<'a> {
     /// Returned in the completion.
     pub wr_id: u64,
     /// What to do.
-    pub op: WrOp,
+    pub op: WrOp<'a>,
     /// Local memory; total length ≤ 2^31 bytes; count ≤ the QP's max_send_sge.
     pub sg_list: &'a [Sge],
     /// `IBV_SEND_SIGNALED`: produce a CQE on success (errors always produce one).
@@ -108,6 +170,10 @@ pub enum WcOpcode {
     RdmaWrite = 1,
     /// `IBV_WC_RDMA_READ`
     RdmaRead = 2,
+    /// `IBV_WC_BIND_MW`: a [`WrOp::BindMw`] completed.
+    BindMw = 5,
+    /// `IBV_WC_LOCAL_INV`: a [`WrOp::LocalInv`] completed.
+    LocalInv = 6,
     /// `IBV_WC_RECV`
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`
@@ -129,6 +195,9 @@ pub struct Wc {
     pub imm: Option<u32>,
     /// QP number the WR was posted on.
     pub qp_num: u32,
+    /// Receive completion of a [`WrOp::SendWithInv`]: the rkey of our memory window it
+    /// invalidated (`IBV_WC_WITH_INV`, `ibv_wc.invalidated_rkey`).
+    pub invalidated_rkey: Option<u32>,
 }
 
 impl Default for Wc {
@@ -140,6 +209,7 @@ impl Default for Wc {
             byte_len: 0,
             imm: None,
             qp_num: 0,
+            invalidated_rkey: None,
         }
     }
 }
@@ -239,6 +309,14 @@ pub struct DeviceAttr {
     /// on memory from [`crate::Pd::alloc_shared`] (the soft provider); false on NICs, where any
     /// registered memory will do.
     pub remote_access_needs_shared: bool,
+    /// True when a peer's READ/WRITE with a memory window's rkey is checked against the
+    /// window's bound range ([`crate::MwBind`]), as the IB spec has it (the soft provider,
+    /// NICs). False on rxe (kernel Soft-RoCE, Linux 6.1): its responder checks the range of the
+    /// window's MR only (`rxe_resp.c` `check_rkey`), so a bound window grants its whole MR
+    /// (the window's access and the QP it was bound on are still checked). Seen in the VM: a
+    /// READ one byte before the window, or past its end, inside the MR, succeeded. Where a
+    /// window must grant no more than its range, bind it over an MR of that range there.
+    pub mw_range_checked: bool,
 }
 
 /// Attributes of a shared receive queue (`struct ibv_srq_attr`, `ibv_create_srq(3)`).

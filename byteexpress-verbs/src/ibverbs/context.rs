@@ -42,6 +42,9 @@ impl Drop for OwnedCtx {
     }
 }
 
+/// `vendor_id` of rxe (kernel Soft-RoCE: `RXE_VENDOR_ID`, drivers/infiniband/sw/rxe).
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
 /// An opened device, its port-1 attributes and the GID its QPs use.
 #[derive(Debug)]
 pub(crate) struct IbvContext {
@@ -51,6 +54,10 @@ pub(crate) struct IbvContext {
     attr: DeviceAttr,
     /// `IBV_LINK_LAYER_*` of the port.
     pub(crate) link_layer: u8,
+    /// The device is rxe (kernel Soft-RoCE, [`RXE_VENDOR_ID`]): its completions carry the
+    /// kernel's flag bits ([`convert::KERNEL_WC_WITH_INVALIDATE`]) and its memory windows are
+    /// bounded by their MR only ([`DeviceAttr::mw_range_checked`]).
+    pub(crate) rxe: bool,
     /// Port LID (InfiniBand; 0 on RoCE).
     pub(crate) lid: u16,
     /// Source GID and its index.
@@ -109,6 +116,7 @@ impl IbvContext {
             return Err(os_err("fcntl(O_NONBLOCK) on the async event fd", None));
         }
         let clamp = |v: i32| v.clamp(1, MAX_RD_ATOMIC) as u8;
+        let rxe = dev.vendor_id == RXE_VENDOR_ID;
         let attr = DeviceAttr {
             max_qp_wr: u32::try_from(dev.max_qp_wr).unwrap_or(0),
             max_sge: u32::try_from(dev.max_sge).unwrap_or(0),
@@ -117,6 +125,7 @@ impl IbvContext {
             max_mr_size: dev.max_mr_size,
             active_mtu: convert::mtu_bytes(port.active_mtu),
             remote_access_needs_shared: false,
+            mw_range_checked: !rxe,
         };
         tracing::debug!(
             "{name}: port {PORT} link layer {} lid {} gid index {} mtu {}",
@@ -131,6 +140,7 @@ impl IbvContext {
             name: name.to_string(),
             attr,
             link_layer: port.link_layer,
+            rxe,
             lid: port.lid,
             gid,
             gid_table: entries,

@@ -150,7 +150,7 @@ impl IbvCq {
         let ledgers = self.ledgers.read();
         for w in &raw[..n.min(max)] {
             match ledgers.get(&w.qp_num) {
-                Some(l) => l.complete(convert::wc(w), out),
+                Some(l) => l.complete(convert::wc(w, self.ctx.rxe), out),
                 None => tracing::debug!("completion of destroyed QP {:#x} dropped", w.qp_num),
             }
         }

@@ -83,6 +83,7 @@ impl Queue {
                 byte_len: 0,
                 imm: None,
                 qp_num,
+                invalidated_rkey: None,
             });
             n += 1;
         }

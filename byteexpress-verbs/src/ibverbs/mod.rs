@@ -26,6 +26,7 @@ mod cq;
 mod gid;
 mod ledger;
 mod mem;
+mod mw;
 mod pd;
 mod post;
 mod qp;

@@ -90,7 +90,7 @@ impl PdImpl for IbvPd {
                 "MR of {len} bytes exceeds max_mr_size {max}"
             )));
         }
-        let bits = convert::access_bits(access)?;
+        let bits = convert::mr_access_bits(access)?;
         // SAFETY: [offset, offset + len) lies inside the live mapping (checked by the caller,
         // `Pd::reg_shared`); the MR keeps the mapping alive (it holds `mem`) until it is
         // deregistered.
@@ -187,6 +187,14 @@ impl PdImpl for IbvPd {
             .ok_or_else(|| Error::InvalidState("PD is being destroyed".into()))?;
         Ok(IbvSrq::create(pd, attr)?)
     }
+
+    fn alloc_mw(&self) -> Result<Arc<dyn crate::provider::MwImpl>> {
+        let pd = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::InvalidState("PD is being destroyed".into()))?;
+        Ok(Arc::new(super::mw::IbvMw::alloc(pd, self.pd)?))
+    }
 }
 
 /// A registered memory region; holds its PD and memory so both outlive the registration.
@@ -213,6 +221,13 @@ impl IbvMr {
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= self.addr + self.len as u64)
+    }
+}
+
+impl IbvMr {
+    /// The registration, for a memory-window bind ([`super::post`]).
+    pub(crate) fn raw(&self) -> *mut sys::ibv_mr {
+        self.mr
     }
 }
 

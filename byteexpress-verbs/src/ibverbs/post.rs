@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use rdma_mummy_sys::{self as sys, ibv_send_flags, ibv_wr_opcode};
 
 use super::ledger::Wq;
+use super::mw::IbvMw;
 use super::os_err;
 use super::qp::{IbvQp, SET_RESET, SET_SQD};
 use crate::WcOpcode;
@@ -87,6 +88,26 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
             held.push(mr);
         }
     }
+    // A bind names the window and the MR by their rdma-core objects: the MR is held until
+    // the call returns, the window's lock until its new rkey is recorded.
+    let bind = match wr.op {
+        WrOp::BindMw(b) => {
+            let mw =
+                b.mw.inner.as_any().downcast_ref::<IbvMw>().ok_or_else(|| {
+                    Error::InvalidArgument("memory window of another device".into())
+                })?;
+            let mr = qp
+                .pd
+                .ctx
+                .mr_containing(b.mr.lkey(), b.addr, b.len)
+                .filter(|m| crate::provider::MrImpl::lkey(&**m) == b.mr.lkey())
+                .ok_or_else(|| {
+                    Error::InvalidArgument("the bind's MR is not registered on this device".into())
+                })?;
+            Some((mw.mw.lock(), mr, b))
+        }
+        _ => None,
+    };
     let mut q = qp.ledger.queue(Wq::Send);
     if q.full() {
         return Err(Error::QueueFull("send queue (max_send_wr) full"));
@@ -132,6 +153,32 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
                 w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
                 w.wr = rdma(remote_addr, rkey);
             }
+            WrOp::SendWithInv { rkey } => {
+                w.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_INV;
+                w.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
+            WrOp::LocalInv { rkey } => {
+                w.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                w.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
+            WrOp::BindMw(_) => {
+                let Some((mw, mr, b)) = &bind else {
+                    return Err(Error::InvalidArgument("bind without its objects".into()));
+                };
+                w.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+                // SAFETY: `**mw` is the live window (its lock is held).
+                let old = unsafe { (***mw).rkey };
+                w.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
+                    mw: **mw,
+                    rkey: crate::wr::next_rkey(old),
+                    bind_info: sys::ibv_mw_bind_info {
+                        mr: mr.raw(),
+                        addr: b.addr,
+                        length: b.len,
+                        mw_access_flags: b.access.0,
+                    },
+                };
+            }
         }
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is valid; `w` and the SGE array it points to live across the call
@@ -139,6 +186,15 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
         // untouched until completion, as documented on `Qp::post_send`).
         let rc = unsafe { sys::ibv_post_send(qp.qp, &mut w, &mut bad) };
         if rc == 0 {
+            if let Some((mw, _, _)) = &bind {
+                // `ibv_bind_mw(3)`: once the bind is posted the window's rkey is the new one
+                // (the next bind names it as the window's current key).
+                let raw: *mut sys::ibv_mw = **mw;
+                // SAFETY: `raw` is the live window (`IbvMw` deallocates it only in Drop) and its
+                // lock is held, so nothing else touches it; `bind_mw` is the union member
+                // written above.
+                unsafe { (*raw).rkey = w.bind_mw_tso_union.bind_mw.rkey };
+            }
             Ok(())
         } else {
             Err(post_errno(
@@ -153,6 +209,7 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
     }
     drop(q);
     drop(held);
+    drop(bind);
     r
 }
 

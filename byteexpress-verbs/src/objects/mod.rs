@@ -8,6 +8,7 @@
 mod context;
 mod cq;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod shared_mem;
@@ -16,6 +17,7 @@ mod user_region;
 pub use context::Context;
 pub use cq::Cq;
 pub use mr::Mr;
+pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::Qp;
 pub use shared_mem::SharedMem;

@@ -17,11 +17,14 @@ pub struct Mr {
     pub(crate) rkey: u32,
     pub(crate) addr: u64,
     pub(crate) len: usize,
+    /// The access flags it was registered with.
+    pub(crate) access: crate::Access,
 }
 
 impl Mr {
-    pub(crate) fn new(reg: Arc<dyn MrImpl>, mem: SharedMem) -> Mr {
+    pub(crate) fn new(reg: Arc<dyn MrImpl>, mem: SharedMem, access: crate::Access) -> Mr {
         Mr {
+            access,
             lkey: reg.lkey(),
             rkey: reg.rkey(),
             addr: reg.addr(),
@@ -45,6 +48,10 @@ impl Mr {
     #[inline]
     pub fn addr(&self) -> u64 {
         self.addr
+    }
+    /// The access flags it was registered with.
+    pub fn access(&self) -> crate::Access {
+        self.access
     }
     /// Length in bytes.
     #[inline]

@@ -1,6 +1,6 @@
 //! Pd: a protection domain, and what is made in it (memory, MRs, QPs).
 
-use super::{Cq, Mr, Qp, SharedMem, UserRegion};
+use super::{Cq, Mr, Mw, Qp, SharedMem, UserRegion};
 use crate::Error;
 use crate::provider::PdImpl;
 use crate::{Access, QpCap, Result};
@@ -53,6 +53,7 @@ impl Pd {
         Ok(Mr::new(
             self.inner.reg_shared(&mem.inner, offset, len, access)?,
             mem.clone(),
+            access,
         ))
     }
 
@@ -88,6 +89,7 @@ impl Pd {
             SharedMem {
                 inner: region.inner.clone(),
             },
+            access,
         ))
     }
 
@@ -102,6 +104,14 @@ impl Pd {
         // SAFETY: forwarded to the caller (this function's contract).
         let region = unsafe { UserRegion::from_raw(addr, len) };
         self.reg_user(region, access)
+    }
+
+    /// Allocates a type 2 memory window in this PD, unbound (`ibv_alloc_mw(3)` with
+    /// `IBV_MW_TYPE_2`). Bind it with [`WrOp::BindMw`](crate::WrOp::BindMw) on a QP of this PD.
+    /// Errors: `Unsupported` when the device has no memory windows (`EOPNOTSUPP`); `Os` when it
+    /// refuses (`ENOMEM`).
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        Ok(Mw::new(self.inner.alloc_mw()?, self.clone()))
     }
 
     /// Creates an RC QP in RESET (`ibv_create_qp(3)`); `cap` may be rounded up, see [`Qp::cap`].

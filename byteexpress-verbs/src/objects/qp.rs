@@ -63,7 +63,16 @@ impl Qp {
     /// The memory named by the SGEs must stay untouched until the WR's completion (or the
     /// completion of a later signaled WR); the device only ever touches memory inside
     /// registered MRs, which stay mapped while the MR lives.
+    ///
+    /// A [`WrOp::BindMw`](crate::WrOp::BindMw) is checked as [`crate::MwBind`] says
+    /// (`InvalidArgument`); once posted, the window's [`crate::Mw::rkey`] is the new rkey.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        if let crate::WrOp::BindMw(b) = wr.op {
+            crate::wr::check_bind(&b, &self._pd)?;
+            self.inner.post_send(wr)?;
+            b.mw.set_rkey(crate::wr::next_rkey(b.mw.rkey()));
+            return Ok(());
+        }
         self.inner.post_send(wr)
     }
     /// Posts one receive WR (`ibv_post_recv(3)`). Errors: `QueueFull` (ENOMEM) beyond

@@ -107,14 +107,16 @@ impl SoftQp {
             };
             let posted = recv.shadow.front().expect("checked against outstanding");
             let (opcode, verdict) = match c.opcode {
-                x if x == WcOpcode::Recv as u32 => {
+                x if x == WcOpcode::Recv as u32 && !(c.imm.is_some() && c.inv.is_some()) => {
                     match self.copy_in(&src, &c, posted, &mut recv.mrs, keep) {
+                        Some(None) => (WcOpcode::Recv, self.invalidate_for_peer(c.inv)),
                         Some(v) => (WcOpcode::Recv, v),
                         None => return self.poison(recv, "a bad SEND descriptor"),
                     }
                 }
                 x if x == WcOpcode::RecvRdmaWithImm as u32
                     && c.imm.is_some()
+                    && c.inv.is_none()
                     && c.src == Src::Placed =>
                 {
                     (WcOpcode::RecvRdmaWithImm, None)
@@ -135,6 +137,7 @@ impl SoftQp {
                 byte_len: if success { c.byte_len } else { 0 },
                 imm: if success { c.imm } else { None },
                 qp_num: self.qpn,
+                invalidated_rkey: if success { c.inv } else { None },
             });
             recv.comp_cons += 1;
             if !success {
@@ -155,6 +158,24 @@ impl SoftQp {
             self.ack_owed.store(true, Ordering::Release);
         }
         ok
+    }
+
+    /// A SEND_WITH_INV's invalidation (`inv`: the rkey, `None` for a plain SEND): the memory
+    /// window bound on this QP under that rkey is invalidated, and withdrawn from the peer
+    /// before the receive completes ([`super::mw`]). `Some(verdict)` when `inv` names no window
+    /// bound on this QP (both sides: `REM_INV_REQ_ERR`, as rxe).
+    fn invalidate_for_peer(&self, inv: Option<u32>) -> Option<Verdict> {
+        let rkey = inv?;
+        match self.dev.lookup_mw(rkey) {
+            Some(mw) if mw.invalidate(rkey, Some(self.qpn)).is_ok() => None,
+            _ => {
+                tracing::debug!(
+                    "soft QP {:#x}: SEND_WITH_INV names rkey {rkey:#x}, no window bound here",
+                    self.qpn
+                );
+                Some((WcStatus::RemInvReqErr, WcStatus::RemInvReqErr))
+            }
+        }
     }
 
     fn poison(&self, recv: &mut RecvSide, what: &str) -> bool {

@@ -149,6 +149,9 @@ pub(crate) struct SoftDevice {
     timer_seq: AtomicU64,
     pub(crate) qps: Mutex<HashMap<u32, Weak<SoftQp>>>,
     pub(crate) mrs: RwLock<HashMap<u32, Weak<SoftMr>, KeyHash>>,
+    /// Memory windows by key index ([`super::mw`]).
+    pub(crate) mws: Mutex<HashMap<u32, Weak<super::mw::SoftMw>>>,
+    next_mw: AtomicU32,
     /// MRs of user memory (`reg_user`) alive: while there are none, receive SGEs need no
     /// lookup to be refused as user memory.
     pub(crate) user_mrs: AtomicUsize,
@@ -188,6 +191,8 @@ impl SoftDevice {
             timer_seq: AtomicU64::new(0),
             qps: Mutex::new(HashMap::new()),
             mrs: RwLock::new(HashMap::default()),
+            mws: Mutex::new(HashMap::new()),
+            next_mw: AtomicU32::new(1),
             user_mrs: AtomicUsize::new(0),
             probes: Mutex::new(Probes::default()),
             watches: Mutex::new(Vec::new()),
@@ -221,12 +226,13 @@ impl SoftDevice {
         }
     }
 
-    /// A fresh key, unused on this device (lkey = rkey).
+    /// A fresh key, unused on this device (lkey = rkey); never with
+    /// [`super::mw::MW_KEY_BIT`], which marks memory windows' rkeys.
     pub(crate) fn alloc_key(&self) -> u32 {
         let mrs = self.mrs.read();
         loop {
             let k = self.next_key.fetch_add(1, Ordering::Relaxed);
-            if k != 0 && !mrs.contains_key(&k) {
+            if k != 0 && k & super::mw::MW_KEY_BIT == 0 && !mrs.contains_key(&k) {
                 return k;
             }
         }
@@ -235,6 +241,32 @@ impl SoftDevice {
     /// A fresh id for a PD or a shared region.
     pub(crate) fn alloc_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A new memory window of `pd` under a key index no live window has.
+    pub(crate) fn alloc_mw(&self, pd: Arc<super::pd::SoftPd>) -> Result<Arc<super::mw::SoftMw>> {
+        let mut mws = self.mws.lock();
+        mws.retain(|_, w| w.strong_count() > 0);
+        if mws.len() >= super::mw::MW_INDEX_MASK as usize {
+            return Err(crate::Error::Os {
+                what: "alloc_mw",
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+            });
+        }
+        loop {
+            let i = self.next_mw.fetch_add(1, Ordering::Relaxed) & super::mw::MW_INDEX_MASK;
+            if i != 0 && !mws.contains_key(&i) {
+                let mw = Arc::new(super::mw::SoftMw::new(pd, i));
+                mws.insert(i, Arc::downgrade(&mw));
+                return Ok(mw);
+            }
+        }
+    }
+
+    /// The memory window whose key index `rkey` names, if alive.
+    pub(crate) fn lookup_mw(&self, rkey: u32) -> Option<Arc<super::mw::SoftMw>> {
+        let i = super::mw::SoftMw::index_of(rkey)?;
+        self.mws.lock().get(&i).and_then(Weak::upgrade)
     }
 
     #[inline]
@@ -597,6 +629,7 @@ impl ContextImpl for SoftDevice {
             max_mr_size: limits::MAX_MR_SIZE,
             active_mtu: limits::MTU,
             remote_access_needs_shared: true,
+            mw_range_checked: true,
         }
     }
 

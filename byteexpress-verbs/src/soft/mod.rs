@@ -23,6 +23,7 @@ mod cq;
 mod deliver;
 mod device;
 mod fatal;
+mod mw;
 mod pd;
 mod peer;
 mod peer_fd;

@@ -143,6 +143,33 @@ impl Conn {
         mr: &SoftMr,
         deadline: Option<Instant>,
     ) -> std::io::Result<()> {
+        self.announce_range(mr, mr.key, mr.addr, mr.len as u64, mr.access, deadline)
+    }
+
+    /// Announces a bound memory window ([`super::mw`]): `len` bytes at `addr` of `mr` under
+    /// `rkey` with `access`. The caller checked that the range lies inside `mr`.
+    pub(crate) fn announce_window(
+        &self,
+        mr: &SoftMr,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> std::io::Result<()> {
+        self.announce_range(mr, rkey, addr, len, access, None)
+    }
+
+    /// Sends `[addr, addr + len)` of `mr` as `key` with `access` (and the region's memfd, the
+    /// first time).
+    fn announce_range(
+        &self,
+        mr: &SoftMr,
+        key: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+        deadline: Option<Instant>,
+    ) -> std::io::Result<()> {
         let Backing::Shared(map) = &mr.backing else {
             return Ok(());
         };
@@ -181,12 +208,12 @@ impl Conn {
             sent.insert(mr.region);
         }
         let m = Msg::MrAdd {
-            key: mr.key,
+            key,
             region: mr.region,
-            offset: mr.offset as u64,
-            len: mr.len as u64,
-            addr: mr.addr,
-            access: mr.access.0,
+            offset: mr.offset as u64 + (addr - mr.addr),
+            len,
+            addr,
+            access: access.0,
         };
         self.send(&m, &[], deadline)
     }
@@ -650,7 +677,7 @@ impl PdImpl for SoftPd {
                 limits::MAX_MR_SIZE
             )));
         }
-        if access.0 & !Access::ALL.0 != 0 {
+        if access.0 & !Access::MR_FLAGS.0 != 0 {
             return Err(Error::InvalidArgument(format!(
                 "unknown access flags {:#x}",
                 access.0
@@ -700,7 +727,7 @@ impl PdImpl for SoftPd {
     /// a device capability (`DeviceAttr::remote_access_needs_shared`, DESIGN.md). The MR is not
     /// announced to peers; the sender copies from it in `post_send`.
     fn reg_user(&self, region: &Arc<UserMem>, access: Access) -> Result<Arc<dyn MrImpl>> {
-        if access.0 & !Access::ALL.0 != 0 {
+        if access.0 & !Access::MR_FLAGS.0 != 0 {
             return Err(Error::InvalidArgument(format!(
                 "unknown access flags {:#x}",
                 access.0
@@ -782,5 +809,10 @@ impl PdImpl for SoftPd {
     fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SrqImpl>> {
         let pd = self.me.upgrade().expect("a PD in use is alive");
         Ok(SoftSrq::create(pd, attr)?)
+    }
+
+    fn alloc_mw(&self) -> Result<Arc<dyn crate::provider::MwImpl>> {
+        let pd = self.me.upgrade().expect("a PD in use is alive");
+        Ok(self.dev.alloc_mw(pd)?)
     }
 }

@@ -282,7 +282,14 @@ impl SoftQp {
             byte_len: 0,
             imm: None,
             qp_num: self.qpn,
+            invalidated_rkey: None,
         }
+    }
+
+    /// The connection this QP announces on (its memory windows: [`super::mw`]), once
+    /// connected.
+    pub(crate) fn conn(&self) -> Option<Arc<Conn>> {
+        self.out.lock().clone()
     }
 
     // ---- called by the device ----

@@ -25,7 +25,8 @@
 //! WRITE_WITH_IMM's data is already in place), `tag u64` (the completion's counter + 1: it
 //! completes the receive WQE of that counter, which the peer claimed), `key u32`, `ack u32`
 //! (written by the owner before it advances `comp_cons` past the slot: 0, or the status the
-//! peer's send completes with), `addr u64`, 16 bytes of padding.
+//! peer's send completes with), `addr u64`, `has_inv u32` (1: a SEND_WITH_INV, RECV only),
+//! `inv u32` (the rkey of the owner's memory window it invalidates), 8 bytes of padding.
 //!
 //! Both sides validate every value the other side wrote before using it.
 
@@ -77,6 +78,8 @@ pub(crate) struct RawComp {
     pub byte_len: u32,
     pub imm: Option<u32>,
     pub src: Src,
+    /// SEND_WITH_INV: the receiver's memory window rkey to invalidate.
+    pub inv: Option<u32>,
 }
 
 /// Ring geometry.
@@ -337,6 +340,10 @@ impl Ring {
         self.w32(off + 32).store(key, Ordering::Relaxed);
         self.w32(off + 36).store(0, Ordering::Relaxed);
         self.w64(off + 40).store(addr, Ordering::Relaxed);
+        self.w32(off + 48)
+            .store(c.inv.is_some() as u32, Ordering::Relaxed);
+        self.w32(off + 52)
+            .store(c.inv.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// The tag word of completion `seq` (see the layout).
@@ -345,7 +352,7 @@ impl Ring {
         self.w64(self.comp_off(seq) + 24)
     }
 
-    /// Owner: reads completion `seq`; `None` when its imm flag is neither 0 nor 1, its `src`
+    /// Owner: reads completion `seq`; `None` when its imm or inv flag is neither 0 nor 1, its `src`
     /// is unknown, or its tag does not name `seq` (the peer did not write this completion for
     /// the WQE it claimed).
     #[inline]
@@ -356,6 +363,11 @@ impl Ring {
         }
         let has_imm = self.w32(off + 12).load(Ordering::Relaxed);
         let imm = self.w32(off + 16).load(Ordering::Relaxed);
+        let inv = match self.w32(off + 48).load(Ordering::Relaxed) {
+            0 => None,
+            1 => Some(self.w32(off + 52).load(Ordering::Relaxed)),
+            _ => return None,
+        };
         Some(RawComp {
             opcode: self.w32(off).load(Ordering::Relaxed),
             status: self.w32(off + 4).load(Ordering::Relaxed),
@@ -376,6 +388,7 @@ impl Ring {
                 },
                 _ => return None,
             },
+            inv,
         })
     }
 }
@@ -425,6 +438,7 @@ mod tests {
                 } else {
                     Src::Staged { off: seq * 3 }
                 },
+                inv: (seq % 3 == 0).then_some(0x8000_0100 | seq as u32),
             };
             ring.write_comp(seq, c);
             assert_eq!(ring.read_comp(seq), Some(c));

@@ -9,7 +9,8 @@ use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
 use super::ack::Flight;
-use super::pd::{MrCache, SoftMr};
+use super::mw::SoftMw;
+use super::pd::{Exposure, MrCache, SoftMr};
 use super::peer::Peer;
 use super::qp::SoftQp;
 use super::ring::{ERR_BIT, RawComp, Src};
@@ -35,7 +36,7 @@ pub(crate) enum Blame {
 #[derive(Debug)]
 pub(crate) struct Job {
     pub(crate) wr_id: u64,
-    op: WrOp,
+    op: JobOp,
     sges: Vec<Sge>,
     inline: Option<Vec<u8>>,
     signaled: bool,
@@ -49,12 +50,33 @@ pub(crate) struct Job {
 
 impl Job {
     pub(crate) fn opcode(&self) -> WcOpcode {
-        match self.op {
-            WrOp::Send | WrOp::SendWithImm(_) => WcOpcode::Send,
-            WrOp::Write { .. } | WrOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-            WrOp::Read { .. } => WcOpcode::RdmaRead,
+        match &self.op {
+            JobOp::Wr(op) => wc_opcode(*op),
+            JobOp::Bind(_) => WcOpcode::BindMw,
         }
     }
+}
+
+/// A WR's operation as the send queue holds it: plain data, or the objects a memory-window
+/// bind names (held until it executed).
+#[derive(Debug, Clone)]
+pub(crate) enum JobOp {
+    /// Any operation but [`WrOp::BindMw`].
+    Wr(WrOp<'static>),
+    /// [`WrOp::BindMw`].
+    Bind(Arc<BindJob>),
+}
+
+/// A bind to execute ([`super::mw`]).
+#[derive(Debug)]
+pub(crate) struct BindJob {
+    mw: Arc<SoftMw>,
+    mr: Arc<SoftMr>,
+    /// The rkey the bind gives the window.
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
 }
 
 /// Send queue of a QP.
@@ -253,6 +275,7 @@ impl SoftQp {
             return Ok(());
         }
         check_send(wr, &self.cap)?;
+        let op = self.job_op(wr.op)?;
         match self.state() {
             QpState::Rts | QpState::Err => {}
             // SQD: the send queue drains; new WRs wait for RTS (refused here).
@@ -296,9 +319,9 @@ impl SoftQp {
                 } else {
                     Local::Sges(wr.sg_list)
                 };
-                self.execute(wr.op, local, send, &mut keep)
+                self.execute(&op, local, send, &mut keep)
             });
-            self.settle(send, wr, inline.as_slice(), attempt, &mut keep);
+            self.settle(send, wr, op, inline.as_slice(), attempt, &mut keep);
         }
         drop(keep); // MR handles, dropped outside the locks
         Ok(())
@@ -311,6 +334,7 @@ impl SoftQp {
         &self,
         send: &mut SendSide,
         wr: &SendWr<'_>,
+        op: JobOp,
         inline: &[Seg],
         attempt: Option<Outcome>,
         keep: &mut Keep,
@@ -323,7 +347,7 @@ impl SoftQp {
                 let rnr_retry = send.attr.rnr_retry;
                 send.pending.push_back(Job {
                     wr_id: wr.wr_id,
-                    op: wr.op,
+                    op,
                     sges: if wr.inline {
                         Vec::new()
                     } else {
@@ -402,10 +426,14 @@ impl SoftQp {
         } else {
             From::Stage(&seg)
         };
-        let outcome = self.deliver(peer, stage, What::Send(from), len, imm);
+        let outcome = self.deliver(peer, stage, What::Send(from), len, imm, None);
         // Under the send lock, as every completion of the QP's sends: they stay in order.
         let mut keep = Keep::default();
-        self.settle(send, wr, &seg, Some(outcome), &mut keep);
+        let op = JobOp::Wr(match imm {
+            Some(imm) => WrOp::SendWithImm(imm),
+            None => WrOp::Send,
+        });
+        self.settle(send, wr, op, &seg, Some(outcome), &mut keep);
         drop(guard);
         drop(keep);
         true
@@ -502,13 +530,17 @@ impl SoftQp {
                 self.dev.schedule(at, self.me.clone());
                 return;
             }
-            let (op, inline, sges) = (job.op, job.inline.take(), std::mem::take(&mut job.sges));
+            let (op, inline, sges) = (
+                job.op.clone(),
+                job.inline.take(),
+                std::mem::take(&mut job.sges),
+            );
             let outcome = {
                 let local = match &inline {
                     Some(d) => Local::Copy(d),
                     None => Local::Sges(&sges),
                 };
-                self.execute(op, local, send, keep)
+                self.execute(&op, local, send, keep)
             };
             let job = send.pending.front_mut().expect("front exists");
             job.inline = inline;
@@ -586,14 +618,111 @@ impl SoftQp {
         Some(all_announced)
     }
 
+    /// The operation of `op` as the send queue holds it; for a bind, the soft objects it
+    /// names and the rkey it gives the window. Errors: `InvalidArgument` for a window or MR
+    /// of another device.
+    fn job_op(&self, op: WrOp<'_>) -> Result<JobOp> {
+        Ok(JobOp::Wr(match op {
+            WrOp::BindMw(b) => {
+                let other = || Error::InvalidArgument("window or MR of another device".into());
+                let soft =
+                    b.mw.inner
+                        .as_any()
+                        .downcast_ref::<SoftMw>()
+                        .ok_or_else(other)?;
+                let mw = self
+                    .dev
+                    .lookup_mw(crate::provider::MwImpl::rkey(soft))
+                    .filter(|m| std::ptr::eq(Arc::as_ptr(m), soft))
+                    .ok_or_else(other)?;
+                let mr = self
+                    .dev
+                    .lookup_mr(b.mr.lkey())
+                    .filter(|m| std::ptr::addr_eq(Arc::as_ptr(m), Arc::as_ptr(&b.mr._reg)))
+                    .ok_or_else(other)?;
+                return Ok(JobOp::Bind(Arc::new(BindJob {
+                    mw,
+                    mr,
+                    rkey: crate::wr::next_rkey(b.mw.rkey()),
+                    addr: b.addr,
+                    len: b.len,
+                    access: b.access,
+                })));
+            }
+            WrOp::Send => WrOp::Send,
+            WrOp::SendWithImm(imm) => WrOp::SendWithImm(imm),
+            WrOp::SendWithInv { rkey } => WrOp::SendWithInv { rkey },
+            WrOp::Write { remote_addr, rkey } => WrOp::Write { remote_addr, rkey },
+            WrOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => WrOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            WrOp::Read { remote_addr, rkey } => WrOp::Read { remote_addr, rkey },
+            WrOp::LocalInv { rkey } => WrOp::LocalInv { rkey },
+        }))
+    }
+
+    /// Executes a memory-window bind ([`super::mw`]): the window, the MR and this QP in one
+    /// PD, the MR's memory exposed to peers as the access needs (the soft device's own limit:
+    /// a peer maps only memory allocated for remote access), the window free. Else the WR
+    /// fails with `MW_BIND_ERR`.
+    fn bind_mw(&self, b: &BindJob) -> Outcome {
+        let exposed = !b.mr.is_user() && b.mr.exposure >= Exposure::of(b.access);
+        if b.mw.pd.id != self.pd.id || b.mr.pd.id != self.pd.id || !exposed {
+            return Outcome::Fail(WcStatus::MwBindErr);
+        }
+        let conn = self.conn();
+        match b.mw.bind(
+            b.rkey,
+            self.qpn,
+            conn.as_ref(),
+            &b.mr,
+            (b.addr, b.len),
+            b.access,
+        ) {
+            Ok(()) => Outcome::Done(0),
+            Err(()) => Outcome::Fail(WcStatus::MwBindErr),
+        }
+    }
+
+    /// Executes a LOCAL_INV: the window bound under `rkey` is invalidated, and withdrawn from
+    /// its peer before this returns. An rkey naming no bound window fails with
+    /// `LOC_QP_OP_ERR` (as rxe).
+    fn local_inv(&self, rkey: u32) -> Outcome {
+        match self.dev.lookup_mw(rkey) {
+            Some(mw) if mw.invalidate(rkey, None).is_ok() => Outcome::Done(0),
+            _ => Outcome::Fail(WcStatus::LocQpOpErr),
+        }
+    }
+
     /// One attempt at a WR.
-    fn execute(&self, op: WrOp, local: Local<'_>, send: &mut SendSide, keep: &mut Keep) -> Outcome {
+    fn execute(
+        &self,
+        op: &JobOp,
+        local: Local<'_>,
+        send: &mut SendSide,
+        keep: &mut Keep,
+    ) -> Outcome {
+        // Local operations: they need no peer, and take effect here, in QP order.
+        let op = match op {
+            JobOp::Bind(b) => return self.bind_mw(b),
+            JobOp::Wr(WrOp::LocalInv { rkey }) => return self.local_inv(*rkey),
+            JobOp::Wr(op) => *op,
+        };
         if self.peer_dead.load(Ordering::SeqCst) {
             return Outcome::NoAnswer;
         }
         let consumes_recv = matches!(
             op,
-            WrOp::Send | WrOp::SendWithImm(_) | WrOp::WriteWithImm { .. }
+            WrOp::Send
+                | WrOp::SendWithImm(_)
+                | WrOp::SendWithInv { .. }
+                | WrOp::WriteWithImm { .. }
         );
         let SendSide {
             peer, mrs, stage, ..
@@ -640,16 +769,17 @@ impl SoftQp {
         };
         let total: u64 = local.iter().map(|s| s.1 as u64).sum();
         match op {
-            WrOp::Send | WrOp::SendWithImm(_) => {
-                let imm = match op {
-                    WrOp::SendWithImm(imm) => Some(imm),
-                    _ => None,
+            WrOp::Send | WrOp::SendWithImm(_) | WrOp::SendWithInv { .. } => {
+                let (imm, inv) = match op {
+                    WrOp::SendWithImm(imm) => (Some(imm), None),
+                    WrOp::SendWithInv { rkey } => (None, Some(rkey)),
+                    _ => (None, None),
                 };
                 let what = match in_place {
                     Some(src) if total > 0 => What::Send(From::InPlace(src)),
                     _ => What::Send(From::Stage(local)),
                 };
-                self.deliver(peer, stage, what, total, imm)
+                self.deliver(peer, stage, what, total, imm, inv)
             }
             WrOp::Write { remote_addr, rkey }
             | WrOp::WriteWithImm {
@@ -660,7 +790,14 @@ impl SoftQp {
                     Err(st) => return Outcome::Fail(st),
                 };
                 if let WrOp::WriteWithImm { imm, .. } = op {
-                    return self.deliver(peer, stage, What::WriteImm(local, dst), total, Some(imm));
+                    return self.deliver(
+                        peer,
+                        stage,
+                        What::WriteImm(local, dst),
+                        total,
+                        Some(imm),
+                        None,
+                    );
                 }
                 // SAFETY: `local` lies in live local MRs (held in `keep`; inline data read in
                 // place too) or in a queued WR's inline copy;
@@ -678,13 +815,16 @@ impl SoftQp {
                 unsafe { scatter_gather(&[(src, total as usize)], local) };
                 Outcome::Done(total)
             }
+            // Executed above, never here.
+            WrOp::BindMw(_) | WrOp::LocalInv { .. } => Outcome::Fail(WcStatus::LocQpOpErr),
         }
     }
 
     /// SEND / SEND_WITH_IMM and WRITE_WITH_IMM: claims the peer's next receive WQE and leaves
     /// the message's descriptor in the completion slot that goes with it (a WRITE_WITH_IMM's
     /// data is written first, into the checked target). The WR completes once the peer
-    /// acknowledges the slot (it copied a SEND's payload: [`super::deliver`]).
+    /// acknowledges the slot (it copied a SEND's payload: [`super::deliver`]). `inv`: a
+    /// SEND_WITH_INV's rkey, which the receiver invalidates.
     fn deliver(
         &self,
         peer: &mut Peer,
@@ -692,6 +832,7 @@ impl SoftQp {
         what: What<'_>,
         total: u64,
         imm: Option<u32>,
+        inv: Option<u32>,
     ) -> Outcome {
         let cap = u64::from(peer.ring.layout().cap);
         let cons = peer.ring.recv_cons().load(Ordering::Acquire);
@@ -786,6 +927,7 @@ impl SoftQp {
                 byte_len: total as u32,
                 imm,
                 src,
+                inv,
             },
         );
         peer.comp_prod += 1;

@@ -7,8 +7,8 @@
 //! | 3 | `Connect { version u16, src_dev u64, src_qpn u32, dst_qpn u32, ring_cap u32, ring_sge u32, access u32, flags u32, stage_len u32, name_len u16, name }` | ring memfd, the recv CQ's doorbell (one end of a new `AF_UNIX` `SOCK_DGRAM` socket pair; none with bit 3), then as `flags` says: the send CQ's doorbell (bit 0: a CQ other than the recv CQ; a new pair's end), the staging region (bit 1: `stage_len` bytes, an `O_RDONLY` memfd sealed against writes), the refill doorbell (bit 2: sent only by a QP fed by an SRQ, rung when its ring runs low; a new pair's end). Bit 3 (`BELL_BACK`): sent over the channel the receiver's own `Connect` came on, the sender rings the receiver on the pair that `Connect` gave it, which also rings the sender's recv CQ |
 //! | 4 | `ConnectReply { ok u8, reason_len u16, reason }` | — |
 //! | 5 | `Region { id u64, offset u64, len u64 }`: `len` bytes at `offset` (page-aligned) of the memfd | memfd (the PD's arena, shared by its regions; the receiver closes it once mapped) |
-//! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }` | — |
-//! | 7 | `MrDel { key u32 }` | — |
+//! | 6 | `MrAdd { key u32, region u64, offset u64, len u64, addr u64, access u32 }`: an MR, or a memory window bound on this QP (`key` with bit 31 set: sent on that QP's channel alone when the bind executes, [`super::mw`]) | — |
+//! | 7 | `MrDel { key u32 }`: an MR deregistered, or a window invalidated (sent before the invalidating WR completes) | — |
 //! | 8 | `Nudge`: a SEND of ours waits for your acknowledgement; deliver even if nobody polls | — |
 //!
 //! A connection starts with `Probe` (answered, then closed) or `Connect` (answered, then kept as
@@ -17,8 +17,9 @@
 //! `ConnectReply`); the channel then carries both directions' announcements.
 
 /// Protocol version carried in `Connect` (2: receiver-side SEND copy, issue 22 item 2;
-/// 3: doorbells are datagram socket pairs, one per connection, [`super::bell`]).
-pub(crate) const VERSION: u16 = 3;
+/// 3: doorbells are datagram socket pairs, one per connection, [`super::bell`]; 4: completion
+/// slots carry a SEND_WITH_INV's rkey, and memory windows are announced, [`super::mw`]).
+pub(crate) const VERSION: u16 = 4;
 
 /// `Connect` flag: the send CQ's doorbell follows the recv CQ's.
 pub(crate) const CONNECT_SEND_BELL: u32 = 1;

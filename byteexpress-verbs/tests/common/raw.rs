@@ -206,11 +206,11 @@ pub fn recv_msg(sock: RawFd) -> (Vec<u8>, Vec<OwnedFd>) {
     (buf, fds)
 }
 
-/// `Connect` as soft/wire.rs encodes it (tag 3, version 3), with the flag saying a staging
+/// `Connect` as soft/wire.rs encodes it (tag 3, version 4), with the flag saying a staging
 /// region follows the ring and the doorbell.
 pub fn connect_msg(src_qpn: u32, dst_qpn: u32, name: &[u8], access: u32) -> Vec<u8> {
     let mut v = vec![3u8];
-    v.extend_from_slice(&3u16.to_le_bytes());
+    v.extend_from_slice(&4u16.to_le_bytes());
     v.extend_from_slice(&0xBAD_u64.to_le_bytes());
     for x in [src_qpn, dst_qpn, CAP, SGE, access, 2, STAGE as u32] {
         v.extend_from_slice(&x.to_le_bytes());

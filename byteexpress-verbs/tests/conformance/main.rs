@@ -17,6 +17,7 @@ mod errors;
 mod finish_qps;
 mod lifecycle;
 mod limits;
+mod memory_windows;
 mod srq;
 mod states;
 mod user_memory;
