@@ -153,9 +153,10 @@ pub struct BenchArgs {
     /// from a buffer per worker allocated and written before the warm-up. The rows add the
     /// push size and MiB/s: gradient bytes pushed per second, one way (client to server; the
     /// keys and the empty reply are not counted), in MiB (2^20 bytes). The server the bench
-    /// starts gets a `--max-message` that fits the largest push; a push above the wire limit
+    /// starts gets a `--max-message` that fits the largest push and a `--memory-budget` that
+    /// holds one per call in flight; a push above the wire limit
     /// (a message of 4 GiB − 1 bytes) is refused before anything starts. With `--server`, start
-    /// that server with such a `--max-message` yourself.
+    /// that server with such flags yourself.
     #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = super::size::parse_size)]
     pub push_bytes: Vec<u64>,
 }
@@ -255,12 +256,26 @@ impl BenchArgs {
         Ok(max)
     }
 
-    /// Flags of the `bx ps serve` children: `--max-message` for the dense pushes.
+    /// Calls a dense push row keeps in flight: one per worker, at most `--in-flight`.
+    fn push_loops(&self) -> usize {
+        self.workers.min(self.in_flight).max(1)
+    }
+
+    /// Flags of the `bx ps serve` children for the dense pushes: `--max-message` fitting the
+    /// largest, and a `--memory-budget` (at least the library's 256 MiB) holding one such
+    /// message per call in flight.
     pub fn serve_flags(&self) -> Result<Vec<String>, String> {
-        Ok(self
-            .push_max_message()?
-            .map(|m| vec!["--max-message".to_string(), m.to_string()])
-            .unwrap_or_default())
+        let Some(m) = self.push_max_message()? else {
+            return Ok(Vec::new());
+        };
+        let budget = (m.saturating_mul(self.push_loops() as u64))
+            .max(Config::default().memory_budget as u64);
+        Ok(vec![
+            "--max-message".to_string(),
+            m.to_string(),
+            "--memory-budget".to_string(),
+            budget.to_string(),
+        ])
     }
 
     /// The workloads each transport runs, one row each: the dense push sizes, or the Zipf
@@ -780,7 +795,7 @@ impl Dense {
     /// each allocated once and written in full here, so every page is faulted in before any
     /// call is timed.
     fn new(args: &BenchArgs, bytes: u64) -> Dense {
-        let loops = args.workers.min(args.in_flight).max(1);
+        let loops = args.push_loops();
         let base = args.keys + CHECK_KEYS * 7919;
         let keys = (base..base + args.push_keys(bytes)).collect();
         let grads = (0..loops)
@@ -984,7 +999,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
             "bx ps bench: {who}; dense pushes of {} (dim {}), {} in flight (one per worker), {:.1}+{:.1} s per size and transport",
             sizes.join(", "),
             args.dim,
-            args.workers.min(args.in_flight).max(1),
+            args.push_loops(),
             args.warmup,
             args.duration
         );
@@ -1474,7 +1489,19 @@ mod tests {
         let a = parse(&["--push-bytes", "4MiB,16MiB"]).unwrap();
         let m = a.push_max_message().unwrap().expect("a limit");
         assert!(m > 16 << 20 && m <= WIRE_LIMIT, "{m}");
-        assert_eq!(a.serve_flags().unwrap(), ["--max-message", &m.to_string()]);
+        assert_eq!(
+            a.serve_flags().unwrap(),
+            [
+                "--max-message",
+                &m.to_string(),
+                "--memory-budget",
+                "268435456"
+            ]
+        );
+        // four 64 MiB pushes in flight need more than the library's 256 MiB budget
+        let big = parse(&["--push-bytes", "64MiB", "--dim", "256"]).unwrap();
+        let big_m = big.push_max_message().unwrap().unwrap();
+        assert_eq!(big.serve_flags().unwrap()[3], (4 * big_m).to_string());
         assert_eq!(bx_config("tcp", &a).max_message as u64, m);
         // no pushes: the library's limits, no flag for the server
         let none = parse(&[]).unwrap();

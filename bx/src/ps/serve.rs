@@ -52,6 +52,12 @@ pub struct ServeArgs {
     /// its largest push. Default: the library's (16 MiB; tonic's 4 MiB for decoding).
     #[arg(long, value_name = "BYTES", value_parser = super::size::parse_size)]
     pub max_message: Option<u64>,
+    /// Bytes that messages in transit may hold across all links, with an optional
+    /// KiB/MiB/GiB suffix (`Config::memory_budget`; default: the library's, 256 MiB); a
+    /// message beyond it fails its call RESOURCE_EXHAUSTED. `bx ps bench --push-bytes` passes
+    /// one that holds a push per call it keeps in flight.
+    #[arg(long, value_name = "BYTES", value_parser = super::size::parse_size)]
+    pub memory_budget: Option<u64>,
     /// Exit when the process with this pid (the parent that started this server) dies, even
     /// by SIGKILL (`PR_SET_PDEATHSIG`); `bx ps bench` passes its own pid.
     #[arg(long, value_name = "PID", hide = true)]
@@ -97,6 +103,14 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     let mut cfg = byteexpress::Config::default();
     if let Some(ms) = args.detect_timeout_ms {
         cfg.detect_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(b) = args.memory_budget {
+        cfg.memory_budget = usize::try_from(b).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("--memory-budget {b} bytes does not fit this machine's usize"),
+            )
+        })?;
     }
     let mut ps = ps.server();
     if let Some(max) = args.max_message {
