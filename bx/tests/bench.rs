@@ -351,3 +351,85 @@ fn a_terminal_gets_a_progress_bar() {
     assert!(f.status.success(), "{}", f.both());
     assert!(!f.stderr.contains("bx ps bench   tcp ["), "{}", f.both());
 }
+
+/// `--push-bytes` runs dense pushes, one row per size and transport, each with its push size
+/// and a non-zero MiB/s in the table and the JSON; a size above the library's default
+/// `max_message` (16 MiB) arrives because the bench raises the limit on both sides.
+#[test]
+fn dense_pushes_report_mib_per_s_per_size_over_rdma_and_tcp_in_the_table_and_json() {
+    let dir = std::env::temp_dir().join(format!("bx-push-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("rows.json");
+    let mut args = vec![
+        "ps",
+        "bench",
+        "--transports",
+        "rdma,tcp",
+        "--push-bytes",
+        "64KiB,17MiB",
+        "--dim",
+        "256",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    args.extend_from_slice(SMALL);
+    let f = finish(spawn(BX, &args), LIMIT);
+    assert!(f.status.success(), "{}", f.both());
+    let lines: Vec<&str> = f.stdout.lines().collect();
+    assert!(
+        lines[0].ends_with("    push     MiB/s"),
+        "no push columns: {}",
+        f.both()
+    );
+    let rdma = format!("bx/rdma({})", first_device());
+    let mut seen = Vec::new();
+    for l in &lines[1..] {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        let mib: f64 = cols[cols.len() - 1].parse().expect(l);
+        assert!(mib > 0.0, "zero MiB/s: {l}");
+        seen.push((cols[0].to_string(), cols[cols.len() - 2].to_string()));
+    }
+    let want: Vec<(String, String)> = [&rdma[..], "bx/tcp"]
+        .iter()
+        .flat_map(|t| ["64KiB", "17MiB"].map(|s| (t.to_string(), s.to_string())))
+        .collect();
+    assert_eq!(seen, want, "{}", f.both());
+    let j = std::fs::read_to_string(&json).unwrap();
+    assert!(j.contains("\"push_bytes\": [65536, 17825792]"), "{j}");
+    for b in [65536, 17825792] {
+        assert_eq!(
+            j.matches(&format!("\"push_bytes\": {b}, \"mib_per_sec\": "))
+                .count(),
+            2,
+            "{j}"
+        );
+    }
+    assert!(!j.contains("\"mib_per_sec\": 0.000"), "{j}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A push that cannot fit the wire (a message of 4 GiB − 1 bytes at most) is refused with the
+/// limit named before any server starts or any row runs.
+#[test]
+fn a_push_above_the_wire_limit_is_refused_before_anything_starts() {
+    let f = finish(
+        spawn(BX, &["ps", "bench", "--push-bytes", "64KiB,4GiB"]),
+        LIMIT,
+    );
+    assert_eq!(f.status.code(), Some(1), "{}", f.both());
+    assert!(
+        f.stderr.contains(
+            "--push-bytes 4GiB: a push of 4294967296 bytes of gradient needs a message of up to"
+        ) && f
+            .stderr
+            .contains("above the wire limit of 4294967295 bytes"),
+        "{}",
+        f.both()
+    );
+    assert!(!f.stderr.contains("server pid"), "{}", f.both());
+    assert!(f.stdout.is_empty(), "{}", f.both());
+}

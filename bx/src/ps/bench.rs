@@ -31,6 +31,7 @@ use byteexpress::{
 use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
 use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
 use byteexpress_ps::shard::{merge_rows, split_keys};
+use byteexpress_ps::store::MAX_KEYS;
 use byteexpress_ps::{Call, Workload, cpu, decode_f32s, init_value};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -40,6 +41,7 @@ use tokio::time::Instant;
 
 pub use super::fleet::Fault;
 use super::fleet::Servers;
+use super::size::{WIRE_LIMIT, show_size};
 
 /// Table the bench uses (the server's default table).
 const TABLE: &str = "emb";
@@ -142,6 +144,21 @@ pub struct BenchArgs {
         conflicts_with = "policy"
     )]
     pub service_config: Option<PathBuf>,
+    /// Dense pushes instead of the Zipf workload: sizes of the gradient one Push carries,
+    /// comma-separated, bytes with an optional KiB/MiB/GiB suffix (e.g. `4MiB,64MiB`), each a
+    /// multiple of dim × 4 and at most 65536 rows (a call's key limit: 16 MiB at the default
+    /// dim 64; `--dim 256` for 64 MiB). Each transport gets one row per size: every call pushes that many
+    /// bytes of gradient (size / (dim × 4) consecutive keys, above those the Zipf workload and
+    /// the check use) with one call in flight per worker (`--workers`; `--in-flight` caps it),
+    /// from a buffer per worker allocated and written before the warm-up. The rows add the
+    /// push size and MiB/s: gradient bytes pushed per second, one way (client to server; the
+    /// keys and the empty reply are not counted), in MiB (2^20 bytes). The server the bench
+    /// starts gets a `--max-message` that fits the largest push and a `--memory-budget` that
+    /// holds one per call in flight; a push above the wire limit
+    /// (a message of 4 GiB − 1 bytes) is refused before anything starts. With `--server`, start
+    /// that server with such flags yourself.
+    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = super::size::parse_size)]
+    pub push_bytes: Vec<u64>,
 }
 
 /// A fleet's attempt policy for Pull ([`BenchArgs::policy`]).
@@ -193,6 +210,83 @@ impl BenchArgs {
     fn fault_at(&self) -> Duration {
         Duration::from_secs_f64(self.fault_at.unwrap_or(self.duration / 3.0).max(0.0))
     }
+
+    /// Keys of one dense push of `bytes` bytes (a whole number of rows).
+    fn push_keys(&self, bytes: u64) -> u64 {
+        bytes / (self.dim.max(1) as u64 * 4)
+    }
+
+    /// The largest message the dense pushes need: `Some` (bytes) when `--push-bytes` is given.
+    /// The gradient, plus at most 10 bytes per key (a varint) and 64 KiB for the rest of the
+    /// request, its metadata and the headers. Errors, before anything starts: a size that is no
+    /// whole number of rows (dim × 4 bytes), more rows than a call may name (`MAX_KEYS`), or a
+    /// push above the wire limit.
+    pub fn push_max_message(&self) -> Result<Option<u64>, String> {
+        let row = self.dim.max(1) as u64 * 4;
+        let mut max = None;
+        for &b in &self.push_bytes {
+            if !b.is_multiple_of(row) {
+                return Err(format!(
+                    "--push-bytes {}: not a whole number of rows of dim {} x 4 = {row} bytes",
+                    show_size(b),
+                    self.dim
+                ));
+            }
+            let keys = self.push_keys(b);
+            let need = keys
+                .saturating_mul(10)
+                .saturating_add(b)
+                .saturating_add(64 << 10);
+            if need > WIRE_LIMIT {
+                return Err(format!(
+                    "--push-bytes {}: a push of {b} bytes of gradient needs a message of up to {need} bytes, above the wire limit of {WIRE_LIMIT} bytes (4 GiB - 1)",
+                    show_size(b)
+                ));
+            }
+            if keys > MAX_KEYS as u64 {
+                return Err(format!(
+                    "--push-bytes {}: {keys} rows of dim {} in one push, above the {MAX_KEYS} keys a call may name; raise --dim to {} or more",
+                    show_size(b),
+                    self.dim,
+                    b.div_ceil(MAX_KEYS as u64 * 4)
+                ));
+            }
+            max = max.max(Some(need));
+        }
+        Ok(max)
+    }
+
+    /// Calls a dense push row keeps in flight: one per worker, at most `--in-flight`.
+    fn push_loops(&self) -> usize {
+        self.workers.min(self.in_flight).max(1)
+    }
+
+    /// Flags of the `bx ps serve` children for the dense pushes: `--max-message` fitting the
+    /// largest, and a `--memory-budget` (at least the library's 256 MiB) holding one such
+    /// message per call in flight.
+    pub fn serve_flags(&self) -> Result<Vec<String>, String> {
+        let Some(m) = self.push_max_message()? else {
+            return Ok(Vec::new());
+        };
+        let budget = (m.saturating_mul(self.push_loops() as u64))
+            .max(Config::default().memory_budget as u64);
+        Ok(vec![
+            "--max-message".to_string(),
+            m.to_string(),
+            "--memory-budget".to_string(),
+            budget.to_string(),
+        ])
+    }
+
+    /// The workloads each transport runs, one row each: the dense push sizes, or the Zipf
+    /// workload (`None`).
+    fn loads(&self) -> Vec<Option<u64>> {
+        if self.push_bytes.is_empty() {
+            vec![None]
+        } else {
+            self.push_bytes.iter().map(|&b| Some(b)).collect()
+        }
+    }
 }
 
 /// One transport's results.
@@ -227,6 +321,21 @@ pub struct Row {
     /// ones included (a failed call's caller waited that long too); `calls` and `calls/s`
     /// count only the successful ones.
     pub fleet: Option<FleetCounts>,
+    /// Gradient bytes per call of a dense push row (`--push-bytes`); `None` for the Zipf
+    /// workload (the table and JSON then have no push columns).
+    pub push_bytes: Option<u64>,
+    /// Of a dense push row: gradient MiB (2^20 bytes) pushed per second, one way.
+    pub mib_per_sec: Option<f64>,
+}
+
+impl Row {
+    /// The row's name in a plot: the transport, with the push size of a dense push row.
+    pub fn label(&self) -> String {
+        match self.push_bytes {
+            Some(b) => format!("{} push {}", self.transport, show_size(b)),
+            None => self.transport.clone(),
+        }
+    }
 }
 
 /// What a fleet's row counts besides its calls ([`FleetCounts::of`]).
@@ -437,16 +546,22 @@ impl TableClient {
     }
 }
 
-/// The rpc settings of an rdma or tcp row.
-fn bx_config(transport: &str) -> Config {
+/// The rpc settings of an rdma or tcp row, `max_message` raised to fit the dense pushes.
+fn bx_config(transport: &str, args: &BenchArgs) -> Config {
     let transport = if transport == "rdma" {
         TransportPref::Rdma
     } else {
         TransportPref::Tcp
     };
+    let d = Config::default();
+    let max_message = match args.push_max_message() {
+        Ok(Some(m)) => (m as usize).max(d.max_message),
+        _ => d.max_message,
+    };
     Config {
         transport,
-        ..Config::default()
+        max_message,
+        ..d
     }
 }
 
@@ -455,6 +570,7 @@ fn bx_config(transport: &str) -> Config {
 /// config `sc` (retries or hedging) on rdma and tcp rows.
 fn shard_channel(
     transport: &str,
+    args: &BenchArgs,
     addrs: &[String],
     bal: &BalanceConfig,
     sc: Option<&ServiceConfig>,
@@ -462,7 +578,7 @@ fn shard_channel(
     match transport {
         "rdma" | "tcp" => {
             let uris = addrs.iter().map(|a| format!("bx://{a}"));
-            let mut ch = Channel::balance_list(uris, &bx_config(transport), bal)
+            let mut ch = Channel::balance_list(uris, &bx_config(transport, args), bal)
                 .map_err(|e| format!("{transport}: {e}"))?;
             if let Some(sc) = sc {
                 ch = ch
@@ -528,7 +644,7 @@ async fn connect_fleet(
     let (mut shards, mut sets) = (Vec::new(), Vec::new());
     for replicas in &servers.shards {
         let addrs: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
-        let (client, set) = shard_channel(transport, &addrs, &bal, sc.as_ref())?;
+        let (client, set) = shard_channel(transport, args, &addrs, &bal, sc.as_ref())?;
         if let Some(set) = set {
             all_ready(&set, transport).await?;
             sets.push(set);
@@ -563,9 +679,10 @@ async fn connect(
     for _ in 0..n.max(1) {
         let c = match transport {
             "rdma" | "tcp" => {
-                let ch = Channel::connect_with(&format!("bx://{addr}"), &bx_config(transport))
-                    .await
-                    .map_err(|e| format!("{transport}: --transports {transport}: {e}"))?;
+                let ch =
+                    Channel::connect_with(&format!("bx://{addr}"), &bx_config(transport, args))
+                        .await
+                        .map_err(|e| format!("{transport}: --transports {transport}: {e}"))?;
                 label = format!("bx/{}", ch.transport());
                 PsClient::Bx(ParameterServerClient::new(ch))
             }
@@ -631,13 +748,20 @@ async fn call_loop(
     seed: u64,
     until: Instant,
     mut hist: Option<&mut Histogram<u64>>,
+    dense: Option<(&[u64], &Bytes)>,
 ) -> Result<Outcome, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let grads = workload.grads(args.dim);
+    let grads = match dense {
+        Some((_, g)) => g.clone(),
+        None => workload.grads(args.dim),
+    };
     let tolerate = args.servers.is_some();
     let mut out = Outcome::default();
     while Instant::now() < until {
-        let call = workload.next_call(&mut rng);
+        let call = match dense {
+            Some((keys, _)) => Call::Push(keys.to_vec()),
+            None => workload.next_call(&mut rng),
+        };
         let t0 = Instant::now();
         let (what, res) = match call {
             Call::Push(keys) => ("push", client.push(keys, &grads).await),
@@ -660,20 +784,48 @@ async fn call_loop(
     Ok(out)
 }
 
-/// Runs `in_flight` call loops over `clients` for `secs`; returns what they did, latencies
-/// and the time taken.
+/// The buffers of a dense push row: its keys and one gradient per call loop.
+struct Dense {
+    keys: Vec<u64>,
+    grads: Vec<Bytes>,
+}
+
+impl Dense {
+    /// `bytes` of gradient per call, `loops` buffers (one per worker, at most `--in-flight`),
+    /// each allocated once and written in full here, so every page is faulted in before any
+    /// call is timed.
+    fn new(args: &BenchArgs, bytes: u64) -> Dense {
+        let loops = args.push_loops();
+        let base = args.keys + CHECK_KEYS * 7919;
+        let keys = (base..base + args.push_keys(bytes)).collect();
+        let grads = (0..loops)
+            .map(|_| {
+                let mut v = vec![0u8; bytes as usize];
+                for c in v.chunks_exact_mut(4) {
+                    c.copy_from_slice(&0.001f32.to_le_bytes());
+                }
+                Bytes::from(v)
+            })
+            .collect();
+        Dense { keys, grads }
+    }
+}
+
+/// Runs `in_flight` call loops over `clients` for `secs` (a dense push row: one loop per
+/// gradient buffer); returns what they did, latencies and the time taken.
 async fn phase(
     clients: &[TableClient],
     args: &BenchArgs,
     secs: f64,
     record: bool,
     seed: u64,
+    dense: Option<&Dense>,
 ) -> Result<(Outcome, Histogram<u64>, Duration), String> {
     let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
         .map_err(|e| e.to_string())?;
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs_f64(secs);
-    let loops = args.in_flight.max(1);
+    let loops = dense.map_or(args.in_flight.max(1), |d| d.grads.len());
     let mut hists: Vec<Histogram<u64>> = (0..loops)
         .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds"))
         .collect();
@@ -686,6 +838,7 @@ async fn phase(
             seed.wrapping_mul(1000).wrapping_add(i as u64),
             until,
             record.then_some(h),
+            dense.map(|d| (&d.keys[..], &d.grads[i])),
         )
     });
     let outcome =
@@ -709,6 +862,7 @@ async fn run_transport(
     servers: &mut Servers,
     args: &BenchArgs,
     seed: u64,
+    push: Option<u64>,
 ) -> Result<Row, String> {
     let (clients, sets, label) = if servers.is_fleet() {
         let (table, sets, label) = connect_fleet(transport, servers, args).await?;
@@ -719,14 +873,22 @@ async fn run_transport(
         (clients, Vec::new(), label)
     };
     check(&clients[0], args).await?;
-    phase(&clients, args, args.warmup, false, seed).await?;
+    let dense = push.map(|b| Dense::new(args, b));
+    phase(&clients, args, args.warmup, false, seed, dense.as_ref()).await?;
     let per_sec = cpu::clock_ticks_per_sec();
     let counted0 = FleetCounts::of(&sets);
     let (c0, s0) = (
         cpu::cpu_ticks(None).map_err(|e| e.to_string())?,
         servers.cpu_ticks(None)?,
     );
-    let measured = phase(&clients, args, args.duration, true, seed + 1);
+    let measured = phase(
+        &clients,
+        args,
+        args.duration,
+        true,
+        seed + 1,
+        dense.as_ref(),
+    );
     let ((outcome, hist, took), injected) = match args.fault {
         Some(f) if servers.is_fleet() => {
             let (m, i) = tokio::join!(measured, servers.inject(f, args.fault_at()));
@@ -763,6 +925,8 @@ async fn run_transport(
         server_cpu_us: s0.zip(s1).map(|(a, b)| per_call(b - a)),
         cdf: cdf(&hist),
         fleet,
+        push_bytes: push,
+        mib_per_sec: push.map(|b| (b * calls) as f64 / took.as_secs_f64() / f64::from(1u32 << 20)),
     })
 }
 
@@ -806,6 +970,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     if args.fault.is_some() && args.fault_at() >= Duration::from_secs_f64(args.duration) {
         return Err("--fault-at must fall within the measured phase (--duration)".into());
     }
+    args.push_max_message()?;
     // a single server serves every row; a fleet is started afresh for each row
     let mut single = match args.servers {
         Some(_) => None,
@@ -828,18 +993,30 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
             args.deadline().unwrap_or_default()
         ),
     };
-    eprintln!(
-        "bx ps bench: {who}; {} keys, dim {}, {} keys/call, zipf {}, {} workers, {} in flight, {:.1}+{:.1} s per transport, push ratio {}",
-        args.keys,
-        args.dim,
-        args.keys_per_call,
-        args.skew,
-        args.workers,
-        args.in_flight,
-        args.warmup,
-        args.duration,
-        args.push_ratio
-    );
+    if !args.push_bytes.is_empty() {
+        let sizes: Vec<String> = args.push_bytes.iter().map(|&b| show_size(b)).collect();
+        eprintln!(
+            "bx ps bench: {who}; dense pushes of {} (dim {}), {} in flight (one per worker), {:.1}+{:.1} s per size and transport",
+            sizes.join(", "),
+            args.dim,
+            args.push_loops(),
+            args.warmup,
+            args.duration
+        );
+    } else {
+        eprintln!(
+            "bx ps bench: {who}; {} keys, dim {}, {} keys/call, zipf {}, {} workers, {} in flight, {:.1}+{:.1} s per transport, push ratio {}",
+            args.keys,
+            args.dim,
+            args.keys_per_call,
+            args.skew,
+            args.workers,
+            args.in_flight,
+            args.warmup,
+            args.duration,
+            args.push_ratio
+        );
+    }
     let bar = progress_bar(args);
     let ticker = {
         let bar = bar.clone();
@@ -853,7 +1030,11 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     };
     let mut rows = Vec::new();
     let mut failed = None;
-    for (i, t) in args.transports.iter().enumerate() {
+    let runs = args
+        .transports
+        .iter()
+        .flat_map(|t| args.loads().into_iter().map(move |l| (t, l)));
+    for (i, (t, load)) in runs.enumerate() {
         bar.set_message(t.clone());
         let mut fleet = None;
         let servers = match (&mut single, args.servers) {
@@ -871,7 +1052,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
                 }
             }
         };
-        match run_transport(t, servers, args, i as u64 * 7 + 1).await {
+        match run_transport(t, servers, args, i as u64 * 7 + 1, load).await {
             Ok(row) => rows.push(row),
             Err(e) if e.starts_with(&format!("{t}: ")) => bar.suspend(|| {
                 eprintln!(
@@ -897,7 +1078,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
 /// The progress bar on stderr (drawn only on a terminal): time through the whole bench,
 /// with the transport running now.
 fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
-    let total = (args.warmup + args.duration) * args.transports.len() as f64;
+    let total = (args.warmup + args.duration) * (args.transports.len() * args.loads().len()) as f64;
     let bar = indicatif::ProgressBar::with_draw_target(
         Some((total * 1000.0) as u64),
         indicatif::ProgressDrawTarget::stderr(),
@@ -911,9 +1092,10 @@ fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
 }
 
 /// The rows as an aligned text table; rows of a fleet add the columns `failed` and
-/// `ejections`.
+/// `ejections`, dense push rows the columns `push` (bytes per call) and `MiB/s`.
 pub fn table(rows: &[Row]) -> String {
     let fleet = rows.iter().any(|r| r.fleet.is_some());
+    let push = rows.iter().any(|r| r.push_bytes.is_some());
     let mut s = format!(
         "{:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
         "transport",
@@ -931,6 +1113,9 @@ pub fn table(rows: &[Row]) -> String {
             " {:>8} {:>8} {:>8} {:>9}",
             "failed", "retried", "hedged", "ejections"
         );
+    }
+    if push {
+        s += &format!(" {:>8} {:>9}", "push", "MiB/s");
     }
     s += "\n";
     for r in rows {
@@ -959,6 +1144,14 @@ pub fn table(rows: &[Row]) -> String {
                 or_dash(f.ejections)
             );
         }
+        if push {
+            s += &format!(
+                " {:>8} {:>9}",
+                r.push_bytes.map_or_else(|| "-".to_string(), show_size),
+                r.mib_per_sec
+                    .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
+            );
+        }
         s += "\n";
     }
     s
@@ -978,7 +1171,8 @@ fn or_dash(v: Option<u64>) -> String {
 /// fields named as in [`Row`] (without the CDF), `server_cpu_us` null for a server the bench
 /// did not start. A fleet bench adds the settings `servers`, `replicas`, `fault` (null
 /// without), `fault_at_s` and `deadline_ms`, and the row fields of [`FleetCounts`]
-/// (`ejections` null for h2).
+/// (`ejections` null for h2). With `--push-bytes`, the settings add `push_bytes` (a list of
+/// bytes) and every row its `push_bytes` and `mib_per_sec`.
 pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
     let transports: Vec<String> = args.transports.iter().map(|t| json_str(t)).collect();
     let fleet = match args.servers {
@@ -999,8 +1193,14 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
             }
         ),
     };
+    let push = if args.push_bytes.is_empty() {
+        String::new()
+    } else {
+        let b: Vec<String> = args.push_bytes.iter().map(u64::to_string).collect();
+        format!(", \"push_bytes\": [{}]", b.join(", "))
+    };
     let settings = format!(
-        "{{\"keys\": {}, \"dim\": {}, \"keys_per_call\": {}, \"skew\": {}, \"workers\": {}, \"in_flight\": {}, \"duration_s\": {}, \"warmup_s\": {}, \"push_ratio\": {}, \"transports\": [{}], \"server\": {}{fleet}}}",
+        "{{\"keys\": {}, \"dim\": {}, \"keys_per_call\": {}, \"skew\": {}, \"workers\": {}, \"in_flight\": {}, \"duration_s\": {}, \"warmup_s\": {}, \"push_ratio\": {}, \"transports\": [{}], \"server\": {}{fleet}{push}}}",
         args.keys,
         args.dim,
         args.keys_per_call,
@@ -1027,8 +1227,14 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
                     or_null(f.ejections)
                 )
             });
+            let push = r.push_bytes.map_or_else(String::new, |b| {
+                format!(
+                    ", \"push_bytes\": {b}, \"mib_per_sec\": {:.3}",
+                    finite(r.mib_per_sec.unwrap_or(0.0))
+                )
+            });
             format!(
-                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}{fleet}}}",
+                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}{fleet}{push}}}",
                 json_str(&r.transport),
                 r.calls,
                 finite(r.mean_us),
@@ -1105,7 +1311,7 @@ pub fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
                 color.stroke_width(2),
             ))
             .map_err(|x| e(&x))?
-            .label(r.transport.clone())
+            .label(r.label())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
     chart
@@ -1136,6 +1342,8 @@ mod tests {
             server_cpu_us: Some(f64::NAN),
             cdf: vec![(10.0, 0.0), (11.0, 0.5), (30.0, 1.0)],
             fleet: None,
+            push_bytes: None,
+            mib_per_sec: None,
         }
     }
 
@@ -1252,6 +1460,106 @@ mod tests {
         }
         let a = A::parse_from(["bench", "--servers", "1"]).b;
         assert!(a.service_config().unwrap().is_none());
+    }
+
+    fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct A {
+            #[command(flatten)]
+            b: BenchArgs,
+        }
+        A::try_parse_from(std::iter::once("bench").chain(argv.iter().copied())).map(|a| a.b)
+    }
+
+    #[test]
+    fn push_bytes_parse_as_a_list_of_sizes_and_garbage_zero_or_overflow_is_refused() {
+        let a = parse(&["--push-bytes", "64KiB,1MiB,4096"]).unwrap();
+        assert_eq!(a.push_bytes, vec![64 << 10, 1 << 20, 4096]);
+        assert_eq!(a.loads(), vec![Some(64 << 10), Some(1 << 20), Some(4096)]);
+        assert!(parse(&[]).unwrap().push_bytes.is_empty());
+        assert_eq!(parse(&[]).unwrap().loads(), vec![None]);
+        for bad in ["1MiB,x", "0", "1MiB,,2MiB", "99999999999999999999", "4MB"] {
+            assert!(parse(&["--push-bytes", bad]).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn push_sizes_must_be_whole_rows_within_the_key_and_wire_limits() {
+        let a = parse(&["--push-bytes", "4MiB,16MiB"]).unwrap();
+        let m = a.push_max_message().unwrap().expect("a limit");
+        assert!(m > 16 << 20 && m <= WIRE_LIMIT, "{m}");
+        assert_eq!(
+            a.serve_flags().unwrap(),
+            [
+                "--max-message",
+                &m.to_string(),
+                "--memory-budget",
+                "268435456"
+            ]
+        );
+        // four 64 MiB pushes in flight need more than the library's 256 MiB budget
+        let big = parse(&["--push-bytes", "64MiB", "--dim", "256"]).unwrap();
+        let big_m = big.push_max_message().unwrap().unwrap();
+        assert_eq!(big.serve_flags().unwrap()[3], (4 * big_m).to_string());
+        assert_eq!(bx_config("tcp", &a).max_message as u64, m);
+        // no pushes: the library's limits, no flag for the server
+        let none = parse(&[]).unwrap();
+        assert_eq!(none.push_max_message(), Ok(None));
+        assert!(none.serve_flags().unwrap().is_empty());
+        assert_eq!(
+            bx_config("tcp", &none).max_message,
+            Config::default().max_message
+        );
+        let e = parse(&["--push-bytes", "1000"])
+            .unwrap()
+            .push_max_message()
+            .unwrap_err();
+        assert!(e.contains("not a whole number of rows"), "{e}");
+        let e = parse(&["--push-bytes", "64MiB"])
+            .unwrap()
+            .push_max_message()
+            .unwrap_err();
+        assert!(e.contains("raise --dim to 256"), "{e}");
+        let big = parse(&["--push-bytes", "64MiB", "--dim", "256"]).unwrap();
+        assert!(big.push_max_message().unwrap().unwrap() > 64 << 20);
+        let e = parse(&["--push-bytes", "4GiB", "--dim", "16384"])
+            .unwrap()
+            .push_max_message()
+            .unwrap_err();
+        assert!(
+            e.contains("above the wire limit of 4294967295 bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn push_rows_add_their_size_and_mib_per_s_to_the_table_json_and_plot_label() {
+        let push = Row {
+            push_bytes: Some(4 << 20),
+            mib_per_sec: Some(123.456),
+            ..row()
+        };
+        let t = table(std::slice::from_ref(&push));
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].ends_with("    push     MiB/s"), "{t}");
+        assert!(lines[1].ends_with("    4MiB     123.5"), "{t}");
+        // the Zipf table is as it was: no push columns
+        assert!(!table(&[row()]).contains("MiB/s"));
+        let a = parse(&["--push-bytes", "4MiB"]).unwrap();
+        let j = json(&a, std::slice::from_ref(&push));
+        assert!(j.contains("\"push_bytes\": [4194304]}"), "{j}");
+        assert!(
+            j.contains("\"push_bytes\": 4194304, \"mib_per_sec\": 123.456}"),
+            "{j}"
+        );
+        let j = json(&args(), &[row()]);
+        assert!(
+            !j.contains("push_bytes") && !j.contains("mib_per_sec"),
+            "{j}"
+        );
+        assert_eq!(push.label(), "bx/rdma push 4MiB");
+        assert_eq!(row().label(), "bx/rdma");
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl Servers {
     pub async fn single(args: &BenchArgs) -> Result<Servers, String> {
         let one = match &args.server {
             Some(addr) => ServerChild::elsewhere(addr.clone()),
-            None => ServerChild::start(args.dim, &[]).await?,
+            None => ServerChild::start(args.dim, &args.serve_flags()?).await?,
         };
         Ok(Servers {
             shards: vec![vec![one]],
@@ -156,14 +156,17 @@ impl Servers {
         replicas: u32,
         fault: Option<Fault>,
     ) -> Result<Servers, String> {
+        let flags = args.serve_flags()?;
         let starts = (0..shards).flat_map(|s| {
+            let flags = &flags;
             (0..replicas).map(move |r| {
-                let mut extra = vec![
+                let mut extra = flags.clone();
+                extra.extend([
                     "--shard".to_string(),
                     s.to_string(),
                     "--shards".to_string(),
                     shards.to_string(),
-                ];
+                ]);
                 if (s, r, fault) == (0, 0, Some(Fault::Slow)) {
                     extra.extend(["--delay-ms".to_string(), SLOW.as_millis().to_string()]);
                 }

@@ -4,3 +4,4 @@
 pub mod bench;
 pub mod fleet;
 pub mod serve;
+pub mod size;

@@ -46,6 +46,18 @@ pub struct ServeArgs {
     /// default: the library's).
     #[arg(long)]
     pub detect_timeout_ms: Option<u64>,
+    /// Largest message accepted and sent, bytes with an optional KiB/MiB/GiB suffix, at most
+    /// 4 GiB − 1 (`Config::max_message`, and the Pull/Push services' decoding limit on both
+    /// transports and HTTP/2); `bx ps bench --push-bytes` starts its server with one that fits
+    /// its largest push. Default: the library's (16 MiB; tonic's 4 MiB for decoding).
+    #[arg(long, value_name = "BYTES", value_parser = super::size::parse_size)]
+    pub max_message: Option<u64>,
+    /// Bytes that messages in transit may hold across all links, with an optional
+    /// KiB/MiB/GiB suffix (`Config::memory_budget`; default: the library's, 256 MiB); a
+    /// message beyond it fails its call RESOURCE_EXHAUSTED. `bx ps bench --push-bytes` passes
+    /// one that holds a push per call it keeps in flight.
+    #[arg(long, value_name = "BYTES", value_parser = super::size::parse_size)]
+    pub memory_budget: Option<u64>,
     /// Exit when the process with this pid (the parent that started this server) dies, even
     /// by SIGKILL (`PR_SET_PDEATHSIG`); `bx ps bench` passes its own pid.
     #[arg(long, value_name = "PID", hide = true)]
@@ -92,9 +104,33 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     if let Some(ms) = args.detect_timeout_ms {
         cfg.detect_timeout = std::time::Duration::from_millis(ms);
     }
+    if let Some(b) = args.memory_budget {
+        cfg.memory_budget = usize::try_from(b).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("--memory-budget {b} bytes does not fit this machine's usize"),
+            )
+        })?;
+    }
+    let mut ps = ps.server();
+    if let Some(max) = args.max_message {
+        if max > super::size::WIRE_LIMIT {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "--max-message {max} bytes is above the wire limit of {} bytes (4 GiB - 1)",
+                    super::size::WIRE_LIMIT
+                ),
+            ));
+        }
+        cfg.max_message = max as usize;
+        ps = ps
+            .max_decoding_message_size(max as usize)
+            .max_encoding_message_size(max as usize);
+    }
     let server = Server::builder()
         .config(cfg)
-        .add_service(ps.server())
+        .add_service(ps)
         .add_service(EchoService::default().server());
     let mut out = std::io::stdout().lock();
     writeln!(out, "LISTENING {}", listener.local_addr()?)?;
