@@ -19,6 +19,7 @@
 
 mod ack;
 mod bell;
+mod comp_slot;
 mod cq;
 mod deliver;
 mod device;
