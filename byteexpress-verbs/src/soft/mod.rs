@@ -24,6 +24,8 @@ mod cq;
 mod deliver;
 mod device;
 mod fatal;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod mw;
 mod pd;
 mod peer;
