@@ -4,7 +4,8 @@
 #   scripts/fuzz.sh [--smoke] [target...]
 #
 # Each target runs for a stated number of executions (libFuzzer -runs=N): 10^7 for the pure
-# decoders, 10^6 for the stateful targets (tcp_frames, reassembly); BX_FUZZ_RUNS overrides both.
+# decoders, 10^6 for the stateful targets (tcp_frames, reassembly,
+# stream_order); BX_FUZZ_RUNS overrides both.
 # --smoke runs each for 5 seconds instead (-max_total_time=5; CI: they keep building and the
 # seeds still pass). No target named: all of them. Prints, per target, the executions done and
 # whether it crashed; exits non-zero if any crashed (the input is in fuzz/artifacts/<target>/).
@@ -13,7 +14,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/../fuzz"
 
-STATEFUL="tcp_frames reassembly"
+STATEFUL="tcp_frames reassembly stream_order"
 PURE="header message hello qp_endpoint meta grpc_timeout soft_msg soft_comp_slot"
 
 smoke=0
@@ -21,7 +22,7 @@ targets=()
 for a in "$@"; do
     case "$a" in
         --smoke) smoke=1 ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) targets+=("$a") ;;
     esac
 done
@@ -54,8 +55,8 @@ for t in "${targets[@]}"; do
         failed=1
     fi
     # libFuzzer's last status line: "#N DONE ..." or the line before a crash.
-    execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
-    done_line=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -1 || true)
-    printf '%-16s %14s  %s (%ss)\n' "$t" "${done_line:-${execs:-0}}" "$result" "$(( $(date +%s) - start ))"
+    execs=$({ grep -oE '^#[0-9]+' "$log" || true; } | tail -1 | tr -d '#')
+    done_runs=$({ grep -oE 'Done [0-9]+ runs' "$log" || true; } | grep -oE '[0-9]+' | tail -1 || true)
+    printf '%-16s %14s  %s (%ss)\n' "$t" "${done_runs:-${execs:-0}}" "$result" "$(( $(date +%s) - start ))"
 done
 exit "$failed"

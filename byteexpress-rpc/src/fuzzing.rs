@@ -8,9 +8,11 @@ use bytes::Bytes;
 
 use crate::Metadata;
 use crate::budget::MemoryBudget;
+use crate::engine::LinkTx;
 use crate::engine::rdma::reassembly::Reassembly;
 use crate::link_stats::LinkCounters;
-use crate::message::Incoming;
+use crate::message::{Incoming, Outgoing};
+use crate::stream::Shared;
 
 pub use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
 pub use crate::wire::hello::Hello;
@@ -88,5 +90,59 @@ impl Reassembler {
     /// Messages started and not complete.
     pub fn in_progress(&self) -> usize {
         self.0.in_progress()
+    }
+}
+
+/// The receiving end of one stream direction (what the link engine drives on STREAM_MESSAGE,
+/// HALF_CLOSE / RESPONSE and what the application takes): numbering, reordering, the window.
+pub struct StreamIn {
+    shared: Arc<Shared>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
+}
+
+impl std::fmt::Debug for StreamIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamIn").finish_non_exhaustive()
+    }
+}
+
+impl StreamIn {
+    /// A stream with `window` bytes of receive window.
+    pub fn new(window: u64) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let link = LinkTx::new(tx, crate::Transport::Tcp, 1 << 20);
+        StreamIn {
+            shared: Shared::new(link, (1, 2), window, window),
+            rx,
+        }
+    }
+
+    /// Message `seq` arrived; `Err`: the stream fails with this code.
+    pub fn on_message(&self, seq: u64, body: Bytes) -> Result<(), crate::Code> {
+        self.shared.on_message(seq, body).map_err(|s| s.code)
+    }
+
+    /// The peer's end arrived after `count` messages.
+    pub fn on_end(&self, count: u64) {
+        self.shared.on_end(count, Ok(Metadata::new()), false);
+    }
+
+    /// What the application gets next: `None` nothing yet, `Some(Ok(None))` the end.
+    pub fn take(&self) -> Option<Result<Option<Bytes>, crate::Code>> {
+        self.shared.take().map(|r| r.map_err(|s| s.code))
+    }
+
+    /// Bytes granted back to the peer (WINDOW_UPDATE frames sent) since the last call.
+    pub fn granted(&mut self) -> u64 {
+        let mut n = 0;
+        while let Ok(o) = self.rx.try_recv() {
+            assert_eq!(
+                o.header.kind,
+                Kind::WindowUpdate,
+                "only window updates are sent"
+            );
+            n += o.header.timeout_us;
+        }
+        n
     }
 }
