@@ -39,6 +39,10 @@ mod config;
 mod config_check;
 mod engine;
 mod error;
+// The private decoders, for the `fuzz/` crate's targets only (feature `fuzzing`, off by default).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod link_state;
 #[cfg(test)]
 mod link_state_table;

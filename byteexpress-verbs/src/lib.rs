@@ -41,6 +41,11 @@ pub use types::{
 #[doc(hidden)]
 pub use soft::test_hooks;
 
+/// The soft provider's decoders, for the `fuzz/` crate's targets only (feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use soft::fuzzing;
+
 /// A device that can be opened.
 #[derive(Debug, Clone)]
 pub struct Device {

@@ -22,6 +22,13 @@ mod channel;
 mod detect;
 mod grpc_status;
 mod grpc_timeout;
+/// The `grpc-timeout` codec, for the `fuzz/` crate's targets only (feature `fuzzing`, off by
+/// default); not a stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::grpc_timeout::{format as format_grpc_timeout, parse as parse_grpc_timeout};
+}
 mod metadata_map;
 mod percent;
 mod replicas;

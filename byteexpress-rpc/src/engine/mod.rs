@@ -73,7 +73,7 @@ struct LinkShared {
 }
 
 impl LinkTx {
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn new(
         tx: mpsc::UnboundedSender<Outgoing>,
         transport: Transport,

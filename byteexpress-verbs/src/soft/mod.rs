@@ -19,10 +19,13 @@
 
 mod ack;
 mod bell;
+mod comp_slot;
 mod cq;
 mod deliver;
 mod device;
 mod fatal;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod mw;
 mod pd;
 mod peer;

@@ -33,6 +33,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::comp_slot::CompSlot;
 use super::shm::Mapping;
 
 const OFF_RECV_PROD: usize = 0;
@@ -322,28 +323,19 @@ impl Ring {
     #[inline]
     pub(crate) fn write_comp(&self, seq: u64, c: RawComp) {
         let off = self.comp_off(seq);
-        self.w32(off).store(c.opcode, Ordering::Relaxed);
-        self.w32(off + 4).store(c.status, Ordering::Relaxed);
-        self.w32(off + 8).store(c.byte_len, Ordering::Relaxed);
-        self.w32(off + 12)
-            .store(c.imm.is_some() as u32, Ordering::Relaxed);
-        self.w32(off + 16)
-            .store(c.imm.unwrap_or(0), Ordering::Relaxed);
-        let (src, key, addr) = match c.src {
-            Src::Placed => (0, 0, 0),
-            Src::Mr { key, addr } => (1, key, addr),
-            Src::Staged { off } => (2, 0, off),
-        };
-        self.w32(off + 20).store(src, Ordering::Relaxed);
-        self.w64(off + 24)
-            .store(seq.wrapping_add(1), Ordering::Relaxed);
-        self.w32(off + 32).store(key, Ordering::Relaxed);
+        let w = CompSlot::of(seq, c);
+        self.w32(off).store(w.opcode, Ordering::Relaxed);
+        self.w32(off + 4).store(w.status, Ordering::Relaxed);
+        self.w32(off + 8).store(w.byte_len, Ordering::Relaxed);
+        self.w32(off + 12).store(w.has_imm, Ordering::Relaxed);
+        self.w32(off + 16).store(w.imm, Ordering::Relaxed);
+        self.w32(off + 20).store(w.src, Ordering::Relaxed);
+        self.w64(off + 24).store(w.tag, Ordering::Relaxed);
+        self.w32(off + 32).store(w.key, Ordering::Relaxed);
         self.w32(off + 36).store(0, Ordering::Relaxed);
-        self.w64(off + 40).store(addr, Ordering::Relaxed);
-        self.w32(off + 48)
-            .store(c.inv.is_some() as u32, Ordering::Relaxed);
-        self.w32(off + 52)
-            .store(c.inv.unwrap_or(0), Ordering::Relaxed);
+        self.w64(off + 40).store(w.addr, Ordering::Relaxed);
+        self.w32(off + 48).store(w.has_inv, Ordering::Relaxed);
+        self.w32(off + 52).store(w.inv, Ordering::Relaxed);
     }
 
     /// The tag word of completion `seq` (see the layout).
@@ -358,38 +350,24 @@ impl Ring {
     #[inline]
     pub(crate) fn read_comp(&self, seq: u64) -> Option<RawComp> {
         let off = self.comp_off(seq);
-        if self.comp_tag(seq).load(Ordering::Relaxed) != seq.wrapping_add(1) {
+        let tag = self.comp_tag(seq).load(Ordering::Relaxed);
+        if tag != seq.wrapping_add(1) {
             return None;
         }
-        let has_imm = self.w32(off + 12).load(Ordering::Relaxed);
-        let imm = self.w32(off + 16).load(Ordering::Relaxed);
-        let inv = match self.w32(off + 48).load(Ordering::Relaxed) {
-            0 => None,
-            1 => Some(self.w32(off + 52).load(Ordering::Relaxed)),
-            _ => return None,
-        };
-        Some(RawComp {
+        CompSlot {
             opcode: self.w32(off).load(Ordering::Relaxed),
             status: self.w32(off + 4).load(Ordering::Relaxed),
             byte_len: self.w32(off + 8).load(Ordering::Relaxed),
-            imm: match has_imm {
-                0 => None,
-                1 => Some(imm),
-                _ => return None,
-            },
-            src: match self.w32(off + 20).load(Ordering::Relaxed) {
-                0 => Src::Placed,
-                1 => Src::Mr {
-                    key: self.w32(off + 32).load(Ordering::Relaxed),
-                    addr: self.w64(off + 40).load(Ordering::Relaxed),
-                },
-                2 => Src::Staged {
-                    off: self.w64(off + 40).load(Ordering::Relaxed),
-                },
-                _ => return None,
-            },
-            inv,
-        })
+            has_imm: self.w32(off + 12).load(Ordering::Relaxed),
+            imm: self.w32(off + 16).load(Ordering::Relaxed),
+            src: self.w32(off + 20).load(Ordering::Relaxed),
+            tag,
+            key: self.w32(off + 32).load(Ordering::Relaxed),
+            addr: self.w64(off + 40).load(Ordering::Relaxed),
+            has_inv: self.w32(off + 48).load(Ordering::Relaxed),
+            inv: self.w32(off + 52).load(Ordering::Relaxed),
+        }
+        .decode(seq)
     }
 }
 

@@ -136,7 +136,13 @@ impl Msg {
             Msg::ConnectReply { ok, reason } => {
                 v.push(4);
                 v.push(*ok as u8);
-                let r = &reason.as_bytes()[..reason.len().min(512)];
+                // At most 512 bytes, cut at a character boundary (a cut inside one would
+                // reach the peer as U+FFFD).
+                let mut n = reason.len().min(512);
+                while !reason.is_char_boundary(n) {
+                    n -= 1;
+                }
+                let r = &reason.as_bytes()[..n];
                 v.extend_from_slice(&(r.len() as u16).to_le_bytes());
                 v.extend_from_slice(r);
             }
@@ -314,5 +320,26 @@ mod tests {
             assert_eq!(Msg::decode(&long), None);
         }
         assert_eq!(Msg::decode(&[99]), None);
+    }
+
+    #[test]
+    fn a_connect_reply_reason_is_cut_at_a_char_boundary_and_re_encodes_the_same() {
+        // 511 ASCII bytes then a 2-byte character: 512 bytes would split it.
+        let reason = format!("{}é", "a".repeat(511));
+        let m = Msg::ConnectReply { ok: false, reason };
+        let back = Msg::decode(&m.encode()).expect("decodes");
+        assert_eq!(
+            back,
+            Msg::ConnectReply {
+                ok: false,
+                reason: "a".repeat(511)
+            }
+        );
+        // The fuzz input that found it (soft_msg target): a peer's long, partly invalid reason
+        // re-encoded and decoded again must re-encode to the same bytes.
+        let found = include_bytes!("../../testdata/soft_msg_connect_reply_cut_mid_char.bin");
+        let once = Msg::decode(found).expect("the input decodes").encode();
+        let twice = Msg::decode(&once).expect("its encoding decodes").encode();
+        assert_eq!(once, twice);
     }
 }
