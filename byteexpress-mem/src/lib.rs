@@ -24,6 +24,9 @@
 //! - [`MrCache`]: MRs for memory the pool did not allocate ([`byteexpress_verbs::UserRegion`]:
 //!   `Vec`, `Bytes`, [`AnonMap`] …): interval lookup keyed by address and owner, LRU bounded in
 //!   bytes and entries, in-use entries pinned by [`CachedMr`] handles, `invalidate(range)`.
+//! - [`LargePool`] / [`LargeBuf`]: registered buffers of any size, one region and MR each,
+//!   reused through a bounded free list: the rendezvous of large messages (a body lent for a
+//!   peer's READ, the destination we READ into).
 //! - [`BufPool`]: a fixed number of equal buffers, a thin layer over one pool and reserve.
 //! - Least access (DESIGN.md 3.2): pools grant LOCAL_WRITE by default ([`PoolConfig::access`]),
 //!   a link's receive ring LOCAL_WRITE ([`BufPool::for_receives`]) and its send ring nothing
@@ -42,6 +45,7 @@ mod class;
 mod config;
 mod error;
 mod fixed;
+mod large;
 mod loan;
 mod mmap;
 mod mr_cache;
@@ -59,6 +63,7 @@ pub use buf::RegisteredBuf;
 pub use config::{MAX_CLASS_LIMIT, PoolConfig};
 pub use error::{MemError, memlock_limit};
 pub use fixed::{BufPool, PoolBuf};
+pub use large::{LargeBuf, LargePool, REGION_ALIGN};
 pub use loan::ReadLoan;
 pub use mmap::AnonMap;
 pub use mr_cache::{CachedMr, MrCache, MrCacheConfig, MrCacheStats};

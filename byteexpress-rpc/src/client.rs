@@ -224,7 +224,7 @@ async fn open_conn(
         return Ok((link, conn_id));
     }
     let key = format!(
-        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}",
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}|{}|{}",
         cfg.transport,
         cfg.allow_soft,
         cfg.grant,
@@ -236,7 +236,9 @@ async fn open_conn(
         cfg.sched,
         cfg.window_target_delay,
         cfg.busy_poll,
-        cfg.memory_budget
+        cfg.memory_budget,
+        cfg.rendezvous_threshold,
+        cfg.rendezvous_cache_bytes
     );
     let mut links = registry().lock().await;
     let link = match links.get(&key).and_then(Weak::upgrade) {

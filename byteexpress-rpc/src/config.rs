@@ -26,6 +26,17 @@ pub struct Config {
     /// a peer that announces one is cut off (RDMA: before anything is allocated for it; TCP:
     /// the frame limit). Both sides of a link should use the same value.
     pub max_message: usize,
+    /// Messages larger than this many bytes (40-byte header + metadata + body) go over RDMA by
+    /// rendezvous (DESIGN.md 3.5 "Rendezvous"): copied once into memory lent to the peer for
+    /// one RDMA READ, announced by one SEND of a descriptor, READ by the receiver straight
+    /// into the buffer the application gets, released at the receiver's RELEASE; smaller ones
+    /// go as SENDs (chunked above `max_chunk`). Default [`DEFAULT_RENDEZVOUS_THRESHOLD`];
+    /// 0 = never (always chunks). Each side applies its own to what it sends; TCP ignores it.
+    pub rendezvous_threshold: usize,
+    /// Bytes of registered memory an RDMA link keeps for reuse after rendezvous, per
+    /// direction (lent memory, and memory READ into), default 64 MiB: a message up to this
+    /// size reuses memory already mapped and faulted in; larger ones map their own each time.
+    pub rendezvous_cache_bytes: u64,
     /// Receive buffers posted for the peer's data (its send credits), default 16. One more is
     /// posted for its credit updates.
     pub grant: u32,
@@ -127,6 +138,8 @@ impl Default for Config {
             grant: 16,
             max_chunk: 64 << 10,
             max_message: 16 << 20,
+            rendezvous_threshold: DEFAULT_RENDEZVOUS_THRESHOLD,
+            rendezvous_cache_bytes: 64 << 20,
             max_send_wr: 64,
             window_bytes: 256 << 10,
             window_target_delay: Duration::ZERO,
@@ -150,6 +163,11 @@ impl Default for Config {
         }
     }
 }
+
+/// Default of [`Config::rendezvous_threshold`] in bytes: messages above it go by RDMA READ.
+/// Chosen by measurement (`integration-tests/benches/rendezvous.rs`, DESIGN.md section 6);
+/// a 16 KiB parameter-server reply stays one SEND.
+pub const DEFAULT_RENDEZVOUS_THRESHOLD: usize = 256 << 10;
 
 /// Order in which an RDMA link posts the chunks of the messages waiting on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

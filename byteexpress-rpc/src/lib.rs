@@ -71,7 +71,9 @@ mod test_hooks;
 pub use balance::{BalanceConfig, CallOptions, Policy, ReplicaSet};
 pub use byteexpress_verbs::QpState;
 pub use client::{Client, Request, Response};
-pub use config::{Config, SchedMode, parse_transport, transport_from_env};
+pub use config::{
+    Config, DEFAULT_RENDEZVOUS_THRESHOLD, SchedMode, parse_transport, transport_from_env,
+};
 pub use config_check::ConfigError;
 pub use link_state::LinkState;
 pub use link_stats::{GateRefusals, LinkStats};

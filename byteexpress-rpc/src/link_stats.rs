@@ -67,6 +67,14 @@ pub struct LinkStats {
     /// Fatal async events (`ibv_get_async_event(3)`: QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR of
     /// the link's QP, CQ_ERR of its CQ, PORT_ERR, DEVICE_FATAL) the link fell back on.
     pub fatal_events: u64,
+    /// Messages sent by rendezvous: lent for the peer's READ, one descriptor SEND each.
+    pub messages_lent: u64,
+    /// Of those, released by the peer (it READ them; their memory is free again).
+    pub messages_released: u64,
+    /// Messages received by rendezvous: their bodies RDMA READ from the peer.
+    pub messages_read: u64,
+    /// RDMA READ WRs posted for those (a body is read in pieces).
+    pub reads_posted: u64,
 }
 
 /// Times each admission gate of the RDMA send path held a SEND back (unit: refusals). The
@@ -89,6 +97,8 @@ pub struct GateRefusals {
     pub qp_window: u64,
     /// The device's window (shared by the device's links) was full.
     pub device_window: u64,
+    /// A READ of a rendezvous body waited: the device's outstanding READs were all in use.
+    pub read_depth: u64,
 }
 
 /// The live counters behind [`LinkStats`], shared by the engine (writer) and the link's users.
@@ -97,7 +107,7 @@ pub(crate) struct LinkCounters {
     pub qp_errors: AtomicU64,
     pub rnr_errors: AtomicU64,
     /// Refusals by gate, indexed by `Gate::index` ([`LinkCounters::refused`]).
-    pub gate_refusals: [AtomicU64; 6],
+    pub gate_refusals: [AtomicU64; 7],
     pub window_escapes: AtomicU64,
     pub chunks_sent: AtomicU64,
     pub send_rounds: AtomicU64,
@@ -111,6 +121,10 @@ pub(crate) struct LinkCounters {
     pub resent: AtomicU64,
     pub awaiting_flush: AtomicU64,
     pub fatal_events: AtomicU64,
+    pub messages_lent: AtomicU64,
+    pub messages_released: AtomicU64,
+    pub messages_read: AtomicU64,
+    pub reads_posted: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
@@ -144,6 +158,7 @@ impl LinkCounters {
             credit: r(Gate::Credit),
             qp_window: r(Gate::QpWindow),
             device_window: r(Gate::DeviceWindow),
+            read_depth: r(Gate::ReadDepth),
         };
         LinkStats {
             qp_state: self.qp.lock().as_ref().map(Qp::state),
@@ -165,6 +180,10 @@ impl LinkCounters {
             resent: g(&self.resent),
             awaiting_flush: g(&self.awaiting_flush),
             fatal_events: g(&self.fatal_events),
+            messages_lent: g(&self.messages_lent),
+            messages_released: g(&self.messages_released),
+            messages_read: g(&self.messages_read),
+            reads_posted: g(&self.reads_posted),
             ..LinkStats::default()
         }
     }

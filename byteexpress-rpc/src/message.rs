@@ -108,6 +108,10 @@ impl Incoming {
                 header.kind
             ));
         }
+        if header.flags & crate::wire::rendezvous::FLAG_RENDEZVOUS != 0 {
+            // Only the RDMA engine takes a descriptor (and READs the payload it names).
+            return crate::wire::err("rendezvous descriptor where a whole message was expected");
+        }
         let meta_end = HEADER_LEN + header.meta_len as usize;
         Ok(Incoming {
             header,

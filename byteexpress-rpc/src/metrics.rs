@@ -36,7 +36,7 @@ pub const CREDIT_STALLS: &str = "bx_credit_stalls_total";
 pub const WINDOW_STALLS: &str = "bx_window_stalls_total";
 /// Counter: SENDs the send path's admission gates held back, by gate (RDMA only), labels
 /// `transport`, `device`, `gate` (`sq_slot`, `cq_entry`, `send_buf`, `credit`, `qp_window`,
-/// `device_window`: `byteexpress_flow::gate`, checked in that order, the first that refuses
+/// `device_window`, and `read_depth` for a rendezvous READ: `byteexpress_flow::gate`, checked in that order, the first that refuses
 /// counted). `credit` counts what [`CREDIT_STALLS`] counts, `qp_window` and `device_window`
 /// together what [`WINDOW_STALLS`] counts.
 pub const GATE_REFUSALS: &str = "bx_send_gate_refusals_total";
@@ -200,7 +200,7 @@ pub(crate) struct LinkMetrics {
     pub credit_stalls: Counter,
     pub window_stalls: Counter,
     /// [`GATE_REFUSALS`], indexed by `Gate::index`.
-    pub gate_refusals: [Counter; 6],
+    pub gate_refusals: [Counter; 7],
     pub window_cap: Gauge,
     pub bytes_sent: Counter,
     pub bytes_received: Counter,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use byteexpress_flow::credit::QueueConfig;
 use byteexpress_flow::window::{AdaptiveConfig, Window};
-use byteexpress_mem::{BufPool, Pool, PoolConfig};
+use byteexpress_mem::{BufPool, LargePool, Pool, PoolConfig};
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
 use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
 use tokio::net::TcpStream;
@@ -160,13 +160,14 @@ async fn recv(r: &mut Reader) -> Result<Hello, SetupError> {
 /// silent peer or a dead path (RETRY_EXC_ERR, then the link falls back to TCP); the TCP control
 /// connection usually reports a dead peer sooner. `retry_cnt` is 6, not 7: rxe retries a QP whose
 /// `retry_cnt` is 7 forever (DESIGN.md 7, checked in the Soft-RoCE VM), so a dropped RoCE path
-/// would never fail the QP there and the link would never fall back. `access` none
-/// (`qp_access_flags` 0): a link carries SENDs only, so the QP refuses every peer RDMA WRITE and
-/// READ on top of the MRs' own flags (least access, DESIGN.md 3.5); the rendezvous issue grants
-/// REMOTE_READ here for its [`byteexpress_mem::ReadLoan`]s.
+/// would never fail the QP there and the link would never fall back. `access` REMOTE_READ
+/// (`qp_access_flags`): the peer READs the messages lent to it by rendezvous, each through an
+/// rkey over exactly that message's bytes (a memory window or an MR of its own, DESIGN.md 3.5
+/// "Rendezvous"); no pool of the link grants remote access itself, and the QP refuses every
+/// RDMA WRITE (least access).
 fn connect_attr() -> ConnectAttr {
     ConnectAttr {
-        access: Access(0),
+        access: Access::REMOTE_READ,
         min_rnr_timer: 1,
         timeout: 14,
         retry_cnt: 6,
@@ -228,7 +229,30 @@ fn build_rdma(
             header: HEADER_LEN,
         });
     }
+    let attr = ctx.query();
+    // Rendezvous loans: memory windows where the device bounds a window by its range (the
+    // MR then needs MW_BIND; LOCAL_WRITE as the conformance tests bind), else each loan an
+    // MR of its own over a region registered with no access.
+    let lend_windows = attr.mw_range_checked;
+    let lend_access = if lend_windows {
+        Access::LOCAL_WRITE | Access::MW_BIND
+    } else {
+        Access(0)
+    };
+    let lend_pool = LargePool::new(&pd, lend_access, true, cfg.rendezvous_cache_bytes);
+    let read_pool = LargePool::new(&pd, Access::LOCAL_WRITE, false, cfg.rendezvous_cache_bytes);
+    // A descriptor SEND must fit a chunk; a threshold of 0 turns rendezvous off.
+    let rendezvous_threshold = (cfg.rendezvous_threshold > 0
+        && chunk >= HEADER_LEN + crate::wire::rendezvous::DESCRIPTOR_LEN)
+        .then_some(cfg.rendezvous_threshold);
     Ok(RdmaParts {
+        pd: pd.clone(),
+        rendezvous_threshold,
+        lend_pool,
+        lend_windows,
+        read_pool,
+        read_piece: attr.max_msg_sz.clamp(4096, rdma::read::READ_PIECE),
+        max_reads: attr.max_reads_outstanding.max(1),
         qp,
         cq,
         queues,
@@ -819,11 +843,12 @@ mod tests {
     use super::*;
 
     /// Least access (issue 22, DESIGN.md 3.2): a link's receive ring LOCAL_WRITE, its send ring
-    /// nothing, its reassembly pool LOCAL_WRITE, its QP nothing; none grants REMOTE_WRITE or
-    /// REMOTE_READ (the rings and the QP were `Access::ALL`, so a peer with a leaked rkey could
-    /// WRITE into a receive buffer).
+    /// nothing, its reassembly pool LOCAL_WRITE, its QP REMOTE_READ only (rendezvous READs,
+    /// each through a per-message rkey); no pool grants REMOTE_WRITE or REMOTE_READ (the rings
+    /// and the QP were `Access::ALL`, so a peer with a leaked rkey could WRITE into a receive
+    /// buffer).
     #[test]
-    fn a_links_pools_and_qp_grant_no_remote_access() {
+    fn a_links_pools_grant_no_remote_access_and_its_qp_only_remote_read() {
         let ctx: &'static Context = Box::leak(Box::new(
             byteexpress_verbs::soft_device()
                 .expect("the soft device is always listed")
@@ -845,8 +870,8 @@ mod tests {
         );
         assert_eq!(
             connect_attr().access,
-            Access(0),
-            "the QP grants remote access"
+            Access::REMOTE_READ,
+            "the QP grants READ (rendezvous) and nothing else"
         );
         for (what, a) in [
             ("receive", parts.recv_pool.access()),

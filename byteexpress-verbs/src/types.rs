@@ -317,6 +317,13 @@ pub struct DeviceAttr {
     /// READ one byte before the window, or past its end, inside the MR, succeeded. Where a
     /// window must grant no more than its range, bind it over an MR of that range there.
     pub mw_range_checked: bool,
+    /// Largest message of one WR in bytes (`max_msg_sz` of port 1, `ibv_query_port(3)`): a
+    /// READ of more must be split into several WRs. 2^31 on the soft provider and rxe.
+    pub max_msg_sz: u64,
+    /// RDMA READs this side may have outstanding on one QP as the requester
+    /// (`max_qp_init_rd_atom`, `ibv_query_device(3)`; what link set-up gives `max_rd_atomic`),
+    /// at least 1. More posted READs wait in the send queue behind them.
+    pub max_reads_outstanding: u32,
 }
 
 /// Attributes of a shared receive queue (`struct ibv_srq_attr`, `ibv_create_srq(3)`).

@@ -27,6 +27,9 @@
 //!   buffers the caller's link held back by stalls so far;
 //! - `/test.Test/Pull`: answers a body of the size in metadata `x-size` (bytes, default 4096);
 //! - `/test.Test/Push`: answers an empty body (for bulk requests).
+//! - `/test.Test/Verify`: checks that the request body is [`pattern`] of its length and
+//!   answers `ok <len>` with `x-zero-copy` as Echo; a body that differs fails DATA_LOSS naming
+//!   the first wrong byte (for messages too large to echo).
 
 pub mod fallback;
 
@@ -228,8 +231,77 @@ pub async fn test_service(req: ServerRequest) -> Result<Response, Status> {
             })
         }
         "/test.Test/Push" => Ok(Response::default()),
+        "/test.Test/Verify" => {
+            if let Err(at) = check_pattern(&req.body) {
+                return Err(Status::new(
+                    Code::DataLoss,
+                    format!("body of {} bytes differs at byte {at}", req.body.len()),
+                ));
+            }
+            let mut md = Metadata::new();
+            let zc = byteexpress_mem::is_pool_memory(req.body.as_ptr()) && !req.body.is_empty();
+            md.insert("x-zero-copy", if zc { "1" } else { "0" })
+                .expect("valid key");
+            Ok(Response {
+                metadata: md,
+                body: Bytes::from(format!("ok {}", req.body.len())),
+            })
+        }
         m => Err(Status::new(Code::Unimplemented, format!("no method {m}"))),
     }
+}
+
+/// Bytes of a [`pattern`] block.
+const BLOCK: usize = 1 << 20;
+
+/// The 1 MiB block every [`pattern`] repeats, before its stamps.
+fn base_block() -> &'static [u8] {
+    static BASE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| {
+        (0..BLOCK as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    })
+}
+
+/// Block `i` of a pattern: the base block with `i` in its first 8 bytes and `!i` in its last
+/// 8, so a block moved, dropped or repeated is found.
+fn stamp(block: &mut [u8], i: u64) {
+    let n = block.len().min(8);
+    block[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+    if block.len() >= 16 {
+        let end = block.len();
+        block[end - 8..].copy_from_slice(&(!i).to_le_bytes());
+    }
+}
+
+/// `len` bytes of a pattern that differs in every 1 MiB block (built with memcpy speed, so
+/// debug builds make gigabytes in seconds).
+pub fn pattern(len: usize) -> Bytes {
+    let mut v = Vec::with_capacity(len);
+    let mut i = 0u64;
+    while v.len() < len {
+        let n = (len - v.len()).min(BLOCK);
+        let at = v.len();
+        v.extend_from_slice(&base_block()[..n]);
+        stamp(&mut v[at..], i);
+        i += 1;
+    }
+    Bytes::from(v)
+}
+
+/// Checks `b` against [`pattern`] of its length; `Err(offset)` of the first block that differs.
+pub fn check_pattern(b: &[u8]) -> Result<(), usize> {
+    let mut want = vec![0u8; BLOCK];
+    for (i, got) in b.chunks(BLOCK).enumerate() {
+        let w = &mut want[..got.len()];
+        w.copy_from_slice(&base_block()[..got.len()]);
+        stamp(w, i as u64);
+        if got != &w[..] {
+            return Err(i * BLOCK);
+        }
+    }
+    Ok(())
 }
 
 /// A `bx-test-server` child process; killed on drop.

@@ -94,3 +94,17 @@ pub fn device_window(in_flight: u64, cap: u64, bytes: u64) -> Result<bool, Gate>
         None => Err(Gate::DeviceWindow),
     }
 }
+
+/// Gate [`Gate::ReadDepth`]: admits one more RDMA READ while fewer than `max` (the device's
+/// `max_qp_init_rd_atom`, at least 1) are outstanding; units: READ WRs.
+///
+/// # Errors
+/// [`Gate::ReadDepth`] when refused.
+#[inline]
+pub const fn read_depth(outstanding: u32, max: u32) -> Result<(), Gate> {
+    if outstanding < max {
+        Ok(())
+    } else {
+        Err(Gate::ReadDepth)
+    }
+}

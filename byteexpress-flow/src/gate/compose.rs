@@ -1,6 +1,6 @@
 //! The gates composed, in their order ([module docs](super)).
 
-use super::{Gate, cq_entry, credit, device_window, qp_window, send_buf, sq_slot};
+use super::{Gate, cq_entry, credit, device_window, qp_window, read_depth, send_buf, sq_slot};
 use crate::credit::{Credits, QueueBudget};
 use crate::sched::Class;
 use crate::window::{DeviceWindow, Window};
@@ -97,6 +97,33 @@ pub fn admit_chunk(
     if class == Class::Bulk {
         credit(room.credits, taken, room.latency_reserve)?;
     }
+    let qp_over = qp_window(qp.in_flight(), qp.cap(), bytes)?;
+    let dev_over = device_window(dev.in_flight(), dev.cap(), bytes)?;
+    Ok(Admitted {
+        bytes,
+        over_cap: qp_over | dev_over,
+    })
+}
+
+/// The gates of one RDMA READ of `bytes` (a piece of a rendezvous body, module docs
+/// "READs"), in order: a send-queue slot and a CQ entry (`room`, read now), fewer than
+/// `max_reads` READs outstanding, then the QP window `qp` and the device window `dev`. Pure:
+/// charge what it admits with [`Window::charge`].
+///
+/// # Errors
+/// The first gate that refuses.
+#[inline]
+pub fn admit_read(
+    room: &Room,
+    outstanding: u32,
+    max_reads: u32,
+    qp: &Window,
+    dev: &DeviceWindow,
+    bytes: u64,
+) -> Result<Admitted, Gate> {
+    sq_slot(room.sq_slots, 0)?;
+    cq_entry(room.send_cqes, 0)?;
+    read_depth(outstanding, max_reads)?;
     let qp_over = qp_window(qp.in_flight(), qp.cap(), bytes)?;
     let dev_over = device_window(dev.in_flight(), dev.cap(), bytes)?;
     Ok(Admitted {

@@ -53,6 +53,14 @@
 //! SEND as it posts it ([`crate::credit::QueueBudget::try_post_send`]). `taken`, the chunks
 //! the round granted so far, is what each gate leaves for them.
 //!
+//! # READs (rendezvous)
+//! The receiver of a rendezvous message RDMA READs its body in pieces. A READ takes a send-queue
+//! slot and a CQ entry like a SEND, no send buffer and no credit (nothing lands in the peer's
+//! receive queue), one of the device's outstanding READs ([`Gate::ReadDepth`]), and its bytes
+//! in both windows like a SEND's: [`admit_read`] checks gates 1, 2, `ReadDepth`, 5 and 6, in
+//! that order. So READs and SENDs share the QP's and the device's windows: a link receiving a
+//! large message by READ and sending chunks has one window for both.
+//!
 //! A `CREDIT_UPDATE` is a SEND too but consumes no credit and is not charged to the windows:
 //! [`admit_update`] checks gates 1–3.
 
@@ -60,8 +68,8 @@ mod checks;
 mod compose;
 mod refusals;
 
-pub use checks::{cq_entry, credit, device_window, qp_window, send_buf, sq_slot};
-pub use compose::{Admitted, Room, admit_chunk, admit_round, admit_update};
+pub use checks::{cq_entry, credit, device_window, qp_window, read_depth, send_buf, sq_slot};
+pub use compose::{Admitted, Room, admit_chunk, admit_read, admit_round, admit_update};
 pub use refusals::Refusals;
 
 /// One admission gate of a SEND (module docs: the order, and why).
@@ -79,27 +87,32 @@ pub enum Gate {
     QpWindow,
     /// 6. Room in the device's window (bytes in flight over the device's QPs).
     DeviceWindow,
+    /// An RDMA READ of a rendezvous body (not a SEND): fewer READs outstanding on the QP than
+    /// the device allows (`max_qp_init_rd_atom`). [`admit_read`] checks it third, after the
+    /// SQ slot and CQ entry and before the windows.
+    ReadDepth,
 }
 
 impl Gate {
     /// Every gate, in the order they are checked.
-    pub const ALL: [Gate; 6] = [
+    pub const ALL: [Gate; 7] = [
         Gate::SqSlot,
         Gate::CqEntry,
         Gate::SendBuf,
         Gate::Credit,
         Gate::QpWindow,
         Gate::DeviceWindow,
+        Gate::ReadDepth,
     ];
 
-    /// Its position in [`Gate::ALL`] (`0..6`), for a caller's per-gate table.
+    /// Its position in [`Gate::ALL`] (`0..7`), for a caller's per-gate table.
     #[inline]
     pub const fn index(self) -> usize {
         self as usize
     }
 
     /// Its name in metrics and logs (`sq_slot`, `cq_entry`, `send_buf`, `credit`,
-    /// `qp_window`, `device_window`).
+    /// `qp_window`, `device_window`, `read_depth`).
     pub const fn name(self) -> &'static str {
         match self {
             Gate::SqSlot => "sq_slot",
@@ -108,6 +121,7 @@ impl Gate {
             Gate::Credit => "credit",
             Gate::QpWindow => "qp_window",
             Gate::DeviceWindow => "device_window",
+            Gate::ReadDepth => "read_depth",
         }
     }
 }

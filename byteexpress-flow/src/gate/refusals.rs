@@ -7,7 +7,7 @@ use super::Gate;
 /// own, indexed by [`Gate::index`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Refusals {
-    counts: [u64; 6],
+    counts: [u64; 7],
 }
 
 impl Refusals {

@@ -330,6 +330,8 @@ where
         sent,
         unconfirmed,
         unsent,
+        lent,
+        holes,
         rx,
         remains,
     } = h;
@@ -342,11 +344,16 @@ where
     let mut resync = Header::new(Kind::Resync);
     resync.call_id = received;
     resync.timeout_us = sent;
-    // The server arms a nonce on its device for the client's first re-probe.
-    let nonce = (!prober.is_client()).then(|| prober.arm().to_le_bytes());
-    let body: &[u8] = nonce.as_ref().map_or(&[], |n| &n[..]);
+    // The server arms a nonce on its device for the client's first re-probe; then the holes.
+    let mut body = Vec::with_capacity(8 + 8 * holes.len());
+    if !prober.is_client() {
+        body.extend_from_slice(&prober.arm().to_le_bytes());
+    }
+    for h in &holes {
+        body.extend_from_slice(&h.to_le_bytes());
+    }
     resync.body_len = body.len() as u32;
-    w.write_frame(&[&resync.encode(), body])
+    w.write_frame(&[&resync.encode(), &body])
         .await
         .map_err(FallbackError::Io)?;
     w.flush().await.map_err(FallbackError::Io)?;
@@ -357,8 +364,23 @@ where
             .map_err(|_| FallbackError::Timeout(RESYNC_LIMIT))??,
     };
     link.touch();
+    // The server's RESYNC starts with its nonce; the rest are the peer's holes.
+    let (nonce, peer_holes) = if prober.is_client() {
+        match peer_body.len() {
+            n if n >= 8 => (
+                Some(u64::from_le_bytes(
+                    peer_body[..8].try_into().expect("8 bytes"),
+                )),
+                &peer_body[8..],
+            ),
+            _ => (None, &peer_body[..]),
+        }
+    } else {
+        (None, &peer_body[..])
+    };
+    let peer_holes = parse_holes(peer_holes)?;
     let mut resent = 0u64;
-    for m in to_resend(&unconfirmed, &unsent, sent, peer)? {
+    for m in to_resend(&unconfirmed, &lent, &peer_holes, &unsent, sent, peer)? {
         write_msg(w, m).await.map_err(FallbackError::Io)?;
         resent += 1;
     }
@@ -374,9 +396,6 @@ where
         resent,
         "link resynced over TCP"
     );
-    let nonce = <[u8; 8]>::try_from(&peer_body[..])
-        .ok()
-        .map(u64::from_le_bytes);
     Ok(Resynced {
         rx,
         seqs: (peer, received),
@@ -701,13 +720,38 @@ async fn reprobe_server<R, W>(
     }
 }
 
+/// Most holes a RESYNC may list (a peer listing more breaks the protocol): each is a
+/// rendezvous message whose descriptor took one of our credits, so at most a few thousand.
+const MAX_HOLES: usize = 1 << 16;
+
+/// The peer's holes: u64 LE message numbers, ascending.
+fn parse_holes(b: &[u8]) -> Result<Vec<u64>, FallbackError> {
+    if !b.len().is_multiple_of(8) || b.len() / 8 > MAX_HOLES {
+        return Err(FallbackError::Garbage(crate::wire::WireError(format!(
+            "RESYNC body of {} bytes",
+            b.len()
+        ))));
+    }
+    let mut holes: Vec<u64> = b
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    holes.sort_unstable();
+    Ok(holes)
+}
+
 /// The messages to re-send over TCP, in order, once the peer said it received `peer` of the
-/// `sent` messages this side numbered: those of `unconfirmed` (numbered, posted, not confirmed
-/// by a SEND completion; oldest first) numbered `peer` or above, then every one of `unsent`.
-/// A count below the first unconfirmed number (a message this side's completions confirmed
-/// would be lost) or above `sent` is refused.
+/// `sent` messages this side numbered, and listed `holes` (numbers of messages lent by
+/// rendezvous whose descriptor it received but whose bytes it never READ): by number, those
+/// of `unconfirmed` (numbered, posted, not confirmed by a SEND completion; oldest first)
+/// numbered `peer` or above, and those of `lent` (not released) numbered `peer` or above or
+/// listed as a hole (a lent message below the count and not a hole was read: its RELEASE was
+/// lost with the QP); then every one of `unsent`. A count below the first unconfirmed number
+/// (a message this side's completions confirmed would be lost) or above `sent` is refused.
 fn to_resend<'a>(
     unconfirmed: &'a VecDeque<(u64, Outgoing)>,
+    lent: &'a std::collections::BTreeMap<u64, Outgoing>,
+    holes: &[u64],
     unsent: &'a [Outgoing],
     sent: u64,
     peer: u64,
@@ -720,11 +764,18 @@ fn to_resend<'a>(
             confirmed,
         });
     }
-    Ok(unconfirmed
+    let mut numbered: Vec<(u64, &Outgoing)> = unconfirmed
         .iter()
-        .filter(move |(s, _)| *s >= peer)
-        .map(|(_, m)| m)
-        .chain(unsent))
+        .filter(|(s, _)| *s >= peer)
+        .map(|(s, m)| (*s, m))
+        .chain(
+            lent.iter()
+                .filter(|(s, _)| **s >= peer || holes.binary_search(s).is_ok())
+                .map(|(s, m)| (*s, m)),
+        )
+        .collect();
+    numbered.sort_unstable_by_key(|&(s, _)| s);
+    Ok(numbered.into_iter().map(|(_, m)| m).chain(unsent))
 }
 
 /// Reads the control connection up to the peer's RESYNC (answering PINGs on the way) and
@@ -803,11 +854,11 @@ mod tests {
     fn only_messages_the_peer_did_not_receive_are_re_sent_then_the_unsent_in_order() {
         let unconfirmed: VecDeque<_> = (10..14).map(|s| (s, msg(s))).collect();
         let unsent = vec![msg(100), msg(101)];
-        let got = ids(to_resend(&unconfirmed, &unsent, 14, 12).unwrap());
+        let got = ids(to_resend(&unconfirmed, &Default::default(), &[], &unsent, 14, 12).unwrap());
         assert_eq!(got, [12, 13, 100, 101]);
-        let got = ids(to_resend(&unconfirmed, &unsent, 14, 10).unwrap());
+        let got = ids(to_resend(&unconfirmed, &Default::default(), &[], &unsent, 14, 10).unwrap());
         assert_eq!(got, [10, 11, 12, 13, 100, 101]);
-        let got = ids(to_resend(&unconfirmed, &unsent, 14, 14).unwrap());
+        let got = ids(to_resend(&unconfirmed, &Default::default(), &[], &unsent, 14, 14).unwrap());
         assert_eq!(got, [100, 101]);
     }
 
@@ -819,16 +870,35 @@ mod tests {
         for peer in [0, 9, 15] {
             assert!(
                 matches!(
-                    to_resend(&unconfirmed, &[], 14, peer),
+                    to_resend(&unconfirmed, &Default::default(), &[], &[], 14, peer),
                     Err(FallbackError::Resync { .. })
                 ),
                 "peer count {peer}"
             );
         }
         assert_eq!(
-            ids(to_resend(&VecDeque::new(), &[], 14, 14).unwrap()),
+            ids(to_resend(&VecDeque::new(), &Default::default(), &[], &[], 14, 14).unwrap()),
             [] as [u64; 0]
         );
-        assert!(to_resend(&VecDeque::new(), &[], 14, 13).is_err());
+        assert!(to_resend(&VecDeque::new(), &Default::default(), &[], &[], 14, 13).is_err());
+    }
+
+    /// Messages 5 and 8 were lent by rendezvous and never released; the peer counted 10
+    /// messages and lists 5 as a hole (its READ was cut by the failure): 5 goes again, in
+    /// number order among the unconfirmed ones; 8 was read (only its RELEASE was lost) and
+    /// does not.
+    #[test]
+    fn lent_messages_go_again_when_the_peer_lists_them_as_holes_or_never_counted_them() {
+        let unconfirmed: VecDeque<_> = (9..12).map(|s| (s, msg(s))).collect();
+        let lent: std::collections::BTreeMap<u64, Outgoing> =
+            [5, 8, 12].into_iter().map(|s| (s, msg(s))).collect();
+        let unsent = vec![msg(100)];
+        let got = ids(to_resend(&unconfirmed, &lent, &[5], &unsent, 13, 10).unwrap());
+        assert_eq!(got, [5, 10, 11, 12, 100]);
+        assert!(parse_holes(&[0; 7]).is_err(), "a partial number");
+        assert_eq!(
+            parse_holes(&[&9u64.to_le_bytes()[..], &3u64.to_le_bytes()].concat()).unwrap(),
+            [3, 9]
+        );
     }
 }

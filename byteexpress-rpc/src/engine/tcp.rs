@@ -296,7 +296,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 Ok(msg) if msg.header.kind == Kind::Ping => {
                     let _ = link.send(control(Kind::Pong, msg.header.call_id));
                 }
-                Ok(msg) if matches!(msg.header.kind, Kind::Pong | Kind::Resync) => {}
+                Ok(msg) if matches!(msg.header.kind, Kind::Pong | Kind::Resync | Kind::Release) => {
+                }
                 Ok(msg) if msg.header.kind.is_reprobe() => {
                     // A re-probe's message: for the control task of a fallen-back link, dropped
                     // on a link set up on TCP.

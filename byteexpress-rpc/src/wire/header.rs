@@ -154,9 +154,27 @@ pub enum Kind {
     /// Either way after an accepted REPROBE `call_id`: the sender's last message on TCP; what
     /// it sends next goes over the new QP.
     Switch = 17,
+    /// RDMA, reader → lender of a rendezvous message ([`crate::wire::rendezvous`]): the body
+    /// was READ; `call_id` = the descriptor's token, `timeout_us` = the window rkey this SEND
+    /// invalidates (SEND_WITH_INV) or 0. No metadata, no body. Ignored on TCP (a re-sent one
+    /// after a fallback: the loans died with the QP).
+    Release = 18,
 }
 
 impl Kind {
+    /// Kinds that carry an application message (metadata and body), which may go by
+    /// rendezvous: REQUEST, RESPONSE, STREAM_OPEN, STREAM_MESSAGE, STREAM_HEADERS.
+    pub fn has_body(self) -> bool {
+        matches!(
+            self,
+            Kind::Request
+                | Kind::Response
+                | Kind::StreamOpen
+                | Kind::StreamMessage
+                | Kind::StreamHeaders
+        )
+    }
+
     /// REPROBE, REPROBE_ACK or SWITCH: messages of a re-probe, for the link, not the
     /// application.
     pub fn is_reprobe(self) -> bool {
@@ -233,6 +251,20 @@ impl Header {
         let h = Self::decode_head(msg)?;
         let rest = (msg.len() - HEADER_LEN) as u64;
         let announced = h.meta_len as u64 + h.body_len as u64;
+        if h.flags & super::rendezvous::FLAG_RENDEZVOUS != 0 {
+            if h.more() || !h.kind.has_body() {
+                return err(format!(
+                    "FLAG_RENDEZVOUS on a {:?} or with FLAG_MORE",
+                    h.kind
+                ));
+            }
+            if rest != super::rendezvous::DESCRIPTOR_LEN as u64 {
+                return err(format!(
+                    "rendezvous SEND with {rest} bytes after the header"
+                ));
+            }
+            return Ok(h);
+        }
         if h.first_of_many() {
             if rest >= announced {
                 return err(format!(
@@ -284,6 +316,7 @@ impl Header {
             15 => Kind::Reprobe,
             16 => Kind::ReprobeAck,
             17 => Kind::Switch,
+            18 => Kind::Release,
             k => return err(format!("unknown kind {k}")),
         };
         let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -397,7 +430,7 @@ mod tests {
     fn header_rejects_short_bad_magic_version_and_kind() {
         let good = Header::new(Kind::Cancel).encode();
         assert!(Header::decode(&good[..39]).is_err());
-        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 18)] {
+        for (i, v) in [(0, b'X'), (2, 9), (3, 0), (3, 19)] {
             let mut b = good;
             b[i] = v;
             assert!(Header::decode(&b).is_err(), "byte {i} = {v}");
@@ -457,5 +490,26 @@ mod tests {
         h.flags = FLAG_MORE;
         h.body_len = 1;
         assert!(Header::decode(&h.encode()).is_err());
+    }
+
+    /// A rendezvous SEND carries exactly a descriptor after its header, on a kind with a body,
+    /// never with FLAG_MORE; anything else is the peer's protocol error.
+    #[test]
+    fn a_rendezvous_header_is_followed_by_exactly_one_descriptor() {
+        use crate::wire::rendezvous::{DESCRIPTOR_LEN, FLAG_RENDEZVOUS};
+        let mut h = Header::new(Kind::Request);
+        h.flags = FLAG_RENDEZVOUS;
+        h.meta_len = 10;
+        h.body_len = 1 << 30;
+        let msg = |h: &Header, extra: usize| [&h.encode()[..], &vec![0; extra]].concat();
+        assert!(Header::decode(&msg(&h, DESCRIPTOR_LEN)).is_ok());
+        assert!(Header::decode(&msg(&h, DESCRIPTOR_LEN - 1)).is_err());
+        assert!(Header::decode(&msg(&h, DESCRIPTOR_LEN + 1)).is_err());
+        let mut more = h;
+        more.flags |= FLAG_MORE;
+        assert!(Header::decode(&msg(&more, DESCRIPTOR_LEN)).is_err());
+        let mut cancel = h;
+        cancel.kind = Kind::Cancel;
+        assert!(Header::decode(&msg(&cancel, DESCRIPTOR_LEN)).is_err());
     }
 }

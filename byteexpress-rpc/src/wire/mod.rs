@@ -11,6 +11,7 @@
 pub mod header;
 pub mod hello;
 pub mod meta;
+pub mod rendezvous;
 
 /// First bytes a ByteExpress client sends on its TCP connection: `"BXRPC"`, 0, 0, version 1.
 /// (An HTTP/2 client starts with `"PRI * HTTP/2.0"`, so a server tells them apart from byte 0.)

@@ -126,6 +126,8 @@ impl IbvContext {
             active_mtu: convert::mtu_bytes(port.active_mtu),
             remote_access_needs_shared: false,
             mw_range_checked: !rxe,
+            max_msg_sz: u64::from(port.max_msg_sz),
+            max_reads_outstanding: u32::from(clamp(dev.max_qp_init_rd_atom)),
         };
         tracing::debug!(
             "{name}: port {PORT} link layer {} lid {} gid index {} mtu {}",

@@ -630,6 +630,8 @@ impl ContextImpl for SoftDevice {
             active_mtu: limits::MTU,
             remote_access_needs_shared: true,
             mw_range_checked: true,
+            max_msg_sz: crate::wr::MAX_MSG_LEN,
+            max_reads_outstanding: limits::MAX_RD_ATOMIC,
         }
     }
 

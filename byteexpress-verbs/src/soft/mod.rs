@@ -57,6 +57,9 @@ pub(crate) mod limits {
     pub const MAX_CQE: u32 = 1 << 20;
     pub const MAX_MR_SIZE: u64 = 1 << 40;
     pub const MTU: u32 = 4096;
+    /// READs reported as outstanding per QP (`max_qp_init_rd_atom`): the soft provider
+    /// executes a READ when it is posted, so this bounds nothing but what callers keep in flight.
+    pub const MAX_RD_ATOMIC: u32 = 16;
     /// Regions / MRs a peer may announce on one connection.
     pub const MAX_PEER_REGIONS: usize = 1 << 16;
     /// Peer memory mapping budgets (a peer's regions are mapped into our address space and

@@ -72,6 +72,12 @@ async fn main() -> std::io::Result<()> {
             "--idle-timeout-ms" => cfg.idle_timeout = Duration::from_millis(v.parse().expect("ms")),
             "--max-connections" => cfg.max_connections = v.parse().expect("N"),
             "--max-connections-per-addr" => cfg.max_connections_per_addr = v.parse().expect("N"),
+            "--max-message-mib" => {
+                cfg.max_message = v.parse::<usize>().expect("--max-message-mib N") << 20
+            }
+            "--rendezvous-threshold" => {
+                cfg.rendezvous_threshold = v.parse().expect("--rendezvous-threshold BYTES")
+            }
             "--addr" => addr = v,
             "--id" => id = Some(v),
             "--delay-ms" => delay = Duration::from_millis(v.parse().expect("--delay-ms N")),

@@ -86,6 +86,9 @@ pub(crate) struct Seqs {
     /// Completions polled but not handled when the QP failed (the failing one and the rest of
     /// its poll), for the drain.
     pub(super) polled: Vec<Wc>,
+    /// Messages lent to the peer by rendezvous and not yet released, by number: the peer
+    /// has them only once it has READ them (its RELEASE), whatever its count says.
+    lent: std::collections::BTreeMap<u64, Outgoing>,
 }
 
 impl Seqs {
@@ -123,6 +126,16 @@ impl Seqs {
         }
     }
 
+    /// Keeps message `seq`, lent by rendezvous (its descriptor posted), until its RELEASE.
+    pub(super) fn lent(&mut self, seq: u64, m: Outgoing) {
+        self.lent.insert(seq, m);
+    }
+
+    /// The peer released message `seq`: it READ the message and delivered it.
+    pub(super) fn released(&mut self, seq: u64) {
+        self.lent.remove(&seq);
+    }
+
     /// The SEND completing message `seq` succeeded: it and every earlier one (a QP completes
     /// its SENDs in order) reached the peer.
     pub(super) fn confirm(&mut self, seq: u64) {
@@ -151,6 +164,12 @@ pub(crate) struct Handover {
     pub unconfirmed: VecDeque<(u64, Outgoing)>,
     /// Messages never posted whole, in the order they were due.
     pub unsent: Vec<Outgoing>,
+    /// Messages lent by rendezvous and not released, by number (the peer may not have READ
+    /// them: it lists those it did not in its RESYNC).
+    pub lent: std::collections::BTreeMap<u64, Outgoing>,
+    /// Numbers of the peer's messages whose descriptor arrived but whose bytes were not all
+    /// READ: the peer is to send them again.
+    pub holes: Vec<u64>,
     /// The callers' channel.
     pub rx: mpsc::UnboundedReceiver<Outgoing>,
     /// The QP, CQ and buffers of posted WRs not yet flushed.
@@ -165,6 +184,8 @@ impl std::fmt::Debug for Handover {
             .field("sent", &self.sent)
             .field("unconfirmed", &self.unconfirmed.len())
             .field("unsent", &self.unsent.len())
+            .field("lent", &self.lent.len())
+            .field("holes", &self.holes)
             .finish()
     }
 }
@@ -180,6 +201,11 @@ pub(crate) struct Remains {
     /// The device failed (`DeviceFatal`): no flush will come; the remains are parked with the
     /// device context instead of reaped ([`super::async_watch::park`]).
     device_dead: bool,
+    /// Rendezvous state: lent memory (a peer may READ it until our QP is in ERR) and the
+    /// buffers of READs posted (the device writes them until their flush): freed with the
+    /// rest.
+    _lender: super::lend::Lender,
+    _reader: super::read::Reader,
 }
 
 /// How often [`Remains::reap`] polls for flush completions, and for how long in all before it
@@ -294,6 +320,7 @@ impl Engine {
         // shared with other links).
         self.release_windows();
         let mut unsent = std::mem::take(&mut self.seqs.unposted);
+        unsent.extend(self.lender.waiting.drain(..));
         if let Some(m) = self.arrived.take() {
             self.outbox.push(m);
         }
@@ -305,12 +332,15 @@ impl Engine {
                 unsent.push(m.into_msg());
             }
         }
+        let holes = self.reader.holes();
         let Engine {
             parts,
             recv_posted,
             send_posted,
             seqs,
             counters,
+            lender,
+            reader,
             ..
         } = self;
         counters.awaiting_flush.fetch_add(
@@ -323,6 +353,8 @@ impl Engine {
             sent: seqs.sent,
             unconfirmed: seqs.unconfirmed,
             unsent,
+            lent: seqs.lent,
+            holes,
             rx,
             remains: Remains {
                 parts,
@@ -330,6 +362,8 @@ impl Engine {
                 send_posted,
                 counters,
                 device_dead,
+                _lender: lender,
+                _reader: reader,
             },
         }
     }
@@ -341,6 +375,12 @@ impl Engine {
                 WcOpcode::Recv => {
                     if let Err(why) = self.on_receive(wc) {
                         tracing::debug!(%why, "receive dropped while draining a failed QP");
+                    }
+                }
+                // The last READ of a rendezvous body delivers it (it is then no hole).
+                _ if wc.wr_id >> 56 == u64::from(super::READ_TAG) => {
+                    if let Err(why) = self.on_read_done(wc.wr_id) {
+                        tracing::debug!(%why, "READ dropped while draining a failed QP");
                     }
                 }
                 _ => {

@@ -38,7 +38,9 @@
 mod async_watch;
 mod device_window;
 pub(crate) mod failover;
+pub(crate) mod lend;
 mod outbox;
+pub(crate) mod read;
 pub(crate) mod reassembly;
 mod recv;
 mod send;
@@ -50,8 +52,8 @@ use std::time::{Duration, Instant};
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback, QueueBudget, QueueConfig};
 use byteexpress_flow::gate::{self, Room};
 use byteexpress_flow::window::Window;
-use byteexpress_mem::{BufPool, Pool, PoolBuf, PostedBufs};
-use byteexpress_verbs::{Cq, Qp, Wc, WcOpcode, WcStatus, WrOp};
+use byteexpress_mem::{BufPool, LargePool, Pool, PoolBuf, PostedBufs};
+use byteexpress_verbs::{Cq, Pd, Qp, Wc, WcOpcode, WcStatus, WrOp};
 use tokio::sync::mpsc;
 
 use super::tcp::Closer;
@@ -102,6 +104,21 @@ pub(crate) struct RdmaParts {
     pub sched: SchedMode,
     /// Name of the local device the QP lives on (reported by [`Transport`]).
     pub device: &'static str,
+    /// The link's PD (memory windows of rendezvous loans are allocated in it).
+    pub pd: Pd,
+    /// Messages above this many wire bytes go by rendezvous (`Config::rendezvous_threshold`);
+    /// `None`: never.
+    pub rendezvous_threshold: Option<usize>,
+    /// Memory lent for the peer's READs (readable-class, `LOCAL_WRITE | MW_BIND` where loans
+    /// are windows, else no access: each loan registers its own REMOTE_READ MR).
+    pub lend_pool: LargePool,
+    /// Loans are memory windows (`DeviceAttr::mw_range_checked`).
+    pub lend_windows: bool,
+    /// Memory rendezvous bodies are READ into (LOCAL_WRITE, local only).
+    pub read_pool: LargePool,
+    /// Largest READ WR (bytes) and READs outstanding at most, from the device.
+    pub read_piece: u64,
+    pub max_reads: u32,
 }
 
 /// Most bytes a link's reassembly pool registers (reassembled messages alive at once, in
@@ -121,6 +138,9 @@ const BUSY_ROUNDS_PER_YIELD: u32 = 8;
 /// wr_id tags (top byte) of the link's receive and send WRs, which share one CQ.
 const RECV_TAG: u8 = 1;
 const SEND_TAG: u8 = 2;
+/// wr_id tags of memory-window binds (rendezvous loans) and of RDMA READs (rendezvous bodies).
+const LEND_TAG: u8 = 3;
+const READ_TAG: u8 = 4;
 
 /// Posts the initial `grant + 1` receives (the QP must be past RESET); call before the peer may
 /// send.
@@ -201,7 +221,20 @@ pub(crate) fn start(
             .unwrap_or_else(|_| CreditConfig::new(1).expect("grant 1 is valid")),
     );
     let (parts_device, qp_num, cq_id) = (parts.device, parts.qp.qp_num(), parts.cq.id());
+    let lender = lend::Lender::new(lend::LendConfig {
+        threshold: parts.rendezvous_threshold,
+        pool: parts.lend_pool.clone(),
+        windows: parts.lend_windows,
+        pd: parts.pd.clone(),
+    });
+    let reader = read::Reader::new(read::ReadConfig {
+        pool: parts.read_pool.clone(),
+        piece: parts.read_piece,
+        max_reads: parts.max_reads,
+    });
     let engine = Engine {
+        lender,
+        reader,
         queues: queue_budget(parts.queues, &posted),
         reassembly: Reassembly::new(
             parts.max_message,
@@ -304,6 +337,9 @@ struct Engine {
     /// Raised by the device's watcher on a fatal async event of this QP, its CQ or its
     /// device ([`async_watch`]): the engine falls back as on an error completion.
     alarm: async_watch::Registration,
+    /// Rendezvous: messages lent to the peer ([`lend`]) and bodies being READ ([`read`]).
+    lender: lend::Lender,
+    reader: read::Reader,
 }
 
 impl Engine {
@@ -488,6 +524,9 @@ impl Engine {
         freed.map_err(EngineError::Queues)?;
         match wc.opcode {
             WcOpcode::Recv => self.on_receive(wc),
+            _ if wc.wr_id >> 56 == u64::from(READ_TAG) => self.on_read_done(wc.wr_id),
+            // A window bound for a loan: nothing to do but the slot and CQ entry above.
+            _ if wc.wr_id >> 56 == u64::from(LEND_TAG) => Ok(()),
             _ => {
                 if let Some((_buf, f)) = self.send_posted.complete(wc) {
                     if let Some(seq) = f.seq {
@@ -533,7 +572,8 @@ impl Engine {
 
     /// The link is gone: gives back what its unfinished SENDs hold of the shared device window.
     fn release_windows(&mut self) {
-        let charged: u64 = self.send_posted.data().map(|f| f.charged).sum();
+        let charged: u64 =
+            self.send_posted.data().map(|f| f.charged).sum::<u64>() + self.reader.charged();
         let _ = self.release(charged, 0);
     }
 
@@ -582,6 +622,10 @@ impl Engine {
             return Err(why);
         }
         self.batch = batch;
+        // Rendezvous: descriptors of messages to lend, then READs of the peer's.
+        let lent = self.post_lends()?;
+        let read = self.post_reads()?;
+        let sent = sent || lent || read;
         if self.credits.update_due() {
             // An update's SEND passes gates 1-3 (slot, CQ entry, buffer; no credit, no window).
             let room = Room::new(
@@ -593,7 +637,7 @@ impl Engine {
                 self.counters.refused(g);
             } else if let Some(pb) = self.credits.poll_update() {
                 let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
-                self.post(buf, 0, None)?;
+                self.post(buf, 0, None, WrOp::Send)?;
                 LinkCounters::bump(&self.counters.credit_updates_sent);
                 return Ok(true);
             }
@@ -630,8 +674,11 @@ impl Engine {
         loop {
             // A message that finds the outbox empty is offered on arrival (the scheduler's
             // idle bypass); any more are queued behind it, in order.
-            let mut fresh = self.arrived.take();
+            let mut fresh = self.arrived.take().and_then(|m| self.lender.divert(m));
             while let Ok(m) = rx.try_recv() {
+                let Some(m) = self.lender.divert(m) else {
+                    continue;
+                };
                 if fresh.is_none() && self.outbox.is_empty() {
                     fresh = Some(m);
                 } else {
@@ -754,7 +801,15 @@ impl Engine {
                 LinkCounters::bump(&self.counters.messages_chunked);
             }
         }
-        let posted = buf.and_then(|buf| self.post(buf, n.wire.into(), seq));
+        let op = match header.kind {
+            Kind::Release if header.timeout_us & read::RELEASE_INVALIDATES != 0 => {
+                WrOp::SendWithInv {
+                    rkey: header.timeout_us as u32,
+                }
+            }
+            _ => WrOp::Send,
+        };
+        let posted = buf.and_then(|buf| self.post(buf, n.wire.into(), seq, op));
         if let Some(m) = whole {
             // Kept until its SEND completes, for a fallback to re-send if need be.
             self.seqs.sent(seq, m.into_msg(), posted.is_ok());
@@ -768,7 +823,13 @@ impl Engine {
 
     /// Posts a SEND of `buf`, which charged `charged` bytes to the windows (the caller
     /// releases them if this fails).
-    fn post(&mut self, buf: PoolBuf, charged: u64, seq: Option<u64>) -> Result<(), EngineError> {
+    fn post(
+        &mut self,
+        buf: PoolBuf,
+        charged: u64,
+        seq: Option<u64>,
+        op: WrOp<'_>,
+    ) -> Result<(), EngineError> {
         self.queues.try_post_send().map_err(EngineError::Queues)?;
         let meta = SendMeta {
             charged,
@@ -776,7 +837,7 @@ impl Engine {
             seq,
         };
         self.send_posted
-            .post_send(&self.parts.qp, buf, WrOp::Send, meta)
+            .post_send(&self.parts.qp, buf, op, meta)
             .map_err(|(e, _buf)| {
                 self.qp_failed.get_or_insert(failover::QpFault::PostSend(e));
                 EngineError::QpFailed("post_send")

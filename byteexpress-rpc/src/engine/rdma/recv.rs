@@ -13,6 +13,7 @@ use crate::error::EngineError;
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
 use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
+use crate::wire::rendezvous::{Descriptor, FLAG_RENDEZVOUS};
 
 impl Engine {
     pub(super) fn on_receive(&mut self, wc: &Wc) -> Result<(), EngineError> {
@@ -29,6 +30,7 @@ impl Engine {
         } else {
             MsgKind::Data
         };
+        let mut seq = 0;
         if h.kind != Kind::CreditUpdate && !h.more() {
             // This SEND completes a message: its number must be the next of the direction.
             let want = self.seqs.next_received();
@@ -38,6 +40,7 @@ impl Engine {
                     want: want as u16,
                 });
             }
+            seq = want;
         }
         let pb = Piggyback {
             credits: u32::from(h.credits),
@@ -46,6 +49,18 @@ impl Engine {
         self.credits
             .on_receive(kind, pb)
             .map_err(EngineError::PeerCredits)?;
+        if h.kind == Kind::Release {
+            // The peer read a message we lent it.
+            self.repost(buf, kind)?;
+            return self.on_release(&h, wc);
+        }
+        if h.flags & FLAG_RENDEZVOUS != 0 {
+            // A descriptor: the message's bytes are to be READ from the peer.
+            let desc =
+                Descriptor::decode(&buf.as_slice()[HEADER_LEN..]).map_err(EngineError::Garbled)?;
+            self.repost(buf, kind)?;
+            return self.on_descriptor(h, desc, seq);
+        }
         if h.more() || h.kind == Kind::Continuation {
             // A chunk: copied after the single-chunk messages polled with it.
             self.chunks.push_back((buf, h, kind));
@@ -96,7 +111,7 @@ impl Engine {
         Ok(())
     }
 
-    fn deliver(&mut self, msg: Incoming) -> Result<(), EngineError> {
+    pub(super) fn deliver(&mut self, msg: Incoming) -> Result<(), EngineError> {
         match msg.header.kind {
             Kind::CreditUpdate => Ok(()),
             Kind::Error => Err(peer_error(&msg)),
