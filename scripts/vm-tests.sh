@@ -30,6 +30,8 @@ fi
 # - the conformance suite on rxe0 (BX_PROVIDER=ibverbs), and the rdma-core specifics;
 # - end to end: byteexpress-rpc echo calls with the soft device hidden (BX_SOFT=0), so the
 #   RDMA link can only be rxe0; every native and facade stream test (issue 21), the same way;
+#   rendezvous (issue 23) up to 64 MiB: loans are per-message MRs there (rxe bounds a memory
+#   window by its MR only), READs into registered memory, every size intact;
 # - memory the pool did not allocate, through byteexpress-mem's MR cache on rxe0 (MAP_FIXED:
 #   a region unmapped and mapped again at the same address is registered anew);
 # - least access on rxe0 (issue 22): an RDMA WRITE into a link's receive buffer with its
@@ -47,6 +49,7 @@ targets=(
   "byteexpress-verbs:ibverbs_vm:vm-tests"
   "integration-tests:transport_core::BX_SOFT=0:echo_over_rdma_with_64_in_flight_and_grant_8 --exact"
   "integration-tests:native_streams::BX_SOFT=0:"
+  "integration-tests:rendezvous::BX_SOFT=0:"
   "integration-tests:facade_streams::BX_SOFT=0:"
   "bx:pingpong_vm:vm-tests"
   "byteexpress-mem:user_memory_vm:"

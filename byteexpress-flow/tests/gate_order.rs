@@ -216,8 +216,16 @@ fn when_several_gates_refuse_the_first_in_the_documented_order_is_named() {
             _ => {}
         }
     }
-    assert_eq!(named, Gate::ALL, "the order of Gate::ALL");
-    assert!(refusals.iter().all(|(_, n)| n == 1));
+    assert_eq!(
+        named,
+        Gate::ALL[..6],
+        "the order of Gate::ALL (a SEND's six gates)"
+    );
+    assert!(
+        refusals
+            .iter()
+            .all(|(g, n)| n == u64::from(g != Gate::ReadDepth))
+    );
     assert_eq!(refusals.total(), 6);
     let names: Vec<_> = Gate::ALL.iter().map(|g| g.name()).collect();
     assert_eq!(
@@ -228,7 +236,52 @@ fn when_several_gates_refuse_the_first_in_the_documented_order_is_named() {
             "send_buf",
             "credit",
             "qp_window",
-            "device_window"
+            "device_window",
+            "read_depth"
+        ]
+    );
+}
+
+/// A rendezvous READ passes the SQ slot, the CQ entry, the device's outstanding READs, then
+/// the two windows, and names the first that refuses; it needs no send buffer and no credit.
+#[test]
+fn a_read_names_sq_slot_cq_entry_read_depth_then_the_windows_in_that_order() {
+    let (full_qp, full_dev) = windows(100, 100, 100, 100);
+    let (room_qp, room_dev) = roomy_windows();
+    let mut room = Room {
+        sq_slots: 0,
+        send_cqes: 0,
+        send_bufs: 0,
+        credits: 0,
+        latency_reserve: 0,
+    };
+    let mut outstanding = 4;
+    let mut named = Vec::new();
+    for step in 0..6 {
+        let (qp, dev) = match step {
+            5 => (&room_qp, &room_dev),
+            4 => (&room_qp, &full_dev),
+            _ => (&full_qp, &full_dev),
+        };
+        match gate::admit_read(&room, outstanding, 4, qp, dev, 50) {
+            Err(g) => named.push(g),
+            Ok(a) => assert_eq!((a.bytes(), a.over_cap()), (50, false)),
+        }
+        match step {
+            0 => room.sq_slots = 1,
+            1 => room.send_cqes = 1,
+            2 => outstanding = 3,
+            _ => {}
+        }
+    }
+    assert_eq!(
+        named,
+        [
+            Gate::SqSlot,
+            Gate::CqEntry,
+            Gate::ReadDepth,
+            Gate::QpWindow,
+            Gate::DeviceWindow
         ]
     );
 }

@@ -223,3 +223,29 @@ async fn one_gib_and_one_byte_arrive_intact_by_rendezvous() {
     let s = client.link_stats();
     assert_eq!(s.messages_lent, 1, "{s:?}");
 }
+
+/// Twelve rendezvous calls at once each way (requests lent by the client and READ by the
+/// server, answers lent by the server and READ by the client), beside small calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rendezvous_calls_and_small_calls_all_complete_intact() {
+    let server = server(&[]).await;
+    let client = Client::connect(&server.addr, &cfg())
+        .await
+        .expect("connect");
+    let calls = (0..12usize).map(|i| {
+        let client = client.clone();
+        async move {
+            let body = pattern((3 << 20) + i * 4099);
+            let small = client.call(request("/test.Test/Echo", pattern(100 + i)));
+            let big = client.call(request("/test.Test/Echo", body.clone()));
+            let (small, big) = tokio::join!(small, big);
+            assert!(small.expect("small").body == pattern(100 + i), "small {i}");
+            assert!(big.expect("big").body == body, "big {i}");
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(calls))
+        .await
+        .expect("all calls within 60 s");
+    let s = client.link_stats();
+    assert_eq!((s.messages_lent, s.messages_read), (12, 12), "{s:?}");
+}

@@ -18,6 +18,15 @@ fn cfg(t: TransportPref) -> Config {
     }
 }
 
+/// `cfg(t)` sending every message larger than a chunk as chunks (rendezvous off): for the
+/// tests of the chunked path; their servers run with `--rendezvous-threshold 0` too.
+fn chunked(t: TransportPref) -> Config {
+    Config {
+        rendezvous_threshold: 0,
+        ..cfg(t)
+    }
+}
+
 fn echo(body: Bytes) -> Request {
     let mut md = Metadata::new();
     md.insert("x-req", "42").unwrap();
@@ -231,8 +240,8 @@ async fn error_status_message_and_metadata_reach_the_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
-    let server = ServerProc::start(SERVER, &["--grant", "4"]).await;
-    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+    let server = ServerProc::start(SERVER, &["--grant", "4", "--rendezvous-threshold", "0"]).await;
+    let client = Client::connect(&server.addr, &chunked(TransportPref::Rdma))
         .await
         .unwrap();
     echo_1_mib_among_small_calls(&client).await;
@@ -242,10 +251,21 @@ async fn echo_of_1_mib_goes_over_rdma_in_chunks_interleaved_with_small_calls() {
 async fn fifo_at_both_ends_echoes_1_mib_interleaved_with_small_calls() {
     // Fifo: whole messages in order at the sender, chunks copied as they are polled at the
     // receiver (no latency class at either end).
-    let server = ServerProc::start(SERVER, &["--grant", "4", "--sched", "fifo"]).await;
+    let server = ServerProc::start(
+        SERVER,
+        &[
+            "--grant",
+            "4",
+            "--sched",
+            "fifo",
+            "--rendezvous-threshold",
+            "0",
+        ],
+    )
+    .await;
     let config = Config {
         sched: SchedMode::Fifo,
-        ..cfg(TransportPref::Rdma)
+        ..chunked(TransportPref::Rdma)
     };
     let client = Client::connect(&server.addr, &config).await.unwrap();
     echo_1_mib_among_small_calls(&client).await;
@@ -291,8 +311,8 @@ async fn lone_calls_on_an_idle_link_go_out_whether_they_take_the_bypass_or_a_que
     // One call at a time, so each reaches an idle engine: a small one is granted on arrival
     // (the scheduler's bypass), a multi-chunk one is queued and its chunks granted by the
     // scheduler; neither may be left waiting for another event.
-    let server = ServerProc::start(SERVER, &["--grant", "4"]).await;
-    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+    let server = ServerProc::start(SERVER, &["--grant", "4", "--rendezvous-threshold", "0"]).await;
+    let client = Client::connect(&server.addr, &chunked(TransportPref::Rdma))
         .await
         .unwrap();
     for (i, len) in [10usize, 300_000, 10, 1 << 20, 7].into_iter().enumerate() {
@@ -340,14 +360,13 @@ async fn a_send_queue_of_one_slot_carries_64_calls_in_flight_without_overrun() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_caps_chunks_in_flight_and_zero_means_unlimited() {
-    let server = ServerProc::start(SERVER, &[]).await;
+    let server = ServerProc::start(SERVER, &["--rendezvous-threshold", "0"]).await;
     for (window_bytes, capped) in [(1, true), (0, false)] {
         let client = Client::connect(
             &server.addr,
             &Config {
-                transport: TransportPref::Rdma,
                 window_bytes,
-                ..Config::default()
+                ..chunked(TransportPref::Rdma)
             },
         )
         .await
@@ -557,8 +576,8 @@ async fn a_small_call_passes_a_bulk_message_that_used_up_its_credit_share() {
     // calls. While the server re-posts nothing, a 1 MiB echo (17 chunks) stops after 4 chunks
     // and a small call still goes through at once on the reserved credits.
     const STALL_MS: u64 = 1500;
-    let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
-    let client = Client::connect(&server.addr, &cfg(TransportPref::Rdma))
+    let server = ServerProc::start(SERVER, &["--grant", "8", "--rendezvous-threshold", "0"]).await;
+    let client = Client::connect(&server.addr, &chunked(TransportPref::Rdma))
         .await
         .unwrap();
     client

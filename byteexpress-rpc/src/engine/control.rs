@@ -116,17 +116,11 @@ struct RdmaPhase<R, W> {
 /// A link's counts after a resync: (messages sent that the peer received, messages received),
 /// the count a new QP continues from; and, from the server, the nonce for the next re-probe.
 struct Resynced {
+    /// The messages the peer never received, to write before anything else.
+    resend: Vec<Outgoing>,
     rx: mpsc::UnboundedReceiver<Outgoing>,
     seqs: (u64, u64),
     nonce: Option<u64>,
-}
-
-async fn write_msg<W: AsyncWrite + Unpin>(
-    w: &mut FrameWriter<W>,
-    m: &Outgoing,
-) -> Result<(), FrameError> {
-    let h = m.final_header().encode();
-    w.write_frame(&[&h, &m.meta, &m.body]).await
 }
 
 /// The link's life after set-up: RDMA phases, fallbacks and re-probes, until it closes.
@@ -174,7 +168,7 @@ async fn run<R, W>(
         // From here on the engine is gone: this task closes the link if the fallback fails.
         drop(dead_tx);
         let closer = Arc::new(Closer::new(dispatch.clone(), link.clone()));
-        let resynced = match fall_back(&mut r, &mut w, handover, peer, &link, &prober).await {
+        let mut resynced = match fall_back(&mut r, &mut w, handover, peer, &link, &prober).await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "link fallback failed");
@@ -195,6 +189,7 @@ async fn run<R, W>(
             writer_back,
             reader_back,
             over: over.clone(),
+            first: std::mem::take(&mut resynced.resend),
         };
         tcp::resume(
             r,
@@ -379,12 +374,12 @@ where
         (None, &peer_body[..])
     };
     let peer_holes = parse_holes(peer_holes)?;
-    let mut resent = 0u64;
-    for m in to_resend(&unconfirmed, &lent, &peer_holes, &unsent, sent, peer)? {
-        write_msg(w, m).await.map_err(FallbackError::Io)?;
-        resent += 1;
-    }
-    w.flush().await.map_err(FallbackError::Io)?;
+    // Written first by the TCP phase's write task, while its read task reads (the peer may be
+    // re-sending as much at the same time).
+    let resend: Vec<Outgoing> = to_resend(&unconfirmed, &lent, &peer_holes, &unsent, sent, peer)?
+        .cloned()
+        .collect();
+    let resent = resend.len() as u64;
     link.counters()
         .resent
         .fetch_add(resent, std::sync::atomic::Ordering::Relaxed);
@@ -397,6 +392,7 @@ where
         "link resynced over TCP"
     );
     Ok(Resynced {
+        resend,
         rx,
         seqs: (peer, received),
         nonce,
@@ -756,7 +752,14 @@ fn to_resend<'a>(
     sent: u64,
     peer: u64,
 ) -> Result<impl Iterator<Item = &'a Outgoing>, FallbackError> {
-    let confirmed = unconfirmed.front().map_or(sent, |(s, _)| *s);
+    // The first number the peer may not have: the oldest unconfirmed or still lent.
+    let confirmed = unconfirmed
+        .front()
+        .map(|(s, _)| *s)
+        .into_iter()
+        .chain(lent.keys().next().copied())
+        .min()
+        .unwrap_or(sent);
     if peer < confirmed || peer > sent {
         return Err(FallbackError::Resync {
             peer,
@@ -895,6 +898,11 @@ mod tests {
         let unsent = vec![msg(100)];
         let got = ids(to_resend(&unconfirmed, &lent, &[5], &unsent, 13, 10).unwrap());
         assert_eq!(got, [5, 10, 11, 12, 100]);
+        // Only lent messages outstanding: the peer's count may be as low as the oldest one.
+        let none = VecDeque::new();
+        let got = ids(to_resend(&none, &lent, &[], &[], 13, 5).unwrap());
+        assert_eq!(got, [5, 8, 12]);
+        assert!(to_resend(&none, &lent, &[], &[], 13, 4).is_err());
         assert!(parse_holes(&[0; 7]).is_err(), "a partial number");
         assert_eq!(
             parse_holes(&[&9u64.to_le_bytes()[..], &3u64.to_le_bytes()].concat()).unwrap(),

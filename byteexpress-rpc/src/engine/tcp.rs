@@ -63,6 +63,11 @@ pub(crate) struct Phase<R, W> {
     pub reader_back: tokio::sync::oneshot::Sender<FrameReader<R>>,
     /// Cancelled when the phase ends (stops its keepalive watcher).
     pub over: tokio_util::sync::CancellationToken,
+    /// Messages to write before anything the callers queue: a fallback's re-sends. Written by
+    /// the write task while the read task already reads, so two sides re-sending more than
+    /// their sockets buffer never wait on each other (they did when the control task wrote
+    /// them before reading: 12 × 3 MiB rendezvous re-sends each way hung both sides).
+    pub first: Vec<Outgoing>,
 }
 
 /// Runs `link` as a TCP link on `(reader, writer)`, sending what the callers queue on `rx`:
@@ -80,15 +85,28 @@ pub(crate) fn resume<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (wphase, rphase, over) = match phase {
+    let (wphase, rphase, over, first) = match phase {
         Some(p) => (
             Some((p.stop_writing, p.writer_back)),
             Some((p.events, p.reader_back)),
             p.over,
+            p.first,
         ),
-        None => (None, None, tokio_util::sync::CancellationToken::new()),
+        None => (
+            None,
+            None,
+            tokio_util::sync::CancellationToken::new(),
+            Vec::new(),
+        ),
     };
-    tokio::spawn(write_loop(writer, rx, link.clone(), closer.clone(), wphase));
+    tokio::spawn(write_loop(
+        writer,
+        first,
+        rx,
+        link.clone(),
+        closer.clone(),
+        wphase,
+    ));
     tokio::spawn(read_loop(
         reader,
         link.clone(),
@@ -165,6 +183,7 @@ type WritePhase<W> = (
 
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: FrameWriter<W>,
+    first: Vec<Outgoing>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     link: LinkTx,
     closer: Arc<Closer>,
@@ -174,6 +193,19 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         Some((stop, back)) => (Some(stop), Some(back)),
         None => (None, None),
     };
+    if !first.is_empty() {
+        for m in &first {
+            let h = m.final_header().encode();
+            if let Err(e) = w.write_frame(&[&h, &m.meta, &m.body]).await {
+                closer.close(EngineError::TcpWrite(e));
+                return;
+            }
+        }
+        if let Err(e) = w.flush().await {
+            closer.close(EngineError::TcpWrite(e));
+            return;
+        }
+    }
     loop {
         let stopping = async {
             match stop.as_mut() {

@@ -4,8 +4,8 @@
 //! |---|---|---|---|
 //! | 0 | 2 | magic | `0x42 0x58` ("BX") |
 //! | 2 | 1 | version | 1 |
-//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE, 14 RESYNC, 15 REPROBE, 16 REPROBE_ACK, 17 SWITCH |
-//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bit 5: [`FLAG_REFUSED`] (RESPONSE, server → client: refused before dispatch, no handler ran, so the client may retry it transparently once: `crate::retry`); bits 6–7 sent as 0, not checked on receipt |
+//! | 3 | 1 | kind | [`Kind`]: 1 REQUEST, 2 RESPONSE, 3 CANCEL, 4 CREDIT_UPDATE, 5 ERROR, 6 CONTINUATION, 7 PING, 8 PONG, 9 STREAM_OPEN, 10 STREAM_MESSAGE, 11 STREAM_HEADERS, 12 HALF_CLOSE, 13 WINDOW_UPDATE, 14 RESYNC, 15 REPROBE, 16 REPROBE_ACK, 17 SWITCH, 18 RELEASE ([`crate::wire::rendezvous`]) |
+//! | 4 | 1 | flags | bit 0: [`FLAG_SLOT_RETURN`] (the sender re-posted the receiver's credit-update slot); bit 1: [`FLAG_MORE`] (more chunks of this message follow, RDMA); bit 2: [`FLAG_END_STREAM`] (STREAM_OPEN: the client sends nothing more); bit 3: [`FLAG_MESSAGE`] (STREAM_OPEN, and RESPONSE of a stream: the body is one message of the stream); bit 4: [`FLAG_AFTER_HEADERS`] (STREAM_MESSAGE and RESPONSE of a stream, server → client: STREAM_HEADERS was sent before it; the client holds the stream's messages and end until the headers arrive); bit 5: [`FLAG_REFUSED`] (RESPONSE, server → client: refused before dispatch, no handler ran, so the client may retry it transparently once: `crate::retry`); bit 6 sent as 0, not checked on receipt; bit 7: [`crate::wire::rendezvous::FLAG_RENDEZVOUS`] (RDMA: a 24-byte descriptor follows the header instead of the payload, which the receiver READs) |
 //! | 5 | 1 | reserved | sent as 0, not checked on receipt |
 //! | 6 | 2 | status | gRPC status code (RESPONSE, ERROR); 0 otherwise |
 //! | 8 | 4 | conn_id | logical connection the call belongs to |
@@ -40,7 +40,9 @@
 //! RESYNC (either way, on the TCP control connection): `call_id` = whole messages this side
 //! received from the peer over RDMA (the full count of which `seq` is the low 16 bits),
 //! `timeout_us` = whole messages it sent over RDMA; body: from the server, 8 bytes LE, a nonce
-//! armed on its device for the client's first re-probe (empty from the client). Each side sends one when it falls
+//! armed on its device for the client's first re-probe; then, from either side, the *holes*:
+//! u64 LE numbers of the peer's rendezvous messages whose descriptor arrived but whose bytes
+//! were not all READ, which the peer re-sends too ([`crate::wire::rendezvous`]). Each side sends one when it falls
 //! back, reads the peer's, and then re-sends over TCP, in order, the messages the peer's
 //! count says it never received, before any new message (DESIGN.md 3.5, "Link life").
 //!

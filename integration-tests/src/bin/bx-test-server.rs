@@ -75,6 +75,10 @@ async fn main() -> std::io::Result<()> {
             "--max-message-mib" => {
                 cfg.max_message = v.parse::<usize>().expect("--max-message-mib N") << 20
             }
+            "--rendezvous-cache-mib" => {
+                cfg.rendezvous_cache_bytes =
+                    v.parse::<u64>().expect("--rendezvous-cache-mib N") << 20
+            }
             "--rendezvous-threshold" => {
                 cfg.rendezvous_threshold = v.parse().expect("--rendezvous-threshold BYTES")
             }
