@@ -37,6 +37,10 @@ fi
 # - least access on rxe0 (issue 22): an RDMA WRITE into a link's receive buffer with its
 #   address and leaked rkey fails IBV_WC_REM_ACCESS_ERR, as does a READ of a send buffer; a
 #   message lent for READ (Pool::lend_for_read) is readable for that message only;
+# - rendezvous loans on rxe0 (issue 23): a message lent as the engine lends it there (an MR of
+#   its own: rxe bounds a window by its MR only) READs whole; a READ one byte before it, one
+#   running one byte past it, and one after the release fail IBV_WC_REM_ACCESS_ERR at the peer;
+#   another link of the lender READs and SENDs after them;
 # - `bx pingpong` against rdma-core's `ibv_rc_pingpong` both ways, and `bx devices` on rxe0;
 # - device choice with soft0 visible: BX_TRANSPORT=rdma links on rxe0, never moved to soft0; an
 #   invalid BX_GID_INDEX is an error naming the index, rxe0 and its valid entries.
@@ -54,6 +58,7 @@ targets=(
   "bx:pingpong_vm:vm-tests"
   "byteexpress-mem:user_memory_vm:"
   "byteexpress-mem:least_access:"
+  "byteexpress-mem:rendezvous_loans:"
   "integration-tests:device_choice_vm:vm-tests"
   "integration-tests:fallback_vm:vm-tests:BX_SOFT=0 RUST_LOG=info:--exact calls_move_to_tcp_when_roce_is_dropped_and_back_to_rdma_when_it_returns --nocapture"
 )
