@@ -32,11 +32,17 @@ async fn push_16_mib(client: &Client) {
 
 /// The client's window cap after pushing 16 × 1 MiB (each echoed) with `target`.
 async fn cap_after_pushes(target: Duration) -> u64 {
-    let server = ServerProc::start(SERVER, &["--transport", "rdma"]).await;
+    // Chunks (rendezvous off at both ends): the window measured on SENDs.
+    let server = ServerProc::start(
+        SERVER,
+        &["--transport", "rdma", "--rendezvous-threshold", "0"],
+    )
+    .await;
     let cfg = Config {
         transport: TransportPref::Rdma,
         window_bytes: WINDOW,
         window_target_delay: target,
+        rendezvous_threshold: 0,
         ..Config::default()
     };
     let client = Client::connect(&server.addr, &cfg).await.expect("connect");

@@ -249,3 +249,23 @@ async fn concurrent_rendezvous_calls_and_small_calls_all_complete_intact() {
     let s = client.link_stats();
     assert_eq!((s.messages_lent, s.messages_read), (12, 12), "{s:?}");
 }
+
+/// A grant of one credit still carries a rendezvous (its descriptor takes one credit; the
+/// window's bind a second SQ slot, no credit): it used to wait for a second credit forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rendezvous_goes_out_on_a_link_granting_one_credit() {
+    let server = server(&["--grant", "1"]).await;
+    let client = Client::connect(&server.addr, &Config { grant: 1, ..cfg() })
+        .await
+        .expect("connect");
+    let body = pattern(1 << 20);
+    let resp = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.call(request("/test.Test/Echo", body.clone())),
+    )
+    .await
+    .expect("the rendezvous went out")
+    .expect("echo");
+    assert!(resp.body == body);
+    assert_eq!(client.link_stats().messages_lent, 1);
+}

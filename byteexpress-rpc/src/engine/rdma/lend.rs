@@ -110,7 +110,12 @@ impl Engine {
                 &self.credits,
                 self.parts.send_pool.available(),
             );
-            if let Err(g) = gate::admit_round(&room, wrs - 1) {
+            // Gates 1-4 as for one chunk, the bind's SQ slot and CQ entry besides (a bind
+            // takes no buffer and no credit).
+            let local = gate::sq_slot(room.sq_slots, wrs - 1)
+                .and_then(|()| gate::cq_entry(room.send_cqes, wrs - 1))
+                .and_then(|()| gate::admit_round(&room, 0));
+            if let Err(g) = local {
                 self.counters.refused(g);
                 break;
             }
