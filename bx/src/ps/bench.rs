@@ -1051,6 +1051,9 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
             "+tls rows need --tls-cert and --tls-key (the server's identity) and --tls-ca".into(),
         );
     }
+    if tls_rows && args.tls_ca.is_none() {
+        return Err("+tls rows need --tls-ca (the CA the clients trust)".into());
+    }
     // a single server serves every row (a second one, with TLS, the +tls rows); a fleet is
     // started afresh for each row
     let mut single = match args.servers {
