@@ -242,7 +242,9 @@ impl Server {
                         }
                     }
                 };
-                if let Err(e) = this.serve_connection_held(stream.into(), Some(slot)).await {
+                #[cfg(not(feature = "tls"))]
+                let stream = LinkStream::from(stream);
+                if let Err(e) = this.serve_connection_held(stream, Some(slot)).await {
                     tracing::info!(%peer, "connection ended: {e}");
                 }
             });

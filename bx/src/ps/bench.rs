@@ -698,10 +698,7 @@ async fn connect_fleet(
         }
         shards.push(client);
     }
-    let label = match sets
-        .first()
-        .and_then(|s| s.endpoints().first()?.transport.clone())
-    {
+    let label = match sets.first().and_then(|s| s.endpoints().first()?.transport) {
         Some(t) => format!("bx/{t}"),
         None => "grpc/h2".into(),
     };
