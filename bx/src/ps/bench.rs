@@ -1188,7 +1188,7 @@ pub fn table(rows: &[Row]) -> String {
     let fleet = rows.iter().any(|r| r.fleet.is_some());
     let push = rows.iter().any(|r| r.push_bytes.is_some());
     let mut s = format!(
-        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
+        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
         "transport",
         "calls",
         "mean µs",
@@ -1214,7 +1214,7 @@ pub fn table(rows: &[Row]) -> String {
             .server_cpu_us
             .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         s += &format!(
-            "{:<16} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}",
+            "{:<20} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}",
             r.transport,
             r.calls,
             r.mean_us,
