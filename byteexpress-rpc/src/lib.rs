@@ -28,8 +28,8 @@
 //!   dispatch (marked on the wire; a draining server does that: [`Drain`]), or when its
 //!   policy allows (the full rule is in [`retry`]).
 //!
-//! - TLS (feature `tls`, rustls with ring): [`tls`], [`Config::tls`] for clients,
-//!   [`Server::with_tls`] for servers; it covers the TCP connection (set-up, the TCP path,
+//! - TLS (feature `tls`, rustls with ring): the `tls` module, `Config::tls` for clients,
+//!   `Server::with_tls` for servers; it covers the TCP connection (set-up, the TCP path,
 //!   an RDMA link's control connection), not RDMA messages.
 //!
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's

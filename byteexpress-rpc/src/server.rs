@@ -255,7 +255,7 @@ impl Server {
     /// message and a close; nothing within [`Config::detect_timeout`], a close), then runs
     /// set-up and the link.
     /// The stream is a plain TCP connection or a TLS session whose handshake is done
-    /// ([`LinkStream`]); [`Server::with_tls`] applies to [`Server::serve`] only.
+    /// ([`LinkStream`]); `Server::with_tls` applies to [`Server::serve`] only.
     pub async fn serve_connection(&self, stream: impl Into<LinkStream>) -> Result<(), Status> {
         self.serve_connection_held(stream.into(), None).await
     }

@@ -54,13 +54,13 @@ impl Channel {
     /// Connects to `uri` (`bx://host:port`) with [`Config::default`], which reads
     /// `BX_TRANSPORT=auto|rdma|rdma-any|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
     /// port, and whatever [`Client::connect`] reports (UNAVAILABLE, ...). For TLS
-    /// (`https://host:port`) use [`Channel::connect_with`] with [`Config::tls`].
+    /// (`https://host:port`) use [`Channel::connect_with`] with `Config::tls`.
     pub async fn connect(uri: &str) -> Result<Channel, Status> {
         Channel::connect_with(uri, &Config::default()).await
     }
 
     /// Connects to `uri` with `cfg` (e.g. a forced transport). `bx://host:port` is plain TCP
-    /// unless `cfg.tls` (feature `tls`) holds a [`ClientTlsConfig`](crate::ClientTlsConfig);
+    /// unless `cfg.tls` (feature `tls`) holds a `ClientTlsConfig`;
     /// `https://host:port` is TLS and requires it (the CA to trust, and the domain name when
     /// it is not the URI's host): as tonic's `Endpoint` with `tls_config`. Errors:
     /// INVALID_ARGUMENT for a malformed URI or `https://` without `cfg.tls`, and whatever

@@ -8,8 +8,8 @@
 //!   that wants to know how a call reached it, [`is_reserved_header`] for one that copies
 //!   metadata onward.
 //!
-//! - TLS (feature `tls`, rustls with ring): [`ServerBuilder::tls_config`] with a
-//!   [`ServerTlsConfig`], [`Channel::connect_with`] with `https://` and [`Config::tls`].
+//! - TLS (feature `tls`, rustls with ring): `ServerBuilder::tls_config` with a
+//!   `ServerTlsConfig`, [`Channel::connect_with`] with `https://` and `Config::tls`.
 //!
 //! The mapping follows the gRPC over HTTP/2 spec (`doc/PROTOCOL-HTTP2.md`): path, custom
 //! metadata (`-bin` values base64 in HTTP, raw on ByteExpress), `grpc-timeout` as the call

@@ -42,7 +42,7 @@ impl Channel {
     }
 
     /// A channel over a static list of `bx://host:port` URIs (or `https://host:port` with
-    /// [`Config::tls`]: see [`Channel::connect_with`]), balanced per `bal.policy`,
+    /// `Config::tls`: see [`Channel::connect_with`]), balanced per `bal.policy`,
     /// connecting lazily. Errors: INVALID_ARGUMENT for a malformed URI.
     pub fn balance_list<S: AsRef<str>>(
         uris: impl IntoIterator<Item = S>,
