@@ -16,7 +16,9 @@ use tokio::sync::mpsc;
 
 use crate::detect::{Protocol, Replayed, detect};
 
-/// Serves one accepted connection of a TLS port (its `TCP_NODELAY` already set).
+/// Serves one accepted connection of a TLS port (its `TCP_NODELAY` already set): the
+/// handshake and, for ByteExpress, the preface inside it must both come within
+/// `detect_timeout`.
 pub(crate) async fn serve_tls(
     tls: TlsAcceptor,
     stream: TcpStream,
@@ -26,7 +28,9 @@ pub(crate) async fn serve_tls(
     bx: byteexpress_rpc::Server,
     h2_tx: mpsc::UnboundedSender<Replayed>,
 ) {
-    let mut stream = match tokio::time::timeout(detect_timeout, tls.accept(stream)).await {
+    // one deadline for the handshake and the preface inside it
+    let deadline = tokio::time::Instant::now() + detect_timeout;
+    let mut stream = match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::info!(%peer, error = %chain(&e), "TLS handshake failed");
@@ -41,7 +45,8 @@ pub(crate) async fn serve_tls(
         let _ = h2_tx.send(Replayed::new(Vec::new(), stream, slot));
         return;
     }
-    match detect(&mut stream, detect_timeout).await {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match detect(&mut stream, left).await {
         Ok((Protocol::ByteExpress, _)) => {
             if let Err(e) = bx.serve_after_magic_held(stream, Some(slot)).await {
                 tracing::info!(%peer, "ByteExpress connection ended: {e}");

@@ -159,3 +159,27 @@ async fn under_mutual_tls_a_client_without_a_certificate_gets_nothing_past_the_h
     read_to_end(&mut raw).await;
     assert_nothing_leaked(&seen.lock().unwrap(), &devices, "client of another CA");
 }
+
+/// A peer that opens a connection and never finishes the handshake (here: sends half a
+/// ClientHello record header) is closed once `detect_timeout` has passed, having been sent
+/// nothing; the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_that_never_finishes_is_closed_after_the_detect_timeout() {
+    let ca = Ca::new("test CA");
+    let addr = start_server_with(
+        ServerTlsConfig::new().identity(ca.leaf("server", 1).identity()),
+        byteexpress::Config {
+            detect_timeout: std::time::Duration::from_millis(200),
+            ..byteexpress::Config::default()
+        },
+    )
+    .await;
+    let mut raw = Recorded::connect(addr).await;
+    write_ignoring_close(&mut raw, &[0x16, 0x03]).await;
+    assert!(
+        read_to_end(&mut raw).await.is_empty(),
+        "the server sent bytes"
+    );
+    // and it still serves
+    secret(addr, rustls_client(Some(&ca.pem()), None)).await;
+}

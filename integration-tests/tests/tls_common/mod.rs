@@ -73,14 +73,23 @@ impl Leaf {
 
 /// A facade server (PS and echo services) on 127.0.0.1 with `tls`, running on this runtime.
 pub async fn start_server(tls: ServerTlsConfig) -> SocketAddr {
+    start_server_with(
+        tls,
+        Config {
+            transport: TransportPref::Auto,
+            ..Config::default()
+        },
+    )
+    .await
+}
+
+/// [`start_server`] with `cfg`.
+pub async fn start_server_with(tls: ServerTlsConfig, cfg: Config) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ps = PsService::new(Arc::new(Store::new(DIM, &["emb".to_string()], 4)));
     let server = Server::builder()
-        .config(Config {
-            transport: TransportPref::Auto,
-            ..Config::default()
-        })
+        .config(cfg)
         .tls_config(tls)
         .expect("TLS config loads")
         .add_service(ps.server())
