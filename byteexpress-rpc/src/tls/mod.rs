@@ -263,6 +263,8 @@ static NEXT_CLIENT_CONFIG: AtomicU64 = AtomicU64::new(1);
 /// the facade's `Channel` also takes `https://host:port` URIs, which require it.
 ///
 /// No system roots are loaded: give the CA of your servers ([`ClientTlsConfig::ca_certificate`]).
+/// A replica set resolved from DNS dials IP addresses: set [`ClientTlsConfig::domain_name`]
+/// to the name its certificates hold.
 #[derive(Debug, Clone)]
 pub struct ClientTlsConfig {
     cas: Vec<Certificate>,
