@@ -52,7 +52,7 @@ enum PsCmd {
     /// Serve the parameter server (and the echo test service).
     Serve {
         #[command(flatten)]
-        args: ServeArgs,
+        args: Box<ServeArgs>,
         /// Runtime worker threads; 1 runs everything on one thread.
         #[arg(long, default_value_t = 1)]
         threads: usize,
@@ -62,7 +62,7 @@ enum PsCmd {
     },
     /// Start a server process (or use --server, or a sharded, replicated fleet with --servers)
     /// and measure Pull/Push over rdma, tcp and HTTP/2.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
 }
 
 fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
@@ -127,7 +127,7 @@ pub fn main() -> ExitCode {
                 eprintln!("bx ps serve: {e}");
                 return ExitCode::FAILURE;
             }
-            match runtime(threads).and_then(|rt| rt.block_on(serve::run(args))) {
+            match runtime(threads).and_then(|rt| rt.block_on(serve::run(*args))) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("bx ps serve: {e}");

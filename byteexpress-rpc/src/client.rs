@@ -240,6 +240,9 @@ async fn open_conn(
         cfg.rendezvous_threshold,
         cfg.rendezvous_cache_bytes
     );
+    // links with another TLS config (or none) are other links
+    #[cfg(feature = "tls")]
+    let key = format!("{key}|tls={:?}", cfg.tls.as_ref().map(|t| t.registry_key()));
     let mut links = registry().lock().await;
     let link = match links.get(&key).and_then(Weak::upgrade) {
         Some(l) if !l.tx.is_closed() => l,

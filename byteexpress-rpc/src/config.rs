@@ -128,6 +128,13 @@ pub struct Config {
     pub reprobe_backoff: Duration,
     /// The longest wait between two re-probes of a fallen-back link (default 30 s).
     pub reprobe_backoff_max: Duration,
+    /// Client (feature `tls`): TLS on the links this config sets up (default `None`: plain
+    /// TCP). The handshake (ALPN `bxrpc/1`) comes first on the TCP connection; the preface,
+    /// set-up and every frame of the link's TCP connection travel inside it. RDMA messages do
+    /// not (README, "TLS"). Servers take theirs from `Server::with_tls` /
+    /// the facade's `ServerBuilder::tls_config`, not from here.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::tls::ClientTlsConfig>,
 }
 
 impl Default for Config {
@@ -160,6 +167,8 @@ impl Default for Config {
             allow_soft: allow_soft_from_env(),
             reprobe_backoff: Duration::from_millis(100),
             reprobe_backoff_max: Duration::from_secs(30),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }

@@ -85,6 +85,16 @@ pub(crate) enum SetupError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS handshake (or the client's TLS config) failed: nothing of set-up was sent.
+    #[cfg(feature = "tls")]
+    #[error("TLS with {peer}")]
+    Tls {
+        /// The peer's address.
+        peer: String,
+        /// What failed.
+        #[source]
+        source: crate::tls::TlsError,
+    },
     /// Set-up did not finish within `Config::connect_timeout` / `handshake_timeout`.
     #[error("set-up with {peer} timed out after {after:?}")]
     Timeout {
@@ -213,6 +223,8 @@ impl SetupError {
                 Code::InvalidArgument
             }
             Buffers(_) | RecvBufTooLarge { .. } => Code::ResourceExhausted,
+            #[cfg(feature = "tls")]
+            Tls { .. } => Code::Unavailable,
             Connect { .. }
             | Timeout { .. }
             | Write(_)

@@ -28,6 +28,10 @@
 //!   dispatch (marked on the wire; a draining server does that: [`Drain`]), or when its
 //!   policy allows (the full rule is in [`retry`]).
 //!
+//! - TLS (feature `tls`, rustls with ring): the `tls` module, `Config::tls` for clients,
+//!   `Server::with_tls` for servers; it covers the TCP connection (set-up, the TCP path,
+//!   an RDMA link's control connection), not RDMA messages.
+//!
 //! Design: the ByteExpress preprint's transport under an RPC framework; the repository's
 //! `DESIGN.md` describes the layering and the wire protocol byte by byte.
 
@@ -43,6 +47,7 @@ mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod link_io;
 mod link_state;
 #[cfg(test)]
 mod link_state_table;
@@ -55,6 +60,8 @@ mod server;
 mod setup;
 mod status;
 pub mod stream;
+#[cfg(feature = "tls")]
+pub mod tls;
 // The wire protocol is this crate's own business: outside it, only [`CONN_MAGIC`] is public
 // (re-exported below). The `test-hooks` feature opens the whole module to tests that speak the
 // protocol by hand (hostile-peer and limit tests in integration-tests).
@@ -75,12 +82,15 @@ pub use config::{
     Config, DEFAULT_RENDEZVOUS_THRESHOLD, SchedMode, parse_transport, transport_from_env,
 };
 pub use config_check::ConfigError;
+pub use link_io::LinkStream;
 pub use link_state::LinkState;
 pub use link_stats::{GateRefusals, LinkStats};
 pub use metadata::{Metadata, valid_key};
 pub use retry::{RetryStats, ServiceConfig, ServiceConfigError};
 pub use server::{BoxFuture, Drain, Server, ServerRequest, Service};
 pub use status::{Code, Status};
+#[cfg(feature = "tls")]
+pub use tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig, TlsError};
 pub use wire::hello::TransportPref;
 
 /// The first 8 bytes a ByteExpress client sends on its TCP connection (`"BXRPC"`, 0, 0, the

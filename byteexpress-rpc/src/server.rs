@@ -12,12 +12,13 @@ use byteexpress_tcp_fallback::{FrameConfig, FrameWriter};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 
 use crate::accept::ConnSlot;
 use crate::budget::MemoryBudget;
 use crate::engine::{Dispatch, LinkTx};
+use crate::link_io::LinkStream;
 use crate::message::{Incoming, Outgoing};
 use crate::wire::CONN_MAGIC;
 use crate::wire::header::Kind;
@@ -150,6 +151,9 @@ pub struct Server {
     /// UNIMPLEMENTED.
     streams: Option<Arc<dyn crate::stream::StreamService>>,
     drain: Drain,
+    /// TLS before the preface ([`Server::with_tls`]); `None`: plain TCP.
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::TlsAcceptor>,
 }
 
 impl std::fmt::Debug for Server {
@@ -167,7 +171,21 @@ impl Server {
             cfg,
             streams: None,
             drain: Drain::new(),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
+    }
+
+    /// Speaks TLS first on every connection [`Server::serve`] accepts (feature `tls`): the
+    /// handshake, offering ALPN [`ALPN_BXRPC`](crate::tls::ALPN_BXRPC), must finish within
+    /// [`Config::detect_timeout`]; then the preface, set-up and the link's TCP frames go
+    /// inside the session. A connection whose handshake fails is closed having been sent
+    /// nothing but TLS records. Certificate files that change on disk are used for new
+    /// connections ([`crate::tls`]). Errors: `cfg`'s material does not load.
+    #[cfg(feature = "tls")]
+    pub fn with_tls(mut self, cfg: crate::tls::ServerTlsConfig) -> Result<Self, crate::TlsError> {
+        self.tls = Some(cfg.acceptor(&[crate::tls::ALPN_BXRPC])?);
+        Ok(self)
     }
 
     /// Uses `drain` as this server's draining switch (e.g. one the caller keeps to drain the
@@ -204,6 +222,28 @@ impl Server {
             let (stream, peer, slot) = acceptor.accept().await;
             let this = self.clone();
             tokio::spawn(async move {
+                let _ = stream.set_nodelay(true);
+                #[cfg(feature = "tls")]
+                let stream = match &this.tls {
+                    None => LinkStream::from(stream),
+                    Some(tls) => {
+                        match tokio::time::timeout(this.cfg.detect_timeout, tls.accept(stream))
+                            .await
+                        {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::info!(%peer, error = %crate::tls::chain(&e), "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::info!(%peer, "no TLS handshake within the detect timeout");
+                                return;
+                            }
+                        }
+                    }
+                };
+                #[cfg(not(feature = "tls"))]
+                let stream = LinkStream::from(stream);
                 if let Err(e) = this.serve_connection_held(stream, Some(slot)).await {
                     tracing::info!(%peer, "connection ended: {e}");
                 }
@@ -214,15 +254,17 @@ impl Server {
     /// Serves one connection: checks the ByteExpress [`CONN_MAGIC`] (anything else gets an ERROR
     /// message and a close; nothing within [`Config::detect_timeout`], a close), then runs
     /// set-up and the link.
-    pub async fn serve_connection(&self, stream: TcpStream) -> Result<(), Status> {
-        self.serve_connection_held(stream, None).await
+    /// The stream is a plain TCP connection or a TLS session whose handshake is done
+    /// ([`LinkStream`]); `Server::with_tls` applies to [`Server::serve`] only.
+    pub async fn serve_connection(&self, stream: impl Into<LinkStream>) -> Result<(), Status> {
+        self.serve_connection_held(stream.into(), None).await
     }
 
     /// [`Server::serve_connection`], holding `slot` (its place under the connection caps)
     /// until the connection closes.
     async fn serve_connection_held(
         &self,
-        mut stream: TcpStream,
+        mut stream: LinkStream,
         slot: Option<ConnSlot>,
     ) -> Result<(), Status> {
         let mut magic = [0u8; 8];
@@ -240,15 +282,16 @@ impl Server {
 
     /// Serves a connection whose first 8 bytes were [`CONN_MAGIC`] and have been read (for
     /// front ends that tell protocols apart by the first bytes).
-    pub async fn serve_after_magic(&self, stream: TcpStream) -> Result<(), Status> {
-        self.serve_after_magic_held(stream, None).await
+    pub async fn serve_after_magic(&self, stream: impl Into<LinkStream>) -> Result<(), Status> {
+        self.serve_after_magic_held(stream.into(), None).await
     }
 
     /// [`Server::serve_after_magic`], holding `slot` (the connection's place under the caps of
-    /// an [`Acceptor`](crate::accept::Acceptor)) for as long as the link lives.
+    /// an [`Acceptor`](crate::accept::Acceptor)) for as long as the link lives. `stream` is
+    /// plain TCP or a TLS session ([`LinkStream`]; feature `tls`).
     pub async fn serve_after_magic_held(
         &self,
-        stream: TcpStream,
+        stream: LinkStream,
         slot: Option<ConnSlot>,
     ) -> Result<(), Status> {
         let dispatch = Arc::new(Handlers {
@@ -270,7 +313,7 @@ impl Server {
 }
 
 /// Writes an ERROR message frame and closes.
-async fn reject(stream: &mut TcpStream, why: &Status) {
+async fn reject(stream: &mut LinkStream, why: &Status) {
     let err = Outgoing::status(
         Kind::Error,
         0,

@@ -22,20 +22,20 @@ use byteexpress_mem::{BufPool, LargePool, Pool, PoolConfig};
 use byteexpress_tcp_fallback::{FrameConfig, FrameReader, FrameWriter};
 use byteexpress_verbs::{Access, ConnectAttr, Context, DeviceInfo, Endpoint, QpCap};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::Config;
 use crate::engine::keepalive::Liveness;
 use crate::engine::rdma::{self, RdmaParts};
 use crate::engine::{Dispatch, LinkTx, control, tcp};
 use crate::error::{NoRdma, SetupError, WhoSet};
+use crate::link_io::{LinkRead, LinkStream, LinkWrite};
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::wire::CONN_MAGIC;
 use crate::wire::header::HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 
-type Reader = FrameReader<OwnedReadHalf>;
-type Writer = FrameWriter<OwnedWriteHalf>;
+type Reader = FrameReader<LinkRead>;
+type Writer = FrameWriter<LinkWrite>;
 
 /// The devices of this host as set-up sees them, opened once per process.
 pub(crate) struct LocalDevices {
@@ -474,8 +474,10 @@ impl Prober {
     }
 }
 
-fn split(stream: TcpStream, cfg: &Config) -> (Reader, Writer) {
-    let _ = stream.set_nodelay(true);
+/// Sets `TCP_NODELAY` (a socket option: the same under TLS) and splits `stream` into frame
+/// halves.
+fn split(stream: LinkStream, cfg: &Config) -> (Reader, Writer) {
+    let _ = stream.tcp().set_nodelay(true);
     let (r, w) = stream.into_split();
     let fc = FrameConfig {
         max_frame: cfg.max_message,
@@ -498,7 +500,22 @@ pub(crate) async fn connect(
             addr: addr.to_string(),
             source,
         };
-        let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
+        let stream = TcpStream::connect(addr).await.map_err(connect_err)?;
+        // frames are written whole, so Nagle only adds latency
+        let _ = stream.set_nodelay(true);
+        // with TLS the handshake comes first, and everything below goes inside it
+        #[cfg(feature = "tls")]
+        let mut stream = match &cfg.tls {
+            Some(tls) => crate::tls::connect(tls, addr, stream)
+                .await
+                .map_err(|source| SetupError::Tls {
+                    peer: addr.to_string(),
+                    source,
+                })?,
+            None => LinkStream::from(stream),
+        };
+        #[cfg(not(feature = "tls"))]
+        let mut stream = LinkStream::from(stream);
         tokio::io::AsyncWriteExt::write_all(&mut stream, &CONN_MAGIC)
             .await
             .map_err(connect_err)?;
@@ -679,10 +696,11 @@ fn pick_device(
     None
 }
 
-/// Server side: runs set-up on a connection whose [`CONN_MAGIC`] was already read. Each link
-/// uses one receive-buffer size for both directions: the client's.
+/// Server side: runs set-up on a connection whose [`CONN_MAGIC`] was already read (inside
+/// its TLS session, if it has one). Each link uses one receive-buffer size for both
+/// directions: the client's.
 pub(crate) async fn accept(
-    stream: TcpStream,
+    stream: LinkStream,
     cfg: &Config,
     dispatch: Arc<dyn Dispatch>,
 ) -> Result<LinkTx, SetupError> {

@@ -53,14 +53,20 @@ pub(crate) enum Target {
 impl Channel {
     /// Connects to `uri` (`bx://host:port`) with [`Config::default`], which reads
     /// `BX_TRANSPORT=auto|rdma|rdma-any|tcp`. Errors: INVALID_ARGUMENT for another scheme or a missing
-    /// port, and whatever [`Client::connect`] reports (UNAVAILABLE, ...).
+    /// port, and whatever [`Client::connect`] reports (UNAVAILABLE, ...). For TLS
+    /// (`https://host:port`) use [`Channel::connect_with`] with `Config::tls`.
     pub async fn connect(uri: &str) -> Result<Channel, Status> {
         Channel::connect_with(uri, &Config::default()).await
     }
 
-    /// Connects to `uri` (`bx://host:port`) with `cfg` (e.g. a forced transport).
+    /// Connects to `uri` with `cfg` (e.g. a forced transport). `bx://host:port` is plain TCP
+    /// unless `cfg.tls` (feature `tls`) holds a `ClientTlsConfig`;
+    /// `https://host:port` is TLS and requires it (the CA to trust, and the domain name when
+    /// it is not the URI's host): as tonic's `Endpoint` with `tls_config`. Errors:
+    /// INVALID_ARGUMENT for a malformed URI or `https://` without `cfg.tls`, and whatever
+    /// [`Client::connect`] reports (UNAVAILABLE for a failed TLS handshake, ...).
     pub async fn connect_with(uri: &str, cfg: &Config) -> Result<Channel, Status> {
-        let addr = parse_uri(uri)?;
+        let addr = parse_uri(uri, cfg)?;
         Ok(Channel {
             target: Target::One(Client::connect(addr, cfg).await?),
         })
@@ -97,17 +103,35 @@ impl Channel {
     }
 }
 
-/// `bx://host:port` → `host:port`.
-pub(crate) fn parse_uri(uri: &str) -> Result<&str, Status> {
-    let addr = uri
-        .strip_prefix("bx://")
-        .ok_or_else(|| {
-            Status::new(
+/// `bx://host:port` or `https://host:port` → `host:port`; `https://` only with TLS in
+/// `cfg` ([`Channel::connect_with`]).
+pub(crate) fn parse_uri<'a>(uri: &'a str, cfg: &Config) -> Result<&'a str, Status> {
+    let (addr, https) = match (uri.strip_prefix("bx://"), uri.strip_prefix("https://")) {
+        (Some(a), _) => (a, false),
+        (None, Some(a)) => (a, true),
+        (None, None) => {
+            return Err(Status::new(
                 Code::InvalidArgument,
-                format!("{uri:?} is not a bx://host:port URI"),
-            )
-        })?
-        .trim_end_matches('/');
+                format!("{uri:?} is not a bx://host:port or https://host:port URI"),
+            ));
+        }
+    };
+    #[cfg(feature = "tls")]
+    let has_tls = cfg.tls.is_some();
+    #[cfg(not(feature = "tls"))]
+    let has_tls = {
+        let _ = cfg;
+        false
+    };
+    if https && !has_tls {
+        return Err(Status::new(
+            Code::InvalidArgument,
+            format!(
+                "{uri:?}: https:// needs Config::tls (a ClientTlsConfig with the CA to trust; feature `tls`)"
+            ),
+        ));
+    }
+    let addr = addr.trim_end_matches('/');
     match addr.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr),
         _ => Err(Status::new(
@@ -187,8 +211,12 @@ mod tests {
 
     #[test]
     fn uri_forms() {
-        assert_eq!(parse_uri("bx://127.0.0.1:5000").unwrap(), "127.0.0.1:5000");
-        assert_eq!(parse_uri("bx://localhost:1/").unwrap(), "localhost:1");
+        let cfg = Config::default();
+        assert_eq!(
+            parse_uri("bx://127.0.0.1:5000", &cfg).unwrap(),
+            "127.0.0.1:5000"
+        );
+        assert_eq!(parse_uri("bx://localhost:1/", &cfg).unwrap(), "localhost:1");
         for bad in [
             "http://a:1",
             "bx://a",
@@ -196,12 +224,30 @@ mod tests {
             "bx://a:x",
             "a:1",
             "bx://a:70000",
+            "https://a:1",
         ] {
             assert_eq!(
-                parse_uri(bad).unwrap_err().code,
+                parse_uri(bad, &cfg).unwrap_err().code,
                 Code::InvalidArgument,
                 "{bad}"
             );
         }
+    }
+
+    /// `https://` is TLS: accepted with a `ClientTlsConfig` in the config, refused without.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn https_uris_need_a_client_tls_config() {
+        let cfg = Config {
+            tls: Some(crate::ClientTlsConfig::new()),
+            ..Config::default()
+        };
+        assert_eq!(
+            parse_uri("https://localhost:7/", &cfg).unwrap(),
+            "localhost:7"
+        );
+        let e = parse_uri("https://localhost:7", &Config::default()).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains("Config::tls"), "{}", e.message);
     }
 }

@@ -12,10 +12,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use byteexpress_rpc::CONN_MAGIC;
 use byteexpress_rpc::accept::ConnSlot;
+use byteexpress_rpc::{CONN_MAGIC, LinkStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4), 24 bytes.
 pub(crate) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -36,8 +35,8 @@ pub(crate) enum Protocol {
 ///
 /// Errors: `TimedOut` when the preface is not complete within `timeout` (the connection is to
 /// be closed), `UnexpectedEof` when the peer closed first, or the read's own error.
-pub(crate) async fn detect(
-    stream: &mut TcpStream,
+pub(crate) async fn detect<S: AsyncRead + Unpin>(
+    stream: &mut S,
     timeout: Duration,
 ) -> io::Result<(Protocol, Vec<u8>)> {
     let read = async {
@@ -76,18 +75,19 @@ pub(crate) async fn detect(
     })?
 }
 
-/// A TCP stream whose first reads return bytes already taken from it (the preface read by
-/// [`detect`]), holding the connection's place under the connection caps while it lives.
+/// A connection's stream (TCP, or a TLS session) whose first reads return bytes already
+/// taken from it (the preface read by [`detect`]; none after a TLS handshake that chose
+/// HTTP/2 by ALPN), holding the connection's place under the connection caps while it lives.
 #[derive(Debug)]
 pub(crate) struct Replayed {
     prefix: Vec<u8>,
     at: usize,
-    stream: TcpStream,
+    stream: LinkStream,
     _slot: ConnSlot,
 }
 
 impl Replayed {
-    pub(crate) fn new(prefix: Vec<u8>, stream: TcpStream, slot: ConnSlot) -> Self {
+    pub(crate) fn new(prefix: Vec<u8>, stream: LinkStream, slot: ConnSlot) -> Self {
         Replayed {
             prefix,
             at: 0,
@@ -148,7 +148,7 @@ impl tonic::transport::server::Connected for Replayed {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        self.stream.tcp().connect_info()
     }
 }
 
@@ -156,7 +156,7 @@ impl tonic::transport::server::Connected for Replayed {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     async fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

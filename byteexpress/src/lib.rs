@@ -8,6 +8,9 @@
 //!   that wants to know how a call reached it, [`is_reserved_header`] for one that copies
 //!   metadata onward.
 //!
+//! - TLS (feature `tls`, rustls with ring): `ServerBuilder::tls_config` with a
+//!   `ServerTlsConfig`, [`Channel::connect_with`] with `https://` and `Config::tls`.
+//!
 //! The mapping follows the gRPC over HTTP/2 spec (`doc/PROTOCOL-HTTP2.md`): path, custom
 //! metadata (`-bin` values base64 in HTTP, raw on ByteExpress), `grpc-timeout` as the call
 //! deadline (enforced by both ends), status in trailers, errors trailers-only.
@@ -35,6 +38,8 @@ mod replicas;
 mod routes;
 mod server;
 mod stream_body;
+#[cfg(feature = "tls")]
+mod tls_port;
 
 pub use body::ReplyBody;
 pub use bx_handler::{ServedOver, served_over};
@@ -50,6 +55,12 @@ pub use byteexpress_rpc::balance::{
 /// ([`Channel::with_service_config`]), its parts and counters; [`Drain`] for a [`Server`].
 pub use byteexpress_rpc::retry::{
     AttemptPolicy, HedgingPolicy, MethodConfig, MethodName, RetryPolicy, RetryThrottling,
+};
+/// TLS (feature `tls`): [`ServerBuilder::tls_config`] on the shared port, [`Config::tls`]
+/// and `https://` URIs on a [`Channel`] (`byteexpress_rpc::tls` has the rules).
+#[cfg(feature = "tls")]
+pub use byteexpress_rpc::tls::{
+    ALPN_BXRPC, ALPN_H2, Certificate, ClientTlsConfig, Identity, ServerTlsConfig, TlsError,
 };
 pub use byteexpress_rpc::{Code, Config, Metadata, SchedMode, Status, Transport, TransportPref};
 pub use byteexpress_rpc::{Drain, RetryStats, ServiceConfig, ServiceConfigError};

@@ -41,7 +41,8 @@ impl Channel {
         Channel::balance_list([uri], cfg, bal)
     }
 
-    /// A channel over a static list of `bx://host:port` URIs, balanced per `bal.policy`,
+    /// A channel over a static list of `bx://host:port` URIs (or `https://host:port` with
+    /// `Config::tls`: see [`Channel::connect_with`]), balanced per `bal.policy`,
     /// connecting lazily. Errors: INVALID_ARGUMENT for a malformed URI.
     pub fn balance_list<S: AsRef<str>>(
         uris: impl IntoIterator<Item = S>,
@@ -50,7 +51,7 @@ impl Channel {
     ) -> Result<Channel, Status> {
         let mut addrs = Vec::new();
         for u in uris {
-            addrs.push(parse_uri(u.as_ref())?.to_string());
+            addrs.push(parse_uri(u.as_ref(), cfg)?.to_string());
         }
         Ok(Channel::from_replica_set(ReplicaSet::from_static(
             addrs, cfg, bal,
@@ -62,7 +63,7 @@ impl Channel {
     /// ([`ReplicaSet::from_dns`]; another resolver: build the set and use
     /// [`Channel::from_replica_set`]). Errors: INVALID_ARGUMENT for a malformed URI.
     pub fn from_dns(uri: &str, cfg: &Config, bal: &BalanceConfig) -> Result<Channel, Status> {
-        let name = parse_uri(uri)?;
+        let name = parse_uri(uri, cfg)?;
         Ok(Channel::from_replica_set(ReplicaSet::from_dns(
             name,
             Arc::new(SystemResolver),

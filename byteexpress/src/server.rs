@@ -28,6 +28,8 @@ impl Server {
             routes: Routes::default(),
             cfg: Config::default(),
             drain: Drain::new(),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -50,9 +52,32 @@ pub struct ServerBuilder {
     routes: Routes,
     cfg: Config,
     drain: Drain,
+    /// TLS first on every connection ([`ServerBuilder::tls_config`]).
+    #[cfg(feature = "tls")]
+    tls: Option<byteexpress_rpc::tls::TlsAcceptor>,
 }
 
 impl ServerBuilder {
+    /// Speaks TLS first on the port (feature `tls`), as tonic's `Server::tls_config`: each
+    /// connection's TLS handshake must finish within [`Config::detect_timeout`] and chooses
+    /// the protocol by ALPN: `h2` (what gRPC clients with TLS credentials offer), or none,
+    /// goes to HTTP/2; `bxrpc/1` ([`ALPN_BXRPC`](byteexpress_rpc::tls::ALPN_BXRPC), what a
+    /// [`Channel`](crate::Channel) with [`Config::tls`] offers) to ByteExpress, whose preface,
+    /// set-up and TCP frames then travel inside the session. A connection whose handshake
+    /// fails is closed having been sent nothing but TLS records. Certificate files that
+    /// change on disk are used for new connections without a restart
+    /// (`byteexpress_rpc::tls`). Plain connections are refused (their bytes fail the
+    /// handshake). Errors: `tls`'s material does not load.
+    #[cfg(feature = "tls")]
+    pub fn tls_config(
+        mut self,
+        tls: byteexpress_rpc::ServerTlsConfig,
+    ) -> Result<Self, byteexpress_rpc::TlsError> {
+        use byteexpress_rpc::tls::{ALPN_BXRPC, ALPN_H2};
+        self.tls = Some(tls.acceptor(&[ALPN_H2, ALPN_BXRPC])?);
+        Ok(self)
+    }
+
     /// Settings of the ByteExpress side (transport pinning, buffer sizes, ...).
     pub fn config(mut self, cfg: Config) -> Self {
         self.cfg = cfg;
@@ -136,6 +161,8 @@ impl ServerBuilder {
                 .with_drain(self.drain);
         let (h2_tx, h2_rx) = mpsc::unbounded_channel::<Replayed>();
         let (stop_tx, mut stop_rx) = watch::channel(false);
+        #[cfg(feature = "tls")]
+        let tls = self.tls;
 
         let incoming = futures::stream::unfold(h2_rx, |mut rx| async move {
             rx.recv().await.map(|s| (Ok::<_, io::Error>(s), rx))
@@ -162,15 +189,30 @@ impl ServerBuilder {
                 };
                 let _ = stream.set_nodelay(true);
                 let (bx, h2_tx) = (bx.clone(), h2_tx.clone());
+                #[cfg(feature = "tls")]
+                if let Some(tls) = &tls {
+                    tokio::spawn(crate::tls_port::serve_tls(
+                        tls.clone(),
+                        stream,
+                        peer,
+                        slot,
+                        detect_timeout,
+                        bx,
+                        h2_tx,
+                    ));
+                    continue;
+                }
                 tokio::spawn(async move {
                     match detect(&mut stream, detect_timeout).await {
                         Ok((Protocol::ByteExpress, _)) => {
-                            if let Err(e) = bx.serve_after_magic_held(stream, Some(slot)).await {
+                            if let Err(e) =
+                                bx.serve_after_magic_held(stream.into(), Some(slot)).await
+                            {
                                 tracing::info!(%peer, "ByteExpress connection ended: {e}");
                             }
                         }
                         Ok((Protocol::Other, prefix)) => {
-                            let _ = h2_tx.send(Replayed::new(prefix, stream, slot));
+                            let _ = h2_tx.send(Replayed::new(prefix, stream.into(), slot));
                         }
                         Err(e) => {
                             tracing::debug!(%peer, "connection closed during protocol detection: {e}")

@@ -33,6 +33,8 @@
 
 pub mod fallback;
 
+pub mod grpcio;
+
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Mutex;

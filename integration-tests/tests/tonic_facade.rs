@@ -2,7 +2,7 @@
 //! TCP) and over HTTP/2 on the same port, against `bx ps serve` in a separate process; and a
 //! gRPC client that is not ours (Python `grpcio`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
 use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
 use byteexpress_ps::{decode_f32s, init_value};
 use bytes::Bytes;
+use integration_tests::grpcio::{self, run};
 use integration_tests::{ServerProc, rdma_here};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request};
@@ -473,70 +474,17 @@ with grpc.insecure_channel(addr) as ch:
 print("PYTHON OK", len(vals))
 "#;
 
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(format!("{cmd:?} failed ({}):\n{text}", out.status))
-    }
-}
-
-/// A venv with grpcio and grpcio-tools under the target dir, created once and reused. Errors:
-/// the venv or the PyPI install failed (e.g. PyPI unreachable).
-fn grpcio_venv() -> Result<PathBuf, String> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio-venv");
-    let python = venv.join("bin/python");
-    if python.exists() && run(Command::new(&python).args(["-c", "import grpc, grpc_tools"])).is_ok()
-    {
-        return Ok(python);
-    }
-    run(Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv))?;
-    run(Command::new(&python).args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--timeout",
-        "60",
-        "grpcio",
-        "grpcio-tools",
-    ]))?;
-    Ok(python)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_grpcio_client_pulls_over_http2_on_the_same_port() {
-    let python = match tokio::task::spawn_blocking(grpcio_venv).await.unwrap() {
-        Ok(p) => p,
-        Err(e) if std::env::var("BX_ALLOW_SKIP").is_ok_and(|v| v.contains("pypi")) => {
-            eprintln!(
-                "\n!!!!!!!! SKIPPED: python grpcio interop test: installing grpcio from PyPI failed and BX_ALLOW_SKIP contains 'pypi':\n{e}\n!!!!!!!!\n"
-            );
-            return;
-        }
-        Err(e) => panic!(
-            "installing Python grpcio into a venv failed (set BX_ALLOW_SKIP=pypi to skip this test):\n{e}"
-        ),
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio-venv");
+    let Some(python) = tokio::task::spawn_blocking(move || grpcio::venv_or_skip(&venv))
+        .await
+        .unwrap()
+    else {
+        return;
     };
-    let proto_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../byteexpress-ps/proto");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpcio-stubs");
-    std::fs::create_dir_all(&out).unwrap();
-    run(Command::new(&python)
-        .args(["-m", "grpc_tools.protoc"])
-        .arg(format!("-I{}", proto_dir.display()))
-        .arg(format!("--python_out={}", out.display()))
-        .arg(format!("--grpc_python_out={}", out.display()))
-        .arg("ps.proto"))
-    .expect("generate Python stubs");
+    grpcio::ps_stubs(&python, &out).expect("generate Python stubs");
     std::fs::write(out.join("client.py"), PY_CLIENT).unwrap();
 
     let server = start().await;

@@ -83,7 +83,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0.0)]
     pub push_ratio: f64,
     /// Transports to run, comma-separated: rdma (ByteExpress on RDMA), tcp (ByteExpress on
-    /// TCP), h2 (tonic over HTTP/2).
+    /// TCP), h2 (tonic over HTTP/2), and with TLS (`--tls-ca`; a server started with
+    /// `--tls-cert`/`--tls-key`): tcp+tls (ByteExpress over `https://`, TCP inside TLS),
+    /// rdma+tls (RDMA, its set-up and control connection inside TLS) and h2+tls (tonic with
+    /// `ClientTlsConfig`). The bench starts a second server, with TLS, for the +tls rows.
     #[arg(long, default_value = "rdma,tcp,h2", value_delimiter = ',')]
     pub transports: Vec<String>,
     /// Also write the settings and every row as JSON to this file.
@@ -159,6 +162,20 @@ pub struct BenchArgs {
     /// that server with such flags yourself.
     #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = super::size::parse_size)]
     pub push_bytes: Vec<u64>,
+    /// Certificate chain (PEM) of the TLS server the bench starts for its +tls rows
+    /// (`bx ps serve --tls-cert`).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of that server (`bx ps serve --tls-key`).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) the +tls rows' clients trust.
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// The server name the +tls rows' clients ask for (SNI) and check the certificate
+    /// against.
+    #[arg(long, value_name = "NAME", default_value = "localhost")]
+    pub tls_domain: String,
 }
 
 /// A fleet's attempt policy for Pull ([`BenchArgs::policy`]).
@@ -546,9 +563,39 @@ impl TableClient {
     }
 }
 
+/// Whether `transport` is a TLS row (`tcp+tls`, `rdma+tls`, `h2+tls`).
+fn is_tls(transport: &str) -> bool {
+    transport.ends_with("+tls")
+}
+
+/// The TLS config of a ByteExpress +tls row's clients: `--tls-ca` trusted, `--tls-domain`
+/// asked for. Errors: no `--tls-ca`.
+fn bx_tls(args: &BenchArgs) -> Result<byteexpress::ClientTlsConfig, String> {
+    let ca = args
+        .tls_ca
+        .as_ref()
+        .ok_or("+tls rows need --tls-ca (the CA the clients trust)")?;
+    Ok(byteexpress::ClientTlsConfig::new()
+        .ca_certificate(byteexpress::Certificate::from_pem_file(ca))
+        .domain_name(args.tls_domain.clone()))
+}
+
+/// The tonic TLS config of an h2+tls row: `--tls-ca` trusted, `--tls-domain` asked for.
+/// Errors: no `--tls-ca`, or it cannot be read.
+fn h2_tls(args: &BenchArgs) -> Result<tonic::transport::ClientTlsConfig, String> {
+    let ca = args
+        .tls_ca
+        .as_ref()
+        .ok_or("+tls rows need --tls-ca (the CA the clients trust)")?;
+    let pem = std::fs::read(ca).map_err(|e| format!("--tls-ca {}: {e}", ca.display()))?;
+    Ok(tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        .domain_name(args.tls_domain.clone()))
+}
+
 /// The rpc settings of an rdma or tcp row, `max_message` raised to fit the dense pushes.
 fn bx_config(transport: &str, args: &BenchArgs) -> Config {
-    let transport = if transport == "rdma" {
+    let transport = if transport.starts_with("rdma") {
         TransportPref::Rdma
     } else {
         TransportPref::Tcp
@@ -651,10 +698,7 @@ async fn connect_fleet(
         }
         shards.push(client);
     }
-    let label = match sets
-        .first()
-        .and_then(|s| s.endpoints().first()?.transport.clone())
-    {
+    let label = match sets.first().and_then(|s| s.endpoints().first()?.transport) {
         Some(t) => format!("bx/{t}"),
         None => "grpc/h2".into(),
     };
@@ -678,13 +722,33 @@ async fn connect(
     let mut label = String::new();
     for _ in 0..n.max(1) {
         let c = match transport {
-            "rdma" | "tcp" => {
-                let ch =
-                    Channel::connect_with(&format!("bx://{addr}"), &bx_config(transport, args))
-                        .await
-                        .map_err(|e| format!("{transport}: --transports {transport}: {e}"))?;
+            "rdma" | "tcp" | "rdma+tls" | "tcp+tls" => {
+                let mut cfg = bx_config(transport, args);
+                let mut scheme = "bx";
+                if is_tls(transport) {
+                    cfg.tls = Some(bx_tls(args)?);
+                    scheme = "https";
+                }
+                let ch = Channel::connect_with(&format!("{scheme}://{addr}"), &cfg)
+                    .await
+                    .map_err(|e| format!("{transport}: --transports {transport}: {e}"))?;
                 label = format!("bx/{}", ch.transport());
+                if is_tls(transport) {
+                    label.push_str("+tls");
+                }
                 PsClient::Bx(ParameterServerClient::new(ch))
+            }
+            "h2+tls" => {
+                let ch = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+                    .map_err(|e| e.to_string())?
+                    .tls_config(h2_tls(args)?)
+                    .map_err(|e| format!("h2+tls: {e}"))?
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("h2+tls: {e}"))?;
+                label = "grpc/h2+tls".into();
+                PsClient::H2(ParameterServerClient::new(ch))
             }
             "h2" => {
                 let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
@@ -696,7 +760,11 @@ async fn connect(
                 label = "grpc/h2".into();
                 PsClient::H2(ParameterServerClient::new(ch))
             }
-            other => return Err(format!("unknown transport {other:?} (rdma, tcp or h2)")),
+            other => {
+                return Err(format!(
+                    "unknown transport {other:?} (rdma, tcp, h2, rdma+tls, tcp+tls or h2+tls)"
+                ));
+            }
         };
         clients.push(TableClient {
             shards: vec![c],
@@ -971,10 +1039,29 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
         return Err("--fault-at must fall within the measured phase (--duration)".into());
     }
     args.push_max_message()?;
-    // a single server serves every row; a fleet is started afresh for each row
+    let tls_rows = args.transports.iter().any(|t| is_tls(t));
+    if tls_rows && args.servers.is_some() {
+        return Err("+tls rows run against one server (not with --servers)".into());
+    }
+    if tls_rows && args.server.is_none() && args.tls_cert.is_none() {
+        return Err(
+            "+tls rows need --tls-cert and --tls-key (the server's identity) and --tls-ca".into(),
+        );
+    }
+    if tls_rows && args.tls_ca.is_none() {
+        return Err("+tls rows need --tls-ca (the CA the clients trust)".into());
+    }
+    // a single server serves every row (a second one, with TLS, the +tls rows); a fleet is
+    // started afresh for each row
     let mut single = match args.servers {
         Some(_) => None,
         None => Some(Servers::single(args).await?),
+    };
+    let mut single_tls = match (&args.tls_cert, &args.tls_key, &args.server) {
+        (Some(cert), Some(key), None) if tls_rows => {
+            Some(Servers::single_tls(args, cert, key).await?)
+        }
+        _ => None,
     };
     let who = match (&single, args.servers) {
         (Some(s), _) => match s.first().pid {
@@ -1038,6 +1125,9 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
         bar.set_message(t.clone());
         let mut fleet = None;
         let servers = match (&mut single, args.servers) {
+            (Some(_), _) if is_tls(t) && single_tls.is_some() => {
+                single_tls.as_mut().expect("checked")
+            }
             (Some(s), _) => s,
             (None, n) => {
                 match Servers::fleet(args, n.unwrap_or(1), args.replicas, args.fault).await {
@@ -1069,6 +1159,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     ticker.abort();
     bar.finish_and_clear();
     drop(single); // kills a child server
+    drop(single_tls);
     match failed {
         Some(e) => Err(e),
         None => Ok(rows),
@@ -1097,7 +1188,7 @@ pub fn table(rows: &[Row]) -> String {
     let fleet = rows.iter().any(|r| r.fleet.is_some());
     let push = rows.iter().any(|r| r.push_bytes.is_some());
     let mut s = format!(
-        "{:<16} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
+        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
         "transport",
         "calls",
         "mean µs",
@@ -1123,7 +1214,7 @@ pub fn table(rows: &[Row]) -> String {
             .server_cpu_us
             .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         s += &format!(
-            "{:<16} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}",
+            "{:<20} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}",
             r.transport,
             r.calls,
             r.mean_us,

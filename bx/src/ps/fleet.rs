@@ -148,6 +148,26 @@ impl Servers {
         })
     }
 
+    /// One child speaking TLS with the identity `cert`/`key` (`bx ps serve --tls-cert
+    /// --tls-key`), for the bench's +tls rows.
+    pub async fn single_tls(
+        args: &BenchArgs,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Servers, String> {
+        let mut flags = args.serve_flags()?;
+        flags.extend([
+            "--tls-cert".to_string(),
+            cert.display().to_string(),
+            "--tls-key".to_string(),
+            key.display().to_string(),
+        ]);
+        Ok(Servers {
+            shards: vec![vec![ServerChild::start(args.dim, &flags).await?]],
+            fleet: false,
+        })
+    }
+
     /// A fleet of `shards` × `replicas` children (the victim of `fault slow` with
     /// `--delay-ms`), started concurrently.
     pub async fn fleet(

@@ -8,6 +8,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,18 @@ pub struct ServeArgs {
     /// by SIGKILL (`PR_SET_PDEATHSIG`); `bx ps bench` passes its own pid.
     #[arg(long, value_name = "PID", hide = true)]
     pub parent_pid: Option<u32>,
+    /// Speak TLS on the port with this certificate chain (PEM file; with --tls-key): HTTP/2
+    /// clients with TLS credentials (ALPN h2) and ByteExpress clients with TLS (`https://`,
+    /// ALPN bxrpc/1); plain clients are refused. The files are read again when they change,
+    /// for new connections.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM file) of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// With --tls-cert: require client certificates signed by this CA (PEM file; mutual TLS).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// With `--parent-pid`, asks the kernel for SIGKILL when the parent dies (`prctl(2)`
@@ -128,8 +141,21 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
             .max_decoding_message_size(max as usize)
             .max_encoding_message_size(max as usize);
     }
-    let server = Server::builder()
-        .config(cfg)
+    let mut server = Server::builder().config(cfg);
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let mut tls = byteexpress::ServerTlsConfig::new()
+            .identity(byteexpress::Identity::from_pem_files(cert, key));
+        if let Some(ca) = &args.tls_ca {
+            tls = tls.client_ca_root(byteexpress::Certificate::from_pem_file(ca));
+        }
+        server = server.tls_config(tls).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("--tls-cert/--tls-key/--tls-ca: {}", chain(&e)),
+            )
+        })?;
+    }
+    let server = server
         .add_service(ps)
         .add_service(EchoService::default().server());
     let mut out = std::io::stdout().lock();
@@ -137,6 +163,18 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     out.flush()?;
     drop(out);
     server.serve_with_listener(listener).await
+}
+
+/// `e` and its causes, `": "`-joined.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// A [`Lateness`] set to `delay` when the process gets SIGUSR1 (the handler is in place when
