@@ -8,7 +8,8 @@
 //! so the next message of about that size reuses memory already mapped, faulted in and
 //! registered (a fresh 16 MiB mapping costs 4,096 page faults on first touch); beyond the
 //! limit it is deregistered and unmapped. A region is reused for a request of at least half
-//! its size, so a small message never holds a huge region.
+//! its size (any request for a region of the smallest size, 2 MiB), so a small message never
+//! holds a huge region.
 
 use std::sync::Arc;
 
@@ -87,8 +88,8 @@ impl LargePool {
     }
 
     /// A buffer of at least `len` bytes (`len > 0`), empty (length 0): a free region of
-    /// `len ..= 2 × len` bytes when one is kept (the smallest), else a new one of `len`
-    /// rounded up to [`REGION_ALIGN`]. Errors: [`MemError::InvalidConfig`] for 0 bytes;
+    /// `len ..= max(2 × len, REGION_ALIGN)` bytes when one is kept (the smallest), else a new
+    /// one of `len` rounded up to [`REGION_ALIGN`]. Errors: [`MemError::InvalidConfig`] for 0 bytes;
     /// [`MemError::Verbs`] / [`MemError::Memlock`] when the provider refuses the mapping or
     /// the registration.
     pub fn alloc(&self, len: usize) -> Result<LargeBuf, MemError> {
@@ -101,7 +102,7 @@ impl LargePool {
                 .regions
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.cap() >= len && r.cap() / 2 <= len)
+                .filter(|(_, r)| r.cap() >= len && r.cap() <= (2 * len).max(REGION_ALIGN))
                 .min_by_key(|(_, r)| r.cap())
                 .map(|(i, _)| i);
             best.map(|i| {
