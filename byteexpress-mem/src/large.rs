@@ -304,6 +304,15 @@ mod tests {
             addr,
             "a small request does not take a large region"
         );
+        // Regression: a 2 MiB region was never reused for a message under 1 MiB, so every
+        // 256 KiB rendezvous mapped, faulted in and registered a region of its own.
+        let small = c.addr();
+        drop(c);
+        assert_eq!(
+            pool.alloc(256 << 10).unwrap().addr(),
+            small,
+            "the smallest region serves any size"
+        );
     }
 
     #[test]
