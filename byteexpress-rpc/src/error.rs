@@ -294,6 +294,12 @@ pub(crate) enum EngineError {
         /// The link's maximum (bytes).
         max: usize,
     },
+    /// A message to send whose metadata section exceeds the header's 32-bit `meta_len`.
+    #[error("metadata of {len} bytes exceeds the header's limit of 4294967295 bytes")]
+    MetadataTooLong {
+        /// The metadata section's size (bytes).
+        len: usize,
+    },
     /// A multi-chunk message above the receiver's limits.
     #[error("message too large")]
     TooLarge(#[source] ReassemblyError),
@@ -356,7 +362,9 @@ impl EngineError {
     pub(crate) fn code(&self) -> Code {
         use EngineError::*;
         match self {
-            FrameTooLarge(_) | MessageTooLarge { .. } | TooLarge(_) => Code::ResourceExhausted,
+            FrameTooLarge(_) | MessageTooLarge { .. } | MetadataTooLong { .. } | TooLarge(_) => {
+                Code::ResourceExhausted
+            }
             Garbled(_)
             | ReprobeProtocol(_)
             | OutOfOrder { .. }

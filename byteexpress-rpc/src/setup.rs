@@ -31,7 +31,7 @@ use crate::engine::{Dispatch, LinkTx, control, tcp};
 use crate::error::{NoRdma, SetupError, WhoSet};
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::wire::CONN_MAGIC;
-use crate::wire::header::HEADER_LEN;
+use crate::wire::header::LONG_HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 
 type Reader = FrameReader<OwnedReadHalf>;
@@ -222,10 +222,11 @@ fn build_rdma(
         BufPool::for_sends(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
     let reassembly_pool = Pool::new(&pd, reassembly_config(ctx)).map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
-    if chunk <= HEADER_LEN {
+    if chunk <= LONG_HEADER_LEN {
+        // a long message's first chunk needs room after its 48-byte header
         return Err(SetupError::ChunkTooSmall {
             chunk,
-            header: HEADER_LEN,
+            header: LONG_HEADER_LEN,
         });
     }
     Ok(RdmaParts {

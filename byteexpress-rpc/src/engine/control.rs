@@ -345,7 +345,7 @@ where
     // The server arms a nonce on its device for the client's first re-probe.
     let nonce = (!prober.is_client()).then(|| prober.arm().to_le_bytes());
     let body: &[u8] = nonce.as_ref().map_or(&[], |n| &n[..]);
-    resync.body_len = body.len() as u32;
+    resync.body_len = body.len() as u64;
     w.write_frame(&[&resync.encode(), body])
         .await
         .map_err(FallbackError::Io)?;

@@ -12,7 +12,7 @@ use crate::engine::tcp::peer_error;
 use crate::error::EngineError;
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
-use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
+use crate::wire::header::{FLAG_SLOT_RETURN, Header, Kind};
 
 impl Engine {
     pub(super) fn on_receive(&mut self, wc: &Wc) -> Result<(), EngineError> {
@@ -74,7 +74,9 @@ impl Engine {
             let Some((buf, h, kind)) = self.chunks.pop_front() else {
                 break;
             };
-            let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
+            let done = self
+                .reassembly
+                .on_chunk(&h, &buf.as_slice()[h.encoded_len()..]);
             self.repost(buf, kind)?;
             for first in self.reassembly.take_refused() {
                 let why = self.dispatch.budget().refusal(first.message_len());
