@@ -269,6 +269,10 @@ pub(crate) enum EngineError {
     /// The peer announced a frame above the link's maximum.
     #[error("oversized frame from the peer")]
     FrameTooLarge(#[source] FrameError),
+    /// The peer sent a frame length that no frame has (an escape with a length below
+    /// `0xFFFF_FFFF`, `byteexpress_tcp_fallback::FrameError::BadEscape`).
+    #[error("peer sent a garbled frame length")]
+    FrameGarbled(#[source] FrameError),
     /// A message from the peer does not decode.
     #[error("peer broke the protocol")]
     Garbled(#[source] WireError),
@@ -366,6 +370,7 @@ impl EngineError {
                 Code::ResourceExhausted
             }
             Garbled(_)
+            | FrameGarbled(_)
             | ReprobeProtocol(_)
             | OutOfOrder { .. }
             | PeerCredits(_)

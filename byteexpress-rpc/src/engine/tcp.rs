@@ -364,6 +364,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 protocol_error(&link, &closer, EngineError::FrameTooLarge(e));
                 return;
             }
+            Err(e @ FrameError::BadEscape { .. }) => {
+                protocol_error(&link, &closer, EngineError::FrameGarbled(e));
+                return;
+            }
             Err(e) => {
                 closer.close(EngineError::TcpRead(e));
                 return;

@@ -69,7 +69,8 @@
 //!
 //! [`Header::decode`] checks `meta_len` and `body_len` against the bytes actually received
 //! before anything is sliced. The configured maxima are applied before that, where the bytes
-//! arrive: the TCP frame reader refuses a frame over `Config::max_message`, an RDMA SEND cannot
+//! arrive: a TCP link refuses a frame over `Config::max_message` unread (its call fails
+//! RESOURCE_EXHAUSTED, the link stays), an RDMA SEND cannot
 //! exceed the posted receive buffer, and reassembly refuses a first chunk announcing more than
 //! `Config::max_message` before it allocates ("Chunks" below). `DESIGN.md` (section 4) has the
 //! same tables; change both together.
