@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(head, h, "decode and decode_head agree on the header");
     let rest = (data.len() - hl) as u64;
-    let announced = u64::from(h.meta_len) + h.body_len;
+    let announced = u64::from(h.meta_len).saturating_add(h.body_len);
     if h.first_of_many() {
         assert!(
             rest < announced,
