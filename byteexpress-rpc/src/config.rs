@@ -21,10 +21,12 @@ pub struct Config {
     /// this is cut into chunks of this size, one SEND and one credit each, reassembled by the
     /// receiver; a message that fits is one SEND and reaches the application zero copy.
     pub max_chunk: usize,
-    /// Largest message in bytes, 40-byte header + metadata + body (default 16 MiB), on RDMA and
-    /// TCP alike: a larger call or answer fails with RESOURCE_EXHAUSTED before it is sent, and
-    /// a peer that announces one is cut off (RDMA: before anything is allocated for it; TCP:
-    /// the frame limit). Both sides of a link should use the same value.
+    /// Largest message in bytes, header (40 bytes, 48 for a body over 4 GiB − 1) + metadata +
+    /// body (default 16 MiB; at most 2^62, `Config::validate`), on RDMA and TCP alike: a
+    /// larger call or answer fails with RESOURCE_EXHAUSTED before it is sent. One the peer
+    /// sends anyway fails that call only on TCP (refused unread, its bytes dropped as they
+    /// arrive), and cuts off the link on RDMA (refused at its first chunk, before anything is
+    /// allocated for it). Both sides of a link should use the same value.
     pub max_message: usize,
     /// Messages larger than this many bytes (40-byte header + metadata + body) go over RDMA by
     /// rendezvous (DESIGN.md 3.5 "Rendezvous"): copied once into memory lent to the peer for

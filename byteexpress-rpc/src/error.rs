@@ -281,6 +281,10 @@ pub(crate) enum EngineError {
     /// The peer announced a frame above the link's maximum.
     #[error("oversized frame from the peer")]
     FrameTooLarge(#[source] FrameError),
+    /// The peer sent a frame length that no frame has (an escape with a length below
+    /// `0xFFFF_FFFF`, `byteexpress_tcp_fallback::FrameError::BadEscape`).
+    #[error("peer sent a garbled frame length")]
+    FrameGarbled(#[source] FrameError),
     /// A message from the peer does not decode.
     #[error("peer broke the protocol")]
     Garbled(#[source] WireError),
@@ -305,6 +309,12 @@ pub(crate) enum EngineError {
         len: usize,
         /// The link's maximum (bytes).
         max: usize,
+    },
+    /// A message to send whose metadata section exceeds the header's 32-bit `meta_len`.
+    #[error("metadata of {len} bytes exceeds the header's limit of 4294967295 bytes")]
+    MetadataTooLong {
+        /// The metadata section's size (bytes).
+        len: usize,
     },
     /// A multi-chunk message above the receiver's limits.
     #[error("message too large")]
@@ -368,8 +378,11 @@ impl EngineError {
     pub(crate) fn code(&self) -> Code {
         use EngineError::*;
         match self {
-            FrameTooLarge(_) | MessageTooLarge { .. } | TooLarge(_) => Code::ResourceExhausted,
+            FrameTooLarge(_) | MessageTooLarge { .. } | MetadataTooLong { .. } | TooLarge(_) => {
+                Code::ResourceExhausted
+            }
             Garbled(_)
+            | FrameGarbled(_)
             | ReprobeProtocol(_)
             | OutOfOrder { .. }
             | PeerCredits(_)

@@ -14,7 +14,7 @@ use crate::link_stats::LinkCounters;
 use crate::message::{Incoming, Outgoing};
 use crate::stream::Shared;
 
-pub use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
+pub use crate::wire::header::{FLAG_LONG, FLAG_MORE, HEADER_LEN, Header, Kind, LONG_HEADER_LEN};
 pub use crate::wire::hello::Hello;
 pub use crate::wire::{CONN_MAGIC, WireError};
 

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::wire::header::{HEADER_LEN, Header, Kind};
+use crate::wire::header::{Header, Kind};
 use crate::wire::{WireError, meta};
 use crate::{Code, Metadata};
 
@@ -74,16 +74,24 @@ impl Outgoing {
         o
     }
 
-    /// Bytes on the wire: header + metadata + body.
+    /// Bytes on the wire: header (40, or 48 for a body over `u32::MAX` bytes) + metadata +
+    /// body.
     pub fn wire_len(&self) -> usize {
-        HEADER_LEN + self.meta.len() + self.body.len()
+        self.final_header().encoded_len() + self.meta.len() + self.body.len()
     }
 
-    /// The header with its length fields set.
+    /// The metadata section is too long for the header's 32-bit `meta_len`: such a message
+    /// cannot be sent (its call fails, `crate::engine::LinkTx::send`).
+    pub fn meta_too_long(&self) -> bool {
+        u32::try_from(self.meta.len()).is_err()
+    }
+
+    /// The header with its length fields set (`meta_len` saturates at `u32::MAX`: a longer
+    /// metadata section is refused before sending, [`Outgoing::meta_too_long`]).
     pub fn final_header(&self) -> Header {
         let mut h = self.header;
-        h.meta_len = self.meta.len() as u32;
-        h.body_len = self.body.len() as u32;
+        h.meta_len = u32::try_from(self.meta.len()).unwrap_or(u32::MAX);
+        h.body_len = self.body.len() as u64;
         h
     }
 }
@@ -112,10 +120,12 @@ impl Incoming {
             // Only the RDMA engine takes a descriptor (and READs the payload it names).
             return crate::wire::err("rendezvous descriptor where a whole message was expected");
         }
-        let meta_end = HEADER_LEN + header.meta_len as usize;
+        // checked by decode: the header, meta_len and body_len bytes are all in msg
+        let meta_start = header.encoded_len();
+        let meta_end = meta_start + header.meta_len as usize;
         Ok(Incoming {
             header,
-            meta: msg.slice(HEADER_LEN..meta_end),
+            meta: msg.slice(meta_start..meta_end),
             body: msg.slice(meta_end..),
         })
     }

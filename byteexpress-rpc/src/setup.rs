@@ -31,7 +31,7 @@ use crate::error::{NoRdma, SetupError, WhoSet};
 use crate::link_io::{LinkRead, LinkStream, LinkWrite};
 use crate::link_state::{LinkEvent, LinkMachine};
 use crate::wire::CONN_MAGIC;
-use crate::wire::header::HEADER_LEN;
+use crate::wire::header::LONG_HEADER_LEN;
 use crate::wire::hello::{HELLO_VERSION, Hello, MAX_STREAM_WINDOW, TransportPref};
 
 type Reader = FrameReader<LinkRead>;
@@ -223,10 +223,11 @@ fn build_rdma(
         BufPool::for_sends(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
     let reassembly_pool = Pool::new(&pd, reassembly_config(ctx)).map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
-    if chunk <= HEADER_LEN {
+    if chunk <= LONG_HEADER_LEN {
+        // a long message's first chunk needs room after its 48-byte header
         return Err(SetupError::ChunkTooSmall {
             chunk,
-            header: HEADER_LEN,
+            header: LONG_HEADER_LEN,
         });
     }
     let attr = ctx.query();
@@ -241,9 +242,10 @@ fn build_rdma(
     };
     let lend_pool = LargePool::new(&pd, lend_access, true, cfg.rendezvous_cache_bytes);
     let read_pool = LargePool::new(&pd, Access::LOCAL_WRITE, false, cfg.rendezvous_cache_bytes);
-    // A descriptor SEND must fit a chunk; a threshold of 0 turns rendezvous off.
+    // A descriptor SEND (a long header and the descriptor) must fit a chunk; a threshold of
+    // 0 turns rendezvous off.
     let rendezvous_threshold = (cfg.rendezvous_threshold > 0
-        && chunk >= HEADER_LEN + crate::wire::rendezvous::DESCRIPTOR_LEN)
+        && chunk >= crate::wire::header::LONG_HEADER_LEN + crate::wire::rendezvous::DESCRIPTOR_LEN)
         .then_some(cfg.rendezvous_threshold);
     Ok(RdmaParts {
         pd: pd.clone(),

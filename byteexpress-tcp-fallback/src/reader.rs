@@ -3,7 +3,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::{FrameConfig, FrameError, HEADER_LEN};
+use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN};
 
 /// Smallest free space offered to each read, so many small frames arrive per syscall
 /// (unit: bytes).
@@ -103,12 +103,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     self.skip = r.len - r.head_len;
                     return Ok(Some(Frame::Refused { head, len: r.len }));
                 }
-            } else if let Some(len) = self.announced_len()? {
+            } else if let Some((prefix, len)) = self.announced_len()? {
                 if !self.admitted {
                     if admit(len) {
                         self.admitted = true;
                     } else {
-                        self.buf.advance(HEADER_LEN);
+                        self.buf.advance(prefix);
                         self.refused = Some(Refusal {
                             len,
                             head_len: head_len.min(len),
@@ -116,18 +116,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                         continue;
                     }
                 }
-                if self.buf.len() >= HEADER_LEN + len {
+                if self.buf.len() - prefix >= len {
                     self.admitted = false;
-                    self.buf.advance(HEADER_LEN);
+                    self.buf.advance(prefix);
                     return Ok(Some(Frame::Whole(self.buf.split_to(len).freeze())));
                 }
             }
             let needed = match self.refused {
                 Some(r) => r.head_len,
-                None => match self.announced_len()? {
-                    Some(len) => HEADER_LEN + len,
-                    None => HEADER_LEN,
-                },
+                None => self.needed()?,
             };
             let missing = needed.saturating_sub(self.buf.len());
             let want = missing.max(MIN_READ);
@@ -159,14 +156,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Cancel-safe: bytes read before a cancelled call stay buffered for the next call.
     pub async fn read_frame(&mut self) -> Result<Option<Bytes>, FrameError> {
         loop {
-            let needed = match self.announced_len()? {
-                Some(len) if self.buf.len() >= HEADER_LEN + len => {
-                    self.buf.advance(HEADER_LEN);
-                    return Ok(Some(self.buf.split_to(len).freeze()));
-                }
-                Some(len) => HEADER_LEN + len,
-                None => HEADER_LEN,
-            };
+            if let Some((prefix, len)) = self.announced_len()?
+                && self.buf.len() - prefix >= len
+            {
+                self.buf.advance(prefix);
+                return Ok(Some(self.buf.split_to(len).freeze()));
+            }
+            let needed = self.needed()?;
             let missing = needed - self.buf.len();
             let want = missing.max(MIN_READ);
             if self.buf.capacity() - self.buf.len() < want {
@@ -184,19 +180,56 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// The payload length of the buffered header, if complete, checked against the maximum.
-    fn announced_len(&self) -> Result<Option<usize>, FrameError> {
+    /// The buffered header's length (4, or 12 after the escape) and payload length, if the
+    /// header is complete, checked against the maximum (and an escape's length against its
+    /// lower bound) before anything is reserved for the payload.
+    fn announced_len(&self) -> Result<Option<(usize, usize)>, FrameError> {
         let Some(header) = self.buf.first_chunk::<HEADER_LEN>() else {
             return Ok(None);
         };
-        let len = u32::from_be_bytes(*header);
+        let short = u32::from_be_bytes(*header);
+        let (prefix, len) = if short == ESCAPE {
+            let Some(long) = self.buf.first_chunk::<LONG_HEADER_LEN>() else {
+                return Ok(None);
+            };
+            let len = u64::from_be_bytes(long[HEADER_LEN..].try_into().expect("8 bytes"));
+            if len < u64::from(ESCAPE) {
+                return Err(FrameError::BadEscape { len });
+            }
+            (LONG_HEADER_LEN, len)
+        } else {
+            (HEADER_LEN, u64::from(short))
+        };
         match usize::try_from(len) {
-            Ok(len) if len <= self.max_frame => Ok(Some(len)),
+            Ok(len) if len <= self.max_frame => Ok(Some((prefix, len))),
             _ => Err(FrameError::TooLarge {
-                len: u64::from(len),
+                len,
                 max: self.max_frame,
             }),
         }
+    }
+
+    /// Bytes the next frame needs buffered, header included: its header's while that is
+    /// incomplete (4, then 12 after an escape).
+    fn needed(&self) -> Result<usize, FrameError> {
+        Ok(match self.announced_len()? {
+            Some((prefix, len)) => prefix.saturating_add(len),
+            None if self.buf.first_chunk::<HEADER_LEN>() == Some(&ESCAPE.to_be_bytes()) => {
+                LONG_HEADER_LEN
+            }
+            None => HEADER_LEN,
+        })
+    }
+
+    /// The largest payload accepted (unit: bytes).
+    pub fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    /// Changes the largest payload accepted (unit: bytes): applies to every frame header
+    /// examined from now on, including one already buffered. Call it between frames.
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
     }
 
     /// Bytes received but not yet returned as frames (unit: bytes).

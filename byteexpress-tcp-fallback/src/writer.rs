@@ -4,7 +4,7 @@ use std::io::IoSlice;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::{FrameConfig, FrameError};
+use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN};
 
 /// Writes length-prefixed frames to `W`.
 ///
@@ -26,11 +26,12 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         }
     }
 
-    /// Writes one frame whose payload is the concatenation of `parts`.
+    /// Writes one frame whose payload is the concatenation of `parts`: with the 4-byte length
+    /// below `0xFFFF_FFFF` bytes, else with the escape and the 8-byte length (crate docs).
     ///
     /// # Errors
-    /// [`FrameError::TooLarge`] when the payload exceeds the maximum or `u32::MAX` (nothing is
-    /// written), [`FrameError::Io`] when the stream fails.
+    /// [`FrameError::TooLarge`] when the payload exceeds the maximum (nothing is written),
+    /// [`FrameError::Io`] when the stream fails.
     ///
     /// # Cancellation
     /// Not cancel-safe: a cancelled call may leave a partial frame on the stream, which must
@@ -39,16 +40,27 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         let len = parts
             .iter()
             .fold(0u64, |sum, p| sum.saturating_add(p.len() as u64));
-        let limit = (self.max_frame as u64).min(u64::from(u32::MAX));
-        let Ok(len32) = u32::try_from(len) else {
+        let Ok(ulen) = usize::try_from(len) else {
             return Err(self.too_large(len));
         };
-        if len > limit {
+        if ulen > self.max_frame {
             return Err(self.too_large(len));
         }
-        let header = len32.to_be_bytes();
+        let mut header = [0u8; LONG_HEADER_LEN];
+        let prefix = match u32::try_from(len) {
+            Ok(short) if short < ESCAPE => {
+                header[..HEADER_LEN].copy_from_slice(&short.to_be_bytes());
+                HEADER_LEN
+            }
+            _ => {
+                header[..HEADER_LEN].copy_from_slice(&ESCAPE.to_be_bytes());
+                header[HEADER_LEN..].copy_from_slice(&len.to_be_bytes());
+                LONG_HEADER_LEN
+            }
+        };
+        let header = &header[..prefix];
         let mut slices = Vec::with_capacity(parts.len() + 1);
-        slices.push(IoSlice::new(&header));
+        slices.push(IoSlice::new(header));
         slices.extend(
             parts
                 .iter()
@@ -56,7 +68,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 .map(|p| IoSlice::new(p)),
         );
         let mut rest = &mut slices[..];
-        let mut remaining = header.len() + len32 as usize;
+        let mut remaining = prefix + ulen;
         while remaining > 0 {
             let n = self.inner.write_vectored(rest).await?;
             if n == 0 {

@@ -4,7 +4,7 @@
 //! decodes, re-encodes to the same bytes.
 #![no_main]
 
-use byteexpress_rpc::fuzzing::{HEADER_LEN, Kind, decode_meta, encode_meta, parse_message};
+use byteexpress_rpc::fuzzing::{Kind, decode_meta, encode_meta, parse_message};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 
@@ -16,9 +16,10 @@ fuzz_target!(|data: &[u8]| {
     assert!(!h.more() && h.kind != Kind::Continuation, "never a chunk");
     assert_eq!(m.meta.len(), h.meta_len as usize);
     assert_eq!(m.body.len(), h.body_len as usize);
-    assert_eq!(HEADER_LEN + m.meta.len() + m.body.len(), data.len());
-    assert_eq!(&data[HEADER_LEN..HEADER_LEN + m.meta.len()], &m.meta[..]);
-    assert_eq!(&data[HEADER_LEN + m.meta.len()..], &m.body[..]);
+    let hl = h.encoded_len();
+    assert_eq!(hl + m.meta.len() + m.body.len(), data.len());
+    assert_eq!(&data[hl..hl + m.meta.len()], &m.meta[..]);
+    assert_eq!(&data[hl + m.meta.len()..], &m.body[..]);
     if let Ok((head, md)) = decode_meta(&m.meta) {
         assert_eq!(encode_meta(&head, &md), &m.meta[..]);
     }

@@ -42,9 +42,13 @@ fuzz_target!(|data: &[u8]| {
         let payload = i.bytes(n).to_vec();
         if first {
             h.meta_len = u32::from(i.u16() % 4096);
-            h.body_len = u32::from(i.u16());
+            h.body_len = u64::from(i.u16());
+            if op & 16 != 0 {
+                // a long first chunk (FLAG_LONG, 48-byte header): always over the maximum
+                h.body_len += 1 << 32;
+            }
         } else {
-            h.body_len = payload.len() as u32;
+            h.body_len = payload.len() as u64;
         }
         let mut chunk = h.encode().to_vec();
         chunk.extend_from_slice(&payload);
@@ -58,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
         let got = r.on_chunk(&h, &payload);
         let refused = r.take_refused();
         if first {
-            let len = (h.meta_len + h.body_len) as usize;
+            let len = (u64::from(h.meta_len) + h.body_len) as usize;
             if h.message_len() > max_message as u64 {
                 assert!(matches!(&got, Err(e) if e.contains("maximum")), "{got:?}");
                 return;

@@ -2,6 +2,7 @@
 //! admission check: it returns exactly the frames a model parser finds, refuses a length over
 //! its maximum, reports a stream ending mid-frame as truncated and a clean end as the end, asks
 //! admission once per frame with its length, and never buffers more than a frame and a read.
+//! Lengths follow the escape (`0xFFFF_FFFF`, then a u64): one below `0xFFFF_FFFF` is garbled.
 #![no_main]
 
 use std::future::Future;
@@ -71,8 +72,14 @@ fuzz_target!(|data: &[u8]| {
     let mut pos = 0usize; // model: start of the next frame in `stream`
     loop {
         let left = &stream[pos..];
-        let expect_len =
-            (left.len() >= 4).then(|| u32::from_be_bytes(left[..4].try_into().unwrap()) as usize);
+        // the model's header: (prefix length, payload length), or None while incomplete
+        let expect = match left.get(..4) {
+            Some(&[0xFF, 0xFF, 0xFF, 0xFF]) => left
+                .get(4..12)
+                .map(|l| (12usize, u64::from_be_bytes(l.try_into().unwrap()))),
+            Some(n) => Some((4, u64::from(u32::from_be_bytes(n.try_into().unwrap())))),
+            None => None,
+        };
         let mut asked = Vec::new();
         let got = if admit_mode {
             ready(reader.read_frame_admit(head_len, |len| {
@@ -83,11 +90,11 @@ fuzz_target!(|data: &[u8]| {
             ready(reader.read_frame()).map(|f| f.map(Frame::Whole))
         };
         assert!(
-            reader.buffered() <= 4 + max_frame + 256,
+            reader.buffered() <= 12 + max_frame + 256,
             "{} bytes buffered",
             reader.buffered()
         );
-        match expect_len {
+        match expect {
             None if left.is_empty() => {
                 assert!(matches!(got, Ok(None)), "clean end: {got:?}");
                 return;
@@ -96,9 +103,18 @@ fuzz_target!(|data: &[u8]| {
                 assert!(matches!(got, Err(FrameError::Truncated { .. })), "{got:?}");
                 return;
             }
-            Some(len) if len > max_frame => {
+            Some((12, len)) if len < 0xFFFF_FFFF => {
                 assert!(
-                    matches!(got, Err(FrameError::TooLarge { len: l, .. }) if l as usize == len)
+                    matches!(got, Err(FrameError::BadEscape { len: l }) if l == len),
+                    "{got:?}"
+                );
+                assert!(asked.is_empty(), "admission asked about a garbled length");
+                return;
+            }
+            Some((_, len)) if len > max_frame as u64 => {
+                assert!(
+                    matches!(got, Err(FrameError::TooLarge { len: l, .. }) if l == len),
+                    "{got:?}"
                 );
                 assert!(
                     asked.is_empty(),
@@ -106,21 +122,22 @@ fuzz_target!(|data: &[u8]| {
                 );
                 return;
             }
-            Some(len) => {
+            Some((prefix, len)) => {
+                let len = len as usize;
                 let refused = admit_mode && len > admit_max;
                 if admit_mode {
                     assert_eq!(asked, [len], "admission asked once, with the length");
                 }
-                let whole = left.len() >= 4 + len;
+                let whole = left.len() >= prefix + len;
                 if refused {
                     let head = head_len.min(len);
-                    if left.len() < 4 + head {
+                    if left.len() < prefix + head {
                         assert!(matches!(got, Err(FrameError::Truncated { .. })), "{got:?}");
                         return;
                     }
                     match got {
                         Ok(Some(Frame::Refused { head: h, len: l })) => {
-                            assert_eq!((&h[..], l), (&left[4..4 + head], len));
+                            assert_eq!((&h[..], l), (&left[prefix..prefix + head], len));
                         }
                         other => panic!("expected a refused frame of {len}: {other:?}"),
                     }
@@ -139,11 +156,13 @@ fuzz_target!(|data: &[u8]| {
                     return;
                 } else {
                     match got {
-                        Ok(Some(Frame::Whole(b))) => assert_eq!(&b[..], &left[4..4 + len]),
+                        Ok(Some(Frame::Whole(b))) => {
+                            assert_eq!(&b[..], &left[prefix..prefix + len])
+                        }
                         other => panic!("expected a frame of {len}: {other:?}"),
                     }
                 }
-                pos += 4 + len;
+                pos += prefix + len;
             }
         }
     }

@@ -190,38 +190,44 @@ async fn a_body_over_the_memory_budget_fails_its_call_only_and_the_link_goes_on(
     assert_eq!(s.qp_errors, 0, "{s:?}");
 }
 
-/// 1 GiB + 1 bytes one way over rendezvous (host only: about 3 GiB of memory: the
-/// application's body, the lent copy, the server's READ destination).
+/// 1 GiB + 1 and 4 GiB + 1 bytes one way over rendezvous, one after the other (host only).
+/// Memory: the application's body, the lent copy and the server's READ destination, so about
+/// 3 × the size at once: 12.2 GiB at the peak of the 4 GiB + 1 message (its 48-byte long
+/// header, `FLAG_LONG`, and the descriptor in one SEND; READs of 1 MiB pieces).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_gib_and_one_byte_arrive_intact_by_rendezvous() {
+async fn one_gib_and_four_gib_plus_one_byte_arrive_intact_by_rendezvous() {
     if std::env::var("BX_SOFT").as_deref() == Ok("0") {
         eprintln!("skipped in the VM: its guest has 1 GiB");
         return;
     }
-    let n = (1 << 30) + 1;
     let server = ServerProc::start(
         SERVER,
-        &["--max-message-mib", "1100", "--memory-budget-mib", "1100"],
+        &["--max-message-mib", "4200", "--memory-budget-mib", "4200"],
     )
     .await;
     let client = Client::connect(
         &server.addr,
         &Config {
-            max_message: 1100 << 20,
+            max_message: 4200 << 20,
+            memory_budget: 4200 << 20,
             ..cfg()
         },
     )
     .await
     .expect("connect");
-    let body = pattern(n);
-    assert!(check_pattern(&body).is_ok());
-    let resp = client
-        .call(request("/test.Test/Verify", body))
-        .await
-        .expect("verify 1 GiB + 1");
-    assert_eq!(&resp.body[..], format!("ok {n}").as_bytes());
-    let s = client.link_stats();
-    assert_eq!(s.messages_lent, 1, "{s:?}");
+    for (i, n) in [(1usize << 30) + 1, (4usize << 30) + 1]
+        .into_iter()
+        .enumerate()
+    {
+        let body = pattern(n);
+        let resp = client
+            .call(request("/test.Test/Verify", body))
+            .await
+            .unwrap_or_else(|e| panic!("verify {n} bytes: {e}"));
+        assert_eq!(&resp.body[..], format!("ok {n}").as_bytes());
+        let s = client.link_stats();
+        assert_eq!(s.messages_lent, i as u64 + 1, "{s:?}");
+    }
 }
 
 /// Twelve rendezvous calls at once each way (requests lent by the client and READ by the

@@ -386,7 +386,7 @@ async fn forty_links_holding_partial_16_mib_frames_stay_within_the_memory_budget
             let mut h = Header::new(Kind::Request);
             h.conn_id = 1;
             h.call_id = i + 1;
-            h.body_len = body.len() as u32;
+            h.body_len = body.len() as u64;
             raw.write_all(&(msg_len as u32).to_be_bytes())
                 .await
                 .unwrap();
@@ -919,7 +919,7 @@ async fn a_call_id_reused_while_its_call_runs_closes_the_link_and_runs_no_extra_
         h.conn_id = 1;
         h.call_id = 7;
         h.meta_len = meta.len() as u32;
-        h.body_len = body.len() as u32;
+        h.body_len = body.len() as u64;
         frames.extend_from_slice(&((HEADER_LEN + meta.len() + body.len()) as u32).to_be_bytes());
         frames.extend_from_slice(&h.encode());
         frames.extend_from_slice(&meta);
@@ -972,7 +972,7 @@ async fn stream_frames_ahead_of_their_open_are_held_within_the_memory_budget() {
                 h.conn_id = 1;
                 h.call_id = 1000 + link * 100 + i; // streams never opened
                 h.timeout_us = 0; // the message's number in its stream
-                h.body_len = body.len() as u32;
+                h.body_len = body.len() as u64;
                 frames.extend_from_slice(&((HEADER_LEN + body.len()) as u32).to_be_bytes());
                 frames.extend_from_slice(&h.encode());
                 frames.extend_from_slice(body);

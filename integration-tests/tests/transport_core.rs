@@ -484,9 +484,17 @@ async fn garbage_and_oversized_frames_get_an_error_frame_and_close_others_keep_w
     let mut raw = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
     raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     expect_error_frame_then_close(&mut raw).await;
-    // a TCP link whose peer announces a 4 GiB frame after set-up
+    // a TCP link whose peer announces (by the escape, 0xFFFFFFFF + u64) a frame longer than
+    // any max_message (2^62) after set-up; a frame over this server's max_message but within
+    // 2^62 fails its call only (large_messages_tcp.rs)
     let mut raw = raw_tcp_link(&server.addr).await;
     raw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    raw.write_all(&u64::MAX.to_be_bytes()).await.unwrap();
+    expect_error_frame_then_close(&mut raw).await;
+    // an escape with a length that has the 4-byte form: a garbled stream
+    let mut raw = raw_tcp_link(&server.addr).await;
+    raw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    raw.write_all(&5u64.to_be_bytes()).await.unwrap();
     expect_error_frame_then_close(&mut raw).await;
     // a well-sized frame of garbage on a TCP link
     let mut raw = raw_tcp_link(&server.addr).await;

@@ -347,7 +347,7 @@ where
     for h in &holes {
         body.extend_from_slice(&h.to_le_bytes());
     }
-    resync.body_len = body.len() as u32;
+    resync.body_len = body.len() as u64;
     w.write_frame(&[&resync.encode(), &body])
         .await
         .map_err(FallbackError::Io)?;

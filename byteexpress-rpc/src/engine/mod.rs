@@ -116,8 +116,15 @@ impl LinkTx {
     }
 
     /// Queues a message. Errors with UNAVAILABLE when the link is closed, RESOURCE_EXHAUSTED when
-    /// it is larger than the peer accepts.
+    /// it is larger than the peer accepts or its metadata exceeds the header's 32-bit
+    /// `meta_len`.
     pub(crate) fn send(&self, msg: Outgoing) -> Result<(), Status> {
+        if msg.meta_too_long() {
+            return Err(EngineError::MetadataTooLong {
+                len: msg.meta.len(),
+            }
+            .into());
+        }
         if msg.wire_len() > self.inner.max_message {
             return Err(EngineError::MessageTooLarge {
                 len: msg.wire_len(),

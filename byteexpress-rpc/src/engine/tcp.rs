@@ -11,7 +11,7 @@ use super::{Dispatch, LinkTx};
 use crate::budget::UNCHARGED;
 use crate::error::EngineError;
 use crate::message::{Incoming, Outgoing};
-use crate::wire::header::{HEADER_LEN, Header, Kind};
+use crate::wire::header::{Header, Kind, LONG_HEADER_LEN};
 use crate::{Metadata, Status, Transport};
 
 /// Starts the engine on an established connection (set-up done). Returns the link's sender.
@@ -265,6 +265,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     closer.close(EngineError::Closed);
 }
 
+/// The largest frame a TCP link reads at all (bytes): the largest `Config::max_message`
+/// ([`crate::config_check::MAX_MESSAGE_LIMIT`]). A frame up to this above the link's own
+/// `max_message` fails its call only; a longer one is garbage and closes the link.
+const MAX_FRAME_ON_LINK: usize = crate::config_check::MAX_MESSAGE_LIMIT as usize;
+
 /// Re-probe messages the control task may have unread before the peer counts as flooding: an
 /// honest peer has at most two of its own unanswered (a nonce request and an offer), plus
 /// late answers to tries that timed out.
@@ -286,11 +291,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
     phase: Option<ReadPhase<R>>,
 ) {
     let budget = dispatch.budget().clone();
+    // The reader's limit (`Config::max_message`) becomes a per-message one: a frame over it is
+    // refused (its bytes dropped as they arrive, its call failed RESOURCE_EXHAUSTED), not a
+    // broken link. Only a length no configuration allows is a protocol error.
+    let max_message = r.max_frame();
+    r.set_max_frame(MAX_FRAME_ON_LINK);
     // the budget charge of the frame being read, held until it is whole
     let mut charge = None;
+    let mut over_limit = false;
     loop {
         let frame = tokio::select! {
-            f = r.read_frame_admit(HEADER_LEN, |len| {
+            f = r.read_frame_admit(LONG_HEADER_LEN, |len| {
+                if len > max_message {
+                    over_limit = true;
+                    return false;
+                }
                 if len <= UNCHARGED {
                     return true;
                 }
@@ -310,6 +325,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         match frame {
             Ok(Some(Frame::Refused { head, len })) => match Header::decode_head(&head) {
+                Ok(h) if std::mem::take(&mut over_limit) => {
+                    tracing::debug!(len, max_message, "message over max_message refused");
+                    let why = EngineError::MessageTooLarge {
+                        len,
+                        max: max_message,
+                    };
+                    dispatch.refused(&link, &h, why.into());
+                }
                 Ok(h) => {
                     tracing::debug!(len, "message refused for want of memory budget");
                     dispatch.refused(&link, &h, budget.refusal(len as u64));
@@ -354,6 +377,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     if switch {
                         // The peer's last TCP message: the reader goes back to the control task.
                         if let Some((_, back)) = phase {
+                            r.set_max_frame(max_message);
                             let _ = back.send(r);
                         }
                         return;
@@ -371,6 +395,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             Err(e @ FrameError::TooLarge { .. }) => {
                 protocol_error(&link, &closer, EngineError::FrameTooLarge(e));
+                return;
+            }
+            Err(e @ FrameError::BadEscape { .. }) => {
+                protocol_error(&link, &closer, EngineError::FrameGarbled(e));
                 return;
             }
             Err(e) => {

@@ -119,7 +119,12 @@ impl Engine {
                 self.counters.refused(g);
                 break;
             }
-            let wire = (HEADER_LEN + DESCRIPTOR_LEN) as u64;
+            let header_len = self
+                .lender
+                .waiting
+                .front()
+                .map_or(HEADER_LEN, |m| m.final_header().encoded_len());
+            let wire = (header_len + DESCRIPTOR_LEN) as u64;
             {
                 let mut dev = self.parts.device_window.lock();
                 match gate::admit_chunk(&room, 0, Class::Latency, &self.parts.window, &dev, wire) {

@@ -200,7 +200,7 @@ impl Outbox {
             .expect("every queued message is kept");
         let chunked = g.offset > 0 || !g.last;
         let (header, off, len) = msg.next_chunk(self.chunk);
-        debug_assert_eq!(g.len as usize, crate::wire::header::HEADER_LEN + len);
+        debug_assert_eq!(g.len as usize, header.encoded_len() + len);
         debug_assert_eq!(g.last, msg.done());
         Some(Next {
             header,

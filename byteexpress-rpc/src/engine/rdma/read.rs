@@ -113,7 +113,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         h.flags &= !FLAG_RENDEZVOUS;
         let key = (h.conn_id, h.call_id);
-        let len = u64::from(h.meta_len) + u64::from(h.body_len);
+        let len = u64::from(h.meta_len).saturating_add(h.body_len);
         if h.message_len() > self.parts.max_message as u64 {
             return Err(EngineError::TooLarge(ReassemblyError::TooLarge {
                 key,

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use crate::budget::{Charge, MemoryBudget};
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
-use crate::wire::header::{FLAG_MORE, HEADER_LEN, Header, Kind};
+use crate::wire::header::{FLAG_MORE, Header, Kind};
 
 /// A peer's chunk that breaks the rules; the link is failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,7 +113,7 @@ struct Partial {
 impl Partial {
     /// The announced metadata + body (bytes).
     fn len(&self) -> u64 {
-        u64::from(self.header.meta_len) + u64::from(self.header.body_len)
+        u64::from(self.header.meta_len) + self.header.body_len
     }
 }
 
@@ -203,8 +203,9 @@ impl Reassembly {
             if self.partial.contains_key(&key) {
                 return Err(ReassemblyError::Restarted(key));
             }
-            // Checked above: fits in max_message, which is a usize.
-            let len = h.message_len() as usize - HEADER_LEN;
+            // Checked above: fits in max_message, which is a usize (the header is 40 bytes, or
+            // 48 for a body over u32::MAX bytes).
+            let len = (h.message_len() - h.encoded_len() as u64) as usize;
             if payload.len() > len {
                 return Err(ReassemblyError::Overrun {
                     key,
@@ -272,8 +273,9 @@ impl Reassembly {
 mod tests {
     use super::*;
     use crate::engine::rdma::REASSEMBLY_POOL_BYTES;
+    use crate::wire::header::HEADER_LEN;
 
-    fn first(meta_len: u32, body_len: u32, call_id: u64) -> Header {
+    fn first(meta_len: u32, body_len: u64, call_id: u64) -> Header {
         let mut h = Header::new(Kind::Request);
         h.conn_id = 1;
         h.call_id = call_id;
@@ -289,7 +291,7 @@ mod tests {
         let mut h = Header::new(Kind::Continuation);
         h.conn_id = 1;
         h.call_id = call_id;
-        h.body_len = len as u32;
+        h.body_len = len as u64;
         h.flags = if more { FLAG_MORE } else { 0 };
         h
     }
@@ -321,7 +323,9 @@ mod tests {
     #[test]
     fn announced_size_over_the_maximum_is_refused_before_allocating() {
         let mut r = Reassembly::new(1000, None, counters());
-        let err = r.on_chunk(&first(0, u32::MAX, 1), &[0; 10]).unwrap_err();
+        let err = r
+            .on_chunk(&first(0, u32::MAX.into(), 1), &[0; 10])
+            .unwrap_err();
         assert!(matches!(err, ReassemblyError::TooLarge { .. }), "{err}");
         assert_eq!(r.in_progress(), 0);
         // exactly the maximum is fine
@@ -350,7 +354,7 @@ mod tests {
         for (call, len) in [(1u64, 1usize << 20), (2, 3 << 20)] {
             let b = &body[..len];
             assert!(
-                r.on_chunk(&first(0, len as u32, call), &b[..1000])
+                r.on_chunk(&first(0, len as u64, call), &b[..1000])
                     .unwrap()
                     .is_none()
             );
@@ -432,6 +436,34 @@ mod tests {
                 .is_none()
         );
         assert_eq!(budget.used(), 1000 + HEADER_LEN);
+    }
+
+    #[test]
+    fn a_long_first_chunk_is_sized_in_u64_and_checked_against_max_message_before_allocating() {
+        let body = (1u64 << 32) + 1;
+        let h = first(10, body, 1);
+        assert_eq!(h.encoded_len(), crate::wire::header::LONG_HEADER_LEN);
+        let whole = 48 + 10 + body;
+        // one byte short of the maximum: refused, nothing started
+        let mut r = Reassembly::new(whole as usize - 1, None, counters());
+        let err = r.on_chunk(&h, &[0; 100]).unwrap_err();
+        assert_eq!(
+            err,
+            ReassemblyError::TooLarge {
+                key: (1, 1),
+                len: whole,
+                max: whole - 1
+            }
+        );
+        assert_eq!(r.in_progress(), 0);
+        // exactly the maximum: started, charged its whole size (48-byte header included)
+        let budget = MemoryBudget::new(usize::MAX);
+        let mut r = Reassembly::new(whole as usize, None, counters()).with_budget(budget.clone());
+        assert!(r.on_chunk(&h, &[0; 100]).unwrap().is_none());
+        assert_eq!((r.in_progress(), budget.used() as u64), (1, whole));
+        // its continuation may not run past the announced length
+        let err = r.on_chunk(&cont(1, 10, false), &[0; 10]).unwrap_err();
+        assert!(matches!(err, ReassemblyError::Short { got: 110, len, .. } if len == 10 + body));
     }
 
     fn counters() -> Arc<LinkCounters> {

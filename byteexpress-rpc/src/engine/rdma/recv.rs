@@ -56,8 +56,8 @@ impl Engine {
         }
         if h.flags & FLAG_RENDEZVOUS != 0 {
             // A descriptor: the message's bytes are to be READ from the peer.
-            let desc =
-                Descriptor::decode(&buf.as_slice()[HEADER_LEN..]).map_err(EngineError::Garbled)?;
+            let desc = Descriptor::decode(&buf.as_slice()[h.encoded_len()..])
+                .map_err(EngineError::Garbled)?;
             self.repost(buf, kind)?;
             return self.on_descriptor(h, desc, seq);
         }
@@ -89,7 +89,9 @@ impl Engine {
             let Some((buf, h, kind)) = self.chunks.pop_front() else {
                 break;
             };
-            let done = self.reassembly.on_chunk(&h, &buf.as_slice()[HEADER_LEN..]);
+            let done = self
+                .reassembly
+                .on_chunk(&h, &buf.as_slice()[h.encoded_len()..]);
             self.repost(buf, kind)?;
             for first in self.reassembly.take_refused() {
                 let why = self.dispatch.budget().refusal(first.message_len());
