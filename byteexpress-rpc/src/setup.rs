@@ -252,6 +252,7 @@ fn build_rdma(
         rendezvous_threshold,
         lend_pool,
         lend_windows,
+        max_lent: cfg.memory_budget as u64,
         read_pool,
         read_piece: attr.max_msg_sz.clamp(4096, rdma::read::READ_PIECE),
         max_reads: attr.max_reads_outstanding.max(1),

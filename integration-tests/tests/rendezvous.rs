@@ -275,3 +275,35 @@ async fn a_rendezvous_goes_out_on_a_link_granting_one_credit() {
     assert!(resp.body == body);
     assert_eq!(client.link_stats().messages_lent, 1);
 }
+
+/// A READ piece is at most half the QP's window (at least 64 KiB), so READs and SENDs share
+/// the window: with the default 256 KiB window a 4 MiB answer is read in 32 pieces of
+/// 128 KiB; with no window cap, in 4 of 1 MiB. (Pieces of 1 MiB under a 256 KiB window went
+/// alone and held every SEND of the link back while in flight.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_pieces_take_at_most_half_the_window() {
+    let server = server(&[]).await;
+    for (window_bytes, pieces) in [(Config::default().window_bytes, 32), (0, 4)] {
+        let client = Client::connect_unshared(
+            &server.addr,
+            &Config {
+                window_bytes,
+                ..cfg()
+            },
+        )
+        .await
+        .expect("connect");
+        let body = pattern(4 << 20);
+        let resp = client
+            .call(request("/test.Test/Echo", body.clone()))
+            .await
+            .expect("echo");
+        assert!(resp.body == body);
+        let s = client.link_stats();
+        // The answer's metadata makes it a little over 4 MiB: one more, short, piece.
+        assert!(
+            s.reads_posted == pieces || s.reads_posted == pieces + 1,
+            "window {window_bytes}: {s:?}"
+        );
+    }
+}

@@ -34,6 +34,10 @@ pub(crate) struct LendConfig {
     pub windows: bool,
     /// The link's PD (windows are allocated in it).
     pub pd: Pd,
+    /// Bytes lent and not released at most (`Config::memory_budget`): beyond it, messages
+    /// wait for the peer's RELEASEs (one message always goes when nothing is lent), so a peer
+    /// that never releases holds at most this much of our memory.
+    pub max_lent: u64,
 }
 
 /// One message lent to the peer.
@@ -46,6 +50,8 @@ struct Loan {
     mw: Option<Mw>,
     /// The per-message MR, if lent by MR; dropped (deregistered) at the release.
     _mr: Option<Mr>,
+    /// Bytes lent.
+    len: u64,
     // Last: the memory outlives the MR and the window.
     _buf: LargeBuf,
 }
@@ -58,10 +64,18 @@ pub(crate) struct Lender {
     pub(super) waiting: VecDeque<Outgoing>,
     loans: HashMap<u64, Loan>,
     next_token: u64,
-    /// Windows invalidated by a RELEASE, free to bind again.
-    free_mws: Vec<Mw>,
+    /// Windows invalidated by a RELEASE, free to bind again, with the binds each had.
+    free_mws: Vec<(Mw, u32)>,
+    /// Binds of the windows now lent, by token.
+    binds: HashMap<u64, u32>,
+    /// Bytes lent and not released.
+    lent_bytes: u64,
     next_wr: u64,
 }
+
+/// Binds a window serves before it is deallocated: a bind changes only the rkey's low 8 bits,
+/// so the 256th would give a released loan's rkey back to the same window.
+const MW_BINDS: u32 = 255;
 
 impl Lender {
     pub(crate) fn new(cfg: LendConfig) -> Self {
@@ -71,6 +85,8 @@ impl Lender {
             loans: HashMap::new(),
             next_token: 1,
             free_mws: Vec::new(),
+            binds: HashMap::new(),
+            lent_bytes: 0,
             next_wr: 0,
         }
     }
@@ -78,6 +94,12 @@ impl Lender {
     /// Takes `m` for a rendezvous when it is one (an application message above the
     /// threshold): queued to be lent, `None` returned; else `Some(m)`.
     pub(super) fn divert(&mut self, m: Outgoing) -> Option<Outgoing> {
+        if m.header.kind == crate::wire::header::Kind::Cancel {
+            // A call cancelled before its message was lent: the message never goes.
+            let key = (m.header.conn_id, m.header.call_id);
+            self.waiting
+                .retain(|w| (w.header.conn_id, w.header.call_id) != key);
+        }
         match self.cfg.threshold {
             Some(t) if m.wire_len() > t && m.header.kind.has_body() => {
                 self.waiting.push_back(m);
@@ -103,7 +125,13 @@ impl Engine {
     /// one by MR; a send buffer; a credit; its 64 bytes in the windows). True when one went.
     pub(super) fn post_lends(&mut self) -> Result<bool, EngineError> {
         let mut posted = false;
-        while !self.lender.waiting.is_empty() {
+        while let Some(next) = self.lender.waiting.front() {
+            let len = (next.meta.len() + next.body.len()) as u64;
+            let lent = self.lender.lent_bytes;
+            if lent > 0 && lent.saturating_add(len) > self.lender.cfg.max_lent {
+                // Wait for RELEASEs (completions of the peer's READs).
+                break;
+            }
             let wrs = if self.lender.cfg.windows { 2 } else { 1 };
             let room = Room::new(
                 &self.queues,
@@ -154,16 +182,19 @@ impl Engine {
             };
             let (rkey, mw, mr) = match key {
                 Key::Mr(mr) => (mr.rkey(), None, Some(mr)),
-                Key::Window(mw) => match self.bind(&mw, &buf, len) {
-                    Ok(()) => (mw.rkey(), Some(mw), None),
+                Key::Window((mw, binds)) => match self.bind(&mw, &buf, len) {
+                    Ok(()) => (mw.rkey(), Some((mw, binds + 1)), None),
                     Err(e) => {
+                        // The link falls back: the message goes over TCP.
                         let _ = self.release(wire, 0);
+                        self.seqs.unposted.push(m);
                         return Err(e);
                     }
                 },
             };
             let Some(pb) = self.credits.try_send_data_batch(1) else {
                 let _ = self.release(wire, 0);
+                self.seqs.unposted.push(m);
                 return Err(EngineError::CreditVanished);
             };
             let token = self.lender.next_token;
@@ -183,10 +214,16 @@ impl Engine {
             })
             .and_then(|b| self.post(b, wire, Some(seq), WrOp::Send));
             if let Err(e) = sent {
+                let _ = self.release(wire, 0);
                 self.seqs.sent(Some(seq), m, false);
                 return Err(e);
             }
             self.seqs.lent(seq, m);
+            let mw = mw.map(|(mw, binds)| {
+                self.lender.binds.insert(token, binds);
+                mw
+            });
+            self.lender.lent_bytes += len as u64;
             self.lender.loans.insert(
                 token,
                 Loan {
@@ -194,6 +231,7 @@ impl Engine {
                     rkey,
                     mw,
                     _mr: mr,
+                    len: len as u64,
                     _buf: buf,
                 },
             );
@@ -222,7 +260,7 @@ impl Engine {
                 .cfg
                 .pd
                 .alloc_mw()
-                .map(Key::Window)
+                .map(|mw| Key::Window((mw, 0)))
                 .map_err(LendError::Window),
         }
     }
@@ -264,7 +302,9 @@ impl Engine {
             ))));
         };
         self.seqs.released(loan.seq);
+        self.lender.lent_bytes -= loan.len;
         LinkCounters::bump(&self.counters.messages_released);
+        let binds = self.lender.binds.remove(&h.call_id).unwrap_or(MW_BINDS);
         if let Some(mw) = loan.mw {
             if wc.invalidated_rkey != Some(loan.rkey) {
                 return Err(EngineError::Garbled(WireError(format!(
@@ -272,7 +312,9 @@ impl Engine {
                     h.call_id
                 ))));
             }
-            self.lender.free_mws.push(mw);
+            if binds < MW_BINDS {
+                self.lender.free_mws.push((mw, binds));
+            }
         }
         Ok(())
     }
@@ -281,7 +323,8 @@ impl Engine {
 /// What grants the peer its READ of one loan.
 enum Key {
     Mr(Mr),
-    Window(Mw),
+    /// A window and the binds it had.
+    Window((Mw, u32)),
 }
 
 /// A buffer of the lend pool holding `m`'s metadata + body; with its length.
@@ -290,4 +333,57 @@ fn lend_copy(pool: &LargePool, m: &Outgoing) -> Result<(LargeBuf, usize), LendEr
     let mut buf = pool.alloc(len).map_err(LendError::Memory)?;
     buf.fill(&[&m.meta, &m.body]).map_err(LendError::Memory)?;
     Ok((buf, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::Metadata;
+    use crate::wire::header::Kind;
+
+    fn lender() -> Lender {
+        let ctx = byteexpress_verbs::soft_device()
+            .expect("the soft device is always listed")
+            .open()
+            .expect("open");
+        let pd = ctx.alloc_pd().expect("pd");
+        Lender::new(LendConfig {
+            threshold: Some(1000),
+            pool: LargePool::new(&pd, Access(0), true, 0),
+            windows: false,
+            pd,
+            max_lent: 1 << 20,
+        })
+    }
+
+    fn msg(kind: Kind, call_id: u64, body: usize) -> Outgoing {
+        Outgoing::new(
+            kind,
+            1,
+            call_id,
+            "/m",
+            &Metadata::new(),
+            Bytes::from(vec![0; body]),
+        )
+    }
+
+    /// Regression: a CANCEL queued behind the REQUEST it cancels, while that one waited to
+    /// be lent, went out first (descriptors are posted after the round's SENDs); the server
+    /// dropped the CANCEL of a call it did not know and then ran the handler anyway.
+    #[test]
+    fn a_cancel_drops_its_message_still_waiting_to_be_lent_and_only_that_one() {
+        let mut l = lender();
+        assert!(l.divert(msg(Kind::Request, 7, 5000)).is_none(), "lent");
+        assert!(l.divert(msg(Kind::Request, 8, 5000)).is_none(), "lent");
+        assert!(
+            l.divert(msg(Kind::Request, 9, 10)).is_some(),
+            "small: a SEND"
+        );
+        let cancel = l.divert(msg(Kind::Cancel, 7, 0));
+        assert!(cancel.is_some(), "the CANCEL itself still goes");
+        let left: Vec<u64> = l.waiting.iter().map(|m| m.header.call_id).collect();
+        assert_eq!(left, [8]);
+    }
 }

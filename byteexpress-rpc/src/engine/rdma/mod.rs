@@ -114,6 +114,8 @@ pub(crate) struct RdmaParts {
     pub lend_pool: LargePool,
     /// Loans are memory windows (`DeviceAttr::mw_range_checked`).
     pub lend_windows: bool,
+    /// Bytes lent to the peer and not released at most (`Config::memory_budget`).
+    pub max_lent: u64,
     /// Memory rendezvous bodies are READ into (LOCAL_WRITE, local only).
     pub read_pool: LargePool,
     /// Largest READ WR (bytes) and READs outstanding at most, from the device.
@@ -226,6 +228,7 @@ pub(crate) fn start(
         pool: parts.lend_pool.clone(),
         windows: parts.lend_windows,
         pd: parts.pd.clone(),
+        max_lent: parts.max_lent,
     });
     let reader = read::Reader::new(read::ReadConfig {
         pool: parts.read_pool.clone(),

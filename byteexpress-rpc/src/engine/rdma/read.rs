@@ -18,7 +18,6 @@ use byteexpress_mem::{LargeBuf, LargePool};
 use byteexpress_verbs::{SendWr, WrOp};
 use bytes::Bytes;
 
-use super::reassembly::ReassemblyError;
 use super::{Engine, READ_TAG};
 use crate::budget::Charge;
 use crate::error::EngineError;
@@ -38,11 +37,15 @@ pub(crate) struct ReadConfig {
     pub max_reads: u32,
 }
 
+/// The smallest READ piece (bytes) a small window cuts bodies into.
+const MIN_READ_PIECE: u64 = 64 << 10;
+
 /// Bit 32 of a RELEASE's `timeout_us`: the SEND is a SEND_WITH_INV of the rkey in bits 0–31.
 pub(crate) const RELEASE_INVALIDATES: u64 = 1 << 32;
 
-/// Bytes per READ WR at most: small enough that a window of a few hundred KiB admits READs
-/// and SENDs side by side, large enough that a WR's own cost is lost in its bytes.
+/// Bytes per READ WR at most, large enough that a WR's own cost is lost in its bytes; a piece
+/// is further held to half the QP's window (at least [`MIN_READ_PIECE`]), so READs and SENDs
+/// share the window rather than a piece going alone and holding every SEND back.
 pub(crate) const READ_PIECE: u64 = 1 << 20;
 
 /// One message being read.
@@ -60,6 +63,8 @@ struct Pending {
     done: u64,
     target: LargeBuf,
     _charge: Option<Charge>,
+    /// A CANCEL of its call came while it was being read: it is released, not delivered.
+    cancelled: bool,
 }
 
 /// The reading side's state on one QP.
@@ -95,6 +100,16 @@ impl Reader {
         h
     }
 
+    /// The peer cancelled call `key`: a message of it still being read is dropped when read
+    /// (a CANCEL overtakes the REQUEST it cancels while the REQUEST's body is READ).
+    pub(crate) fn cancel(&mut self, key: (u32, u64)) {
+        for p in self.pending.values_mut() {
+            if (p.header.conn_id, p.header.call_id) == key {
+                p.cancelled = true;
+            }
+        }
+    }
+
     /// Window bytes held by READs posted and not completed.
     pub(crate) fn charged(&self) -> u64 {
         self.in_flight.values().map(|&(_, b, _)| b).sum()
@@ -103,8 +118,10 @@ impl Reader {
 
 impl Engine {
     /// A descriptor SEND arrived (`h` its header, number `seq`): checks the announced size
-    /// against `max_message`, charges the budget, takes a buffer, and queues its READs; a
-    /// message refused for memory is answered RESOURCE_EXHAUSTED and released unread.
+    /// against `max_message`, takes a buffer of the read pool and charges the budget its whole
+    /// capacity (at least a 2 MiB region however small the message), and queues its READs. A
+    /// message over `max_message`, or refused for memory, is never read: its call fails
+    /// RESOURCE_EXHAUSTED (only that call) and the loan is released at once.
     pub(super) fn on_descriptor(
         &mut self,
         mut h: Header,
@@ -112,22 +129,27 @@ impl Engine {
         seq: u64,
     ) -> Result<(), EngineError> {
         h.flags &= !FLAG_RENDEZVOUS;
-        let key = (h.conn_id, h.call_id);
         let len = u64::from(h.meta_len).saturating_add(h.body_len);
-        if h.message_len() > self.parts.max_message as u64 {
-            return Err(EngineError::TooLarge(ReassemblyError::TooLarge {
-                key,
-                len: h.message_len(),
-                max: self.parts.max_message as u64,
-            }));
+        let max = self.parts.max_message as u64;
+        if h.message_len() > max {
+            let why = crate::Status::new(
+                crate::Code::ResourceExhausted,
+                format!(
+                    "message of {} bytes refused: more than the receiver's max_message of \
+                     {max} bytes",
+                    h.message_len()
+                ),
+            );
+            self.dispatch.refused(&self.link, &h, why);
+            self.queue_release(&h, &desc);
+            return Ok(());
         }
         let budget = self.dispatch.budget().clone();
-        let charge = budget.try_take(len as usize);
-        let target = match charge {
-            Some(_) => self.reader.cfg.pool.alloc(len.max(1) as usize).ok(),
-            None => None,
-        };
-        let (Some(charge), Some(target)) = (charge, target) else {
+        let taken = usize::try_from(len.max(1))
+            .ok()
+            .and_then(|n| self.reader.cfg.pool.alloc(n).ok())
+            .and_then(|t| budget.try_take(t.capacity()).map(|c| (t, c)));
+        let Some((target, charge)) = taken else {
             let why = budget.refusal(h.message_len());
             self.dispatch.refused(&self.link, &h, why);
             self.queue_release(&h, &desc);
@@ -146,6 +168,7 @@ impl Engine {
                 done: 0,
                 target,
                 _charge: Some(charge),
+                cancelled: false,
             },
         );
         if len == 0 {
@@ -161,7 +184,10 @@ impl Engine {
         let mut posted = false;
         while let Some(&id) = self.reader.queue.front() {
             let p = &self.reader.pending[&id];
-            let piece = (p.len - p.posted).min(self.reader.cfg.piece);
+            // At most half the QP's window, so READs and SENDs share it (a piece larger than
+            // the window would go alone, and hold every SEND back meanwhile).
+            let share = (self.parts.window.cap() / 2).max(MIN_READ_PIECE);
+            let piece = (p.len - p.posted).min(self.reader.cfg.piece).min(share);
             let room = Room::new(
                 &self.queues,
                 &self.credits,
@@ -272,6 +298,9 @@ impl Engine {
         };
         self.queue_release(&p.header, &p.desc);
         LinkCounters::bump(&self.counters.messages_read);
+        if p.cancelled {
+            return Ok(());
+        }
         self.deliver(msg)
     }
 

@@ -12,7 +12,7 @@ use crate::engine::tcp::peer_error;
 use crate::error::EngineError;
 use crate::link_stats::LinkCounters;
 use crate::message::Incoming;
-use crate::wire::header::{FLAG_SLOT_RETURN, HEADER_LEN, Header, Kind};
+use crate::wire::header::{FLAG_SLOT_RETURN, Header, Kind};
 use crate::wire::rendezvous::{Descriptor, FLAG_RENDEZVOUS};
 
 impl Engine {
@@ -69,6 +69,10 @@ impl Engine {
                 self.copy_chunks(usize::MAX)?;
             }
             return Ok(());
+        }
+        if h.kind == Kind::Cancel {
+            // It may overtake the REQUEST it cancels while that one's body is READ.
+            self.reader.cancel((h.conn_id, h.call_id));
         }
         if matches!(h.kind, Kind::Cancel | Kind::Error) {
             // A cancel or an error may refer to a chunked message: keep their order.
