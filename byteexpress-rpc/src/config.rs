@@ -176,9 +176,10 @@ impl Default for Config {
 }
 
 /// Default of [`Config::rendezvous_threshold`] in bytes: messages above it go by RDMA READ.
-/// Chosen by measurement (`integration-tests/benches/rendezvous.rs`, DESIGN.md section 6);
-/// a 16 KiB parameter-server reply stays one SEND.
-pub const DEFAULT_RENDEZVOUS_THRESHOLD: usize = 256 << 10;
+/// Chosen by measurement (`cargo bench -p integration-tests --bench rendezvous -- --sweep`,
+/// DESIGN.md section 6: on the soft provider rendezvous passes chunks from 512 KiB up); a
+/// 16 KiB parameter-server reply stays one SEND.
+pub const DEFAULT_RENDEZVOUS_THRESHOLD: usize = 512 << 10;
 
 /// Order in which an RDMA link posts the chunks of the messages waiting on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

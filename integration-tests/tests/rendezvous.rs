@@ -99,6 +99,43 @@ async fn messages_around_the_threshold_and_the_chunk_size_arrive_intact_each_way
     assert!(s.reads_posted >= s.messages_read, "{s:?}");
 }
 
+/// The same sizes over TCP (the frames carry them whole; nothing is lent or READ).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_sizes_arrive_intact_over_tcp() {
+    let server = server(&[]).await;
+    let client = Client::connect(
+        &server.addr,
+        &Config {
+            transport: TransportPref::Tcp,
+            ..cfg()
+        },
+    )
+    .await
+    .expect("connect");
+    let echo = "/test.Test/Echo";
+    let at = THRESHOLD - 40 - meta_len(echo);
+    for n in [
+        at - 1,
+        at,
+        at + 1,
+        (64 << 10) - 1,
+        64 << 10,
+        (64 << 10) + 1,
+        (16 << 20) - 1,
+        16 << 20,
+        (16 << 20) + 1,
+        64 << 20,
+    ] {
+        let body = pattern(n);
+        let resp = client
+            .call(request(echo, body.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("echo of {n} bytes over TCP: {e}"));
+        assert!(resp.body == body, "echo of {n} bytes over TCP: content");
+    }
+    assert_eq!(client.transport().to_string(), "tcp");
+}
+
 /// The body READ by rendezvous reaches the handler, and the answer the caller, in registered
 /// memory: the READ's destination, not a copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,6 +75,7 @@ async fn main() -> std::io::Result<()> {
             "--max-message-mib" => {
                 cfg.max_message = v.parse::<usize>().expect("--max-message-mib N") << 20
             }
+            "--window-bytes" => cfg.window_bytes = v.parse().expect("--window-bytes N"),
             "--rendezvous-cache-mib" => {
                 cfg.rendezvous_cache_bytes =
                     v.parse::<u64>().expect("--rendezvous-cache-mib N") << 20
