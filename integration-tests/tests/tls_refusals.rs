@@ -183,3 +183,34 @@ async fn a_handshake_that_never_finishes_is_closed_after_the_detect_timeout() {
     // and it still serves
     secret(addr, rustls_client(Some(&ca.pem()), None)).await;
 }
+
+/// A client that finishes the handshake choosing HTTP/2 by ALPN (or offering no ALPN at
+/// all) and then sends nothing is closed once `detect_timeout` has passed, as on the plain
+/// port: the HTTP/2 preface must follow the handshake within the same deadline, or the
+/// silent session would hold a connection slot for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_after_an_h2_or_no_alpn_handshake_is_closed_after_the_detect_timeout() {
+    let ca = Ca::new("test CA");
+    let addr = start_server_with(
+        ServerTlsConfig::new().identity(ca.leaf("server", 1).identity()),
+        byteexpress::Config {
+            detect_timeout: std::time::Duration::from_millis(200),
+            ..byteexpress::Config::default()
+        },
+    )
+    .await;
+    for alpn in [vec![b"h2".to_vec()], Vec::new()] {
+        let mut client = rustls_client(Some(&ca.pem()), None);
+        client.alpn_protocols = alpn.clone();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .expect("handshake with a trusted server");
+        // read_to_end's hang guard fails the test if the server keeps the session open
+        let got = read_to_end(&mut tls).await;
+        assert!(got.is_empty(), "ALPN {alpn:?}: the server sent {got:02x?}");
+    }
+    // and it still serves
+    secret(addr, rustls_client(Some(&ca.pem()), None)).await;
+}
