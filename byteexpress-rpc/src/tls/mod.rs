@@ -25,6 +25,8 @@
 //!   a key that does not match, no regular file: a named pipe would block the read), or a
 //!   check that takes over 5 s, is logged and the previous config stays. A client reads its
 //!   files at each new link, on a blocking thread.
+//! - Errors of a client's link set-up: its config's own mistakes are INVALID_ARGUMENT, a
+//!   failed handshake UNAVAILABLE ([`TlsError`]).
 
 mod client;
 mod pem;
@@ -95,6 +97,28 @@ pub enum TlsError {
     /// or ALPN, the peer closed, ...).
     #[error("TLS handshake")]
     Handshake(#[source] std::io::Error),
+}
+
+impl TlsError {
+    /// The gRPC code of a link set-up that failed with this error: the config's own mistakes
+    /// (a PEM file unreadable or not PEM, no certificate or key in it, material rustls
+    /// refuses, a bad client CA, no server identity, a domain that is no server name) are
+    /// INVALID_ARGUMENT, so that retries and wait-for-ready do not repeat a typo for ever; a
+    /// failed handshake is UNAVAILABLE (the peer, or the network, may do better next time).
+    pub(crate) fn code(&self) -> crate::Code {
+        use TlsError::*;
+        match self {
+            Read { .. }
+            | Pem { .. }
+            | NoCertificate(_)
+            | NoKey(_)
+            | NoIdentity
+            | Config(_)
+            | ClientCa(_)
+            | Domain(_) => crate::Code::InvalidArgument,
+            Handshake(_) => crate::Code::Unavailable,
+        }
+    }
 }
 
 /// A certificate (chain) in PEM: CA roots to trust, or the CA of client certificates.
@@ -340,9 +364,15 @@ impl ClientTlsConfig {
         self.id
     }
 
-    /// The rustls client config, from the current PEM, offering [`ALPN_BXRPC`]. Errors:
-    /// material that does not load. Reads files: call it off the runtime ([`connect`]).
+    /// The rustls client config, from the current PEM, offering [`ALPN_BXRPC`]. Errors: no
+    /// CA given ([`TlsError::NoCertificate`]: no server could be trusted), or material that
+    /// does not load. Reads files: call it off the runtime ([`connect`]).
     fn build(&self) -> Result<rustls::ClientConfig, TlsError> {
+        if self.cas.is_empty() {
+            return Err(TlsError::NoCertificate(
+                "the client's CA roots (none given: ClientTlsConfig::ca_certificate)".into(),
+            ));
+        }
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::Config)?
