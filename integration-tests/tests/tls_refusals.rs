@@ -214,3 +214,46 @@ async fn a_silent_client_after_an_h2_or_no_alpn_handshake_is_closed_after_the_de
     // and it still serves
     secret(addr, rustls_client(Some(&ca.pem()), None)).await;
 }
+
+/// `Server::serve_connection` and `serve_after_magic` of a server configured with TLS refuse a
+/// plain TCP stream (closed, nothing sent) instead of serving it unencrypted: the caller
+/// handed over a connection that skipped the handshake the config asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_server_refuses_a_plain_stream_handed_to_serve_connection_or_serve_after_magic() {
+    let ca = Ca::new("test CA");
+    let server = byteexpress_rpc::Server::new(
+        integration_tests::test_service,
+        byteexpress::Config::default(),
+    )
+    .with_tls(ServerTlsConfig::new().identity(ca.leaf("server", 1).identity()))
+    .expect("TLS config loads");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    for after_magic in [false, true] {
+        let mut raw = Recorded::connect(addr).await;
+        let (accepted, _) = listener.accept().await.unwrap();
+        let server = server.clone();
+        let served = tokio::spawn(async move {
+            if after_magic {
+                server.serve_after_magic(accepted).await
+            } else {
+                server.serve_connection(accepted).await
+            }
+        });
+        let mut hello = preface_and_hello();
+        if after_magic {
+            hello.drain(..byteexpress_rpc::CONN_MAGIC.len());
+        }
+        write_ignoring_close(&mut raw, &hello).await;
+        let seen = read_to_end(&mut raw).await;
+        assert!(
+            seen.is_empty(),
+            "after_magic {after_magic}: the server answered a plain stream: {seen:02x?}"
+        );
+        let r = tokio::time::timeout(HANG_GUARD, served)
+            .await
+            .expect("hang guard")
+            .unwrap();
+        assert!(r.is_err(), "after_magic {after_magic}: served");
+    }
+}
