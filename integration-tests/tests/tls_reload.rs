@@ -122,9 +122,9 @@ impl Drop for UnblockFifo {
 
 /// A certificate path replaced by a named pipe (whose open blocks until someone writes) stalls
 /// no handshake: new connections get the certificate loaded before, and a link up before
-/// still answers calls. The server never reads its files on a handshake's path. (Four
-/// workers: should a handshake block one on the pipe, the others still run the hang guard's
-/// timer.)
+/// still answers calls. The server never reads its files on a handshake's path. (A
+/// regression that reads the pipe on a handshake's path hangs this test rather than failing
+/// it at the hang guard: run it under a timeout when checking such a change.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_certificate_path_replaced_by_a_named_pipe_stalls_no_handshake() {
     let dir =
