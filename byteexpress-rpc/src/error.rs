@@ -86,6 +86,8 @@ pub(crate) enum SetupError {
         source: std::io::Error,
     },
     /// The TLS handshake (or the client's TLS config) failed: nothing of set-up was sent.
+    /// A config mistake is INVALID_ARGUMENT (retrying cannot fix it), a failed handshake
+    /// UNAVAILABLE ([`TlsError::code`](crate::tls::TlsError)).
     #[cfg(feature = "tls")]
     #[error("TLS with {peer}")]
     Tls {
@@ -224,7 +226,7 @@ impl SetupError {
             }
             Buffers(_) | RecvBufTooLarge { .. } => Code::ResourceExhausted,
             #[cfg(feature = "tls")]
-            Tls { .. } => Code::Unavailable,
+            Tls { source, .. } => source.code(),
             Connect { .. }
             | Timeout { .. }
             | Write(_)

@@ -255,9 +255,32 @@ impl Server {
     /// message and a close; nothing within [`Config::detect_timeout`], a close), then runs
     /// set-up and the link.
     /// The stream is a plain TCP connection or a TLS session whose handshake is done
-    /// ([`LinkStream`]); `Server::with_tls` applies to [`Server::serve`] only.
+    /// ([`LinkStream`]). On a server configured [`Server::with_tls`] a plain TCP stream is
+    /// refused (closed with nothing sent, logged; PERMISSION_DENIED): the handshake is the
+    /// caller's (or [`Server::serve`]'s), and a link without it would be unencrypted.
     pub async fn serve_connection(&self, stream: impl Into<LinkStream>) -> Result<(), Status> {
-        self.serve_connection_held(stream.into(), None).await
+        let stream = stream.into();
+        self.refuse_plain_under_tls(&stream)?;
+        self.serve_connection_held(stream, None).await
+    }
+
+    /// Errors (PERMISSION_DENIED, logged) when this server is configured with TLS and
+    /// `stream` is plain TCP; the caller drops the stream, which closes it.
+    fn refuse_plain_under_tls(&self, stream: &LinkStream) -> Result<(), Status> {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() && !stream.is_tls() {
+            tracing::warn!(
+                peer = ?stream.peer_addr().ok(),
+                "a plain TCP stream handed to a server configured with TLS: closed"
+            );
+            return Err(Status::new(
+                Code::PermissionDenied,
+                "this server requires TLS: a plain TCP stream is not served",
+            ));
+        }
+        #[cfg(not(feature = "tls"))]
+        let _ = stream;
+        Ok(())
     }
 
     /// [`Server::serve_connection`], holding `slot` (its place under the connection caps)
@@ -281,19 +304,24 @@ impl Server {
     }
 
     /// Serves a connection whose first 8 bytes were [`CONN_MAGIC`] and have been read (for
-    /// front ends that tell protocols apart by the first bytes).
+    /// front ends that tell protocols apart by the first bytes). A plain TCP stream on a server
+    /// configured with TLS is refused as by [`Server::serve_connection`].
     pub async fn serve_after_magic(&self, stream: impl Into<LinkStream>) -> Result<(), Status> {
-        self.serve_after_magic_held(stream.into(), None).await
+        let stream = stream.into();
+        self.refuse_plain_under_tls(&stream)?;
+        self.serve_after_magic_held(stream, None).await
     }
 
     /// [`Server::serve_after_magic`], holding `slot` (the connection's place under the caps of
     /// an [`Acceptor`](crate::accept::Acceptor)) for as long as the link lives. `stream` is
-    /// plain TCP or a TLS session ([`LinkStream`]; feature `tls`).
+    /// plain TCP or a TLS session ([`LinkStream`]; feature `tls`); plain TCP on a server
+    /// configured with TLS is refused as by [`Server::serve_connection`].
     pub async fn serve_after_magic_held(
         &self,
         stream: LinkStream,
         slot: Option<ConnSlot>,
     ) -> Result<(), Status> {
+        self.refuse_plain_under_tls(&stream)?;
         let dispatch = Arc::new(Handlers {
             service: self.service.clone(),
             running: Arc::default(),

@@ -2,7 +2,9 @@
 //! must hold none of the crates of the `bx` tool and its benchmark (clap, hdrhistogram,
 //! rand_distr, indicatif, plotters, nix, the log subscriber and the Prometheus exporter). They
 //! belong to `bx` and `byteexpress-ps`. The facade records its events through the `metrics`
-//! facade crate only; the application chooses the recorder.
+//! facade crate only; the application chooses the recorder. Without its `tls` feature the
+//! facade compiles no TLS crate (rustls, tokio-rustls, rustls-pki-types, ring): a user without
+//! TLS builds none of it (issue 24).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -20,14 +22,23 @@ const CLI_CRATES: &[&str] = &[
     "metrics-exporter-prometheus",
 ];
 
+/// Crates only the facade's `tls` feature may bring.
+const TLS_CRATES: &[&str] = &["rustls", "tokio-rustls", "rustls-pki-types", "ring"];
+
 /// The package names in `cargo tree -p <package> -e normal` of this workspace.
 fn normal_dependencies(package: &str) -> BTreeSet<String> {
+    normal_dependencies_with(package, &[])
+}
+
+/// [`normal_dependencies`] with `features` of `package` enabled.
+fn normal_dependencies_with(package: &str, features: &[&str]) -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(cargo)
         .current_dir(&root)
         .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
         .args(["--format", "{p}"])
+        .args(features.iter().flat_map(|f| ["--features", f]))
         .output()
         .expect("running cargo tree");
     assert!(
@@ -64,5 +75,24 @@ fn the_check_sees_the_cli_crates_where_they_are() {
     let deps = normal_dependencies("bx");
     for c in ["byteexpress"].iter().chain(CLI_CRATES) {
         assert!(deps.contains(*c), "{c} missing from bx's tree {deps:?}");
+    }
+}
+
+#[test]
+fn the_facade_without_its_tls_feature_pulls_in_no_tls_crate() {
+    let deps = normal_dependencies("byteexpress");
+    assert!(deps.contains("tonic"), "the tree was read: {deps:?}");
+    let found: Vec<_> = TLS_CRATES.iter().filter(|c| deps.contains(**c)).collect();
+    assert!(
+        found.is_empty(),
+        "the byteexpress facade without `tls` depends on {found:?}"
+    );
+    // the same reading with the feature sees them, so the check cannot pass by missing them
+    let with = normal_dependencies_with("byteexpress", &["tls"]);
+    for c in TLS_CRATES {
+        assert!(
+            with.contains(*c),
+            "{c} missing from the tree with `tls`: {with:?}"
+        );
     }
 }

@@ -183,3 +183,77 @@ async fn a_handshake_that_never_finishes_is_closed_after_the_detect_timeout() {
     // and it still serves
     secret(addr, rustls_client(Some(&ca.pem()), None)).await;
 }
+
+/// A client that finishes the handshake choosing HTTP/2 by ALPN (or offering no ALPN at
+/// all) and then sends nothing is closed once `detect_timeout` has passed, as on the plain
+/// port: the HTTP/2 preface must follow the handshake within the same deadline, or the
+/// silent session would hold a connection slot for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_after_an_h2_or_no_alpn_handshake_is_closed_after_the_detect_timeout() {
+    let ca = Ca::new("test CA");
+    let addr = start_server_with(
+        ServerTlsConfig::new().identity(ca.leaf("server", 1).identity()),
+        byteexpress::Config {
+            detect_timeout: std::time::Duration::from_millis(200),
+            ..byteexpress::Config::default()
+        },
+    )
+    .await;
+    for alpn in [vec![b"h2".to_vec()], Vec::new()] {
+        let mut client = rustls_client(Some(&ca.pem()), None);
+        client.alpn_protocols = alpn.clone();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .expect("handshake with a trusted server");
+        // read_to_end's hang guard fails the test if the server keeps the session open
+        let got = read_to_end(&mut tls).await;
+        assert!(got.is_empty(), "ALPN {alpn:?}: the server sent {got:02x?}");
+    }
+    // and it still serves
+    secret(addr, rustls_client(Some(&ca.pem()), None)).await;
+}
+
+/// `Server::serve_connection` and `serve_after_magic` of a server configured with TLS refuse a
+/// plain TCP stream (closed, nothing sent) instead of serving it unencrypted: the caller
+/// handed over a connection that skipped the handshake the config asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_server_refuses_a_plain_stream_handed_to_serve_connection_or_serve_after_magic() {
+    let ca = Ca::new("test CA");
+    let server = byteexpress_rpc::Server::new(
+        integration_tests::test_service,
+        byteexpress::Config::default(),
+    )
+    .with_tls(ServerTlsConfig::new().identity(ca.leaf("server", 1).identity()))
+    .expect("TLS config loads");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    for after_magic in [false, true] {
+        let mut raw = Recorded::connect(addr).await;
+        let (accepted, _) = listener.accept().await.unwrap();
+        let server = server.clone();
+        let served = tokio::spawn(async move {
+            if after_magic {
+                server.serve_after_magic(accepted).await
+            } else {
+                server.serve_connection(accepted).await
+            }
+        });
+        let mut hello = preface_and_hello();
+        if after_magic {
+            hello.drain(..byteexpress_rpc::CONN_MAGIC.len());
+        }
+        write_ignoring_close(&mut raw, &hello).await;
+        let seen = read_to_end(&mut raw).await;
+        assert!(
+            seen.is_empty(),
+            "after_magic {after_magic}: the server answered a plain stream: {seen:02x?}"
+        );
+        let r = tokio::time::timeout(HANG_GUARD, served)
+            .await
+            .expect("hang guard")
+            .unwrap();
+        assert!(r.is_err(), "after_magic {after_magic}: served");
+    }
+}

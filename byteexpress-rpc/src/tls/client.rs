@@ -15,7 +15,8 @@ fn host_of(addr: &str) -> &str {
 }
 
 /// Runs the client side of the handshake on `tcp`, connected to `addr`, with `cfg` (its PEM
-/// read now): SNI and the certificate check use `cfg`'s domain name, else the host of
+/// read now, on a blocking thread: a slow or stuck file costs this set-up, which its caller
+/// bounds, never a runtime worker): SNI and the certificate check use `cfg`'s domain name, else the host of
 /// `addr`. The caller bounds it in time. Errors: config material that does not load, a
 /// domain that is no server name, or [`TlsError::Handshake`] (the server's certificate is
 /// untrusted or names another host, the server refused our certificate or ALPN, ...).
@@ -27,7 +28,16 @@ pub(crate) async fn connect(
     let domain = cfg.domain.as_deref().unwrap_or_else(|| host_of(addr));
     let name =
         ServerName::try_from(domain.to_string()).map_err(|_| TlsError::Domain(domain.into()))?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg.build()?));
+    let build = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || cfg.build())
+    };
+    let rustls = build.await.map_err(|e| {
+        TlsError::Handshake(std::io::Error::other(format!(
+            "reading the TLS files did not finish: {e}"
+        )))
+    })??;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(rustls));
     let tls = connector
         .connect(name, tcp)
         .await

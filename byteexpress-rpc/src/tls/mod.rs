@@ -16,12 +16,17 @@
 //!   the certificate against (default: the host of the address), and an [`Identity`] for
 //!   mTLS. A client uses TLS when [`Config::tls`](crate::Config::tls) holds one.
 //! - PEM given as bytes is read once; PEM given as files ([`Identity::from_pem_files`],
-//!   [`Certificate::from_pem_file`]) is read again when a file changes on disk: a server
-//!   checks its files' stamps (modification time, length, inode) at each new connection and
-//!   builds a new rustls config when one changed, so new connections present the new
-//!   certificate without a restart; connections up keep theirs. A replaced file that does
-//!   not load (half written, a key that does not match) is logged and the previous config
-//!   stays. A client reads its files at each new link.
+//!   [`Certificate::from_pem_file`]) is read again when a file changes on disk: a server's
+//!   handshake starts a check of its files' stamps (modification time, length, inode) on a
+//!   blocking thread (one at a time, at most every 500 ms) and uses the config published
+//!   last without waiting for it; the check builds and publishes a new rustls config when a
+//!   stamp changed, so new connections present the new certificate shortly after, without a
+//!   restart; connections up keep theirs. A replaced file that does not load (half written,
+//!   a key that does not match, no regular file: a named pipe would block the read), or a
+//!   check that takes over 5 s, is logged and the previous config stays. A client reads its
+//!   files at each new link, on a blocking thread.
+//! - Errors of a client's link set-up: its config's own mistakes are INVALID_ARGUMENT, a
+//!   failed handshake UNAVAILABLE ([`TlsError`]).
 
 mod client;
 mod pem;
@@ -92,6 +97,28 @@ pub enum TlsError {
     /// or ALPN, the peer closed, ...).
     #[error("TLS handshake")]
     Handshake(#[source] std::io::Error),
+}
+
+impl TlsError {
+    /// The gRPC code of a link set-up that failed with this error: the config's own mistakes
+    /// (a PEM file unreadable or not PEM, no certificate or key in it, material rustls
+    /// refuses, a bad client CA, no server identity, a domain that is no server name) are
+    /// INVALID_ARGUMENT, so that retries and wait-for-ready do not repeat a typo for ever; a
+    /// failed handshake is UNAVAILABLE (the peer, or the network, may do better next time).
+    pub(crate) fn code(&self) -> crate::Code {
+        use TlsError::*;
+        match self {
+            Read { .. }
+            | Pem { .. }
+            | NoCertificate(_)
+            | NoKey(_)
+            | NoIdentity
+            | Config(_)
+            | ClientCa(_)
+            | Domain(_) => crate::Code::InvalidArgument,
+            Handshake(_) => crate::Code::Unavailable,
+        }
+    }
 }
 
 /// A certificate (chain) in PEM: CA roots to trust, or the CA of client certificates.
@@ -192,10 +219,21 @@ impl ServerTlsConfig {
         self
     }
 
-    /// A TLS acceptor that offers the application protocols `alpn`, in preference order
-    /// ([`ALPN_BXRPC`], [`ALPN_H2`]). Errors: no identity, or material that does not load.
+    /// A TLS acceptor that offers the application protocols `alpn`, in the server's
+    /// preference order: rustls picks the first of `alpn` that the client also offers,
+    /// whatever the client's own order (the facade passes [`ALPN_H2`], [`ALPN_BXRPC`], so a
+    /// client offering both gets HTTP/2; the rpc `Server` passes [`ALPN_BXRPC`] alone).
+    /// Reads the files now (call it while setting a server up, not on the runtime's hot path).
+    /// Errors: no identity, or material that does not load.
     pub fn acceptor(&self, alpn: &[&[u8]]) -> Result<TlsAcceptor, TlsError> {
         TlsAcceptor::new(self.clone(), alpn.iter().map(|p| p.to_vec()).collect())
+    }
+
+    /// Whether the config reads any PEM from a file (and so may change on disk).
+    fn has_files(&self) -> bool {
+        let id = self.identity.iter().flat_map(|id| [&id.cert, &id.key]);
+        let ca = self.client_ca.iter().map(|ca| &ca.pem);
+        id.chain(ca).any(|p| p.is_file())
     }
 
     /// The stamps of every file the config reads (in a fixed order).
@@ -326,8 +364,15 @@ impl ClientTlsConfig {
         self.id
     }
 
-    /// The rustls client config, from the current PEM, offering [`ALPN_BXRPC`].
+    /// The rustls client config, from the current PEM, offering [`ALPN_BXRPC`]. Errors: no
+    /// CA given ([`TlsError::NoCertificate`]: no server could be trusted), or material that
+    /// does not load. Reads files: call it off the runtime ([`connect`]).
     fn build(&self) -> Result<rustls::ClientConfig, TlsError> {
+        if self.cas.is_empty() {
+            return Err(TlsError::NoCertificate(
+                "the client's CA roots (none given: ClientTlsConfig::ca_certificate)".into(),
+            ));
+        }
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::Config)?

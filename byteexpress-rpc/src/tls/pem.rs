@@ -54,6 +54,11 @@ impl Pem {
         })
     }
 
+    /// Whether the PEM is read from a file.
+    pub(crate) fn is_file(&self) -> bool {
+        matches!(self.0, Source::File(_))
+    }
+
     /// Where the PEM comes from, for messages: the file's path or `"(in memory)"`.
     pub(crate) fn origin(&self) -> String {
         match &self.0 {
@@ -62,15 +67,26 @@ impl Pem {
         }
     }
 
+    /// The PEM bytes: those given, or the file's (blocking file I/O: call it off the
+    /// runtime). Errors: the file cannot be read, or is no regular file.
     fn read(&self) -> Result<Arc<[u8]>, TlsError> {
         match &self.0 {
             Source::Bytes(b) => Ok(b.clone()),
-            Source::File(p) => std::fs::read(p)
-                .map(Arc::from)
-                .map_err(|source| TlsError::Read {
+            Source::File(p) => {
+                let err = |source| TlsError::Read {
                     path: p.clone(),
                     source,
-                }),
+                };
+                // a named pipe or a device would block the open or the read for as long as
+                // nobody writes to it
+                if !std::fs::metadata(p).map_err(err)?.is_file() {
+                    return Err(err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "not a regular file",
+                    )));
+                }
+                std::fs::read(p).map(Arc::from).map_err(err)
+            }
         }
     }
 
