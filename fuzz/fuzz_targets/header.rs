@@ -1,6 +1,7 @@
 //! `Header::decode`: a header that decodes re-encodes to the bytes it came from (the reserved
 //! byte 5 aside), 40 bytes or 48 with FLAG_LONG (whose extension holds a body length over
-//! u32::MAX, never kept in the flags), and its lengths agree with the bytes that followed it.
+//! u32::MAX, never kept in the flags), and its lengths agree with the bytes that followed it
+//! (with FLAG_RENDEZVOUS: exactly a 24-byte descriptor follows, on a kind with a body).
 #![no_main]
 
 use byteexpress_rpc::fuzzing::{FLAG_LONG, HEADER_LEN, Header, Kind, LONG_HEADER_LEN};
@@ -34,6 +35,15 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(head, h, "decode and decode_head agree on the header");
     let rest = (data.len() - hl) as u64;
     let announced = u64::from(h.meta_len).saturating_add(h.body_len);
+    if h.flags & byteexpress_rpc::wire::rendezvous::FLAG_RENDEZVOUS != 0 {
+        // A rendezvous SEND: exactly its descriptor follows, whatever the lengths announce.
+        assert_eq!(
+            rest,
+            byteexpress_rpc::wire::rendezvous::DESCRIPTOR_LEN as u64
+        );
+        assert!(h.kind.has_body() && !h.more());
+        return;
+    }
     if h.first_of_many() {
         assert!(
             rest < announced,
