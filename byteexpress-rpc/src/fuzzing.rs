@@ -16,6 +16,7 @@ use crate::stream::Shared;
 
 pub use crate::wire::header::{FLAG_LONG, FLAG_MORE, HEADER_LEN, Header, Kind, LONG_HEADER_LEN};
 pub use crate::wire::hello::Hello;
+pub use crate::wire::rendezvous::{DESCRIPTOR_LEN, Descriptor, FLAG_RENDEZVOUS};
 pub use crate::wire::{CONN_MAGIC, WireError};
 
 /// A whole message split into its header, metadata section and body (as the engines see it).

@@ -8,6 +8,9 @@ use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN};
 /// Smallest free space offered to each read, so many small frames arrive per syscall
 /// (unit: bytes).
 const MIN_READ: usize = 8 * 1024;
+/// Buffers up to this capacity (bytes) are grown for a full [`MIN_READ`]; larger ones only
+/// for the bytes their frame still misses ([`FrameReader::make_room`]).
+const SMALL_BUFFER: usize = 1 << 20;
 
 /// Reads length-prefixed frames from `R`.
 ///
@@ -126,11 +129,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Some(r) => r.head_len,
                 None => self.needed()?,
             };
-            let missing = needed.saturating_sub(self.buf.len());
-            let want = missing.max(MIN_READ);
-            if self.buf.capacity() - self.buf.len() < want {
-                self.buf.reserve(want);
-            }
+            self.make_room(needed.saturating_sub(self.buf.len()));
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 if self.buf.is_empty() && self.refused.is_none() {
                     return Ok(None);
@@ -163,11 +162,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 return Ok(Some(self.buf.split_to(len).freeze()));
             }
             let needed = self.needed()?;
-            let missing = needed - self.buf.len();
-            let want = missing.max(MIN_READ);
-            if self.buf.capacity() - self.buf.len() < want {
-                self.buf.reserve(want);
-            }
+            self.make_room(needed.saturating_sub(self.buf.len()));
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 if self.buf.is_empty() {
                     return Ok(None);
@@ -219,6 +214,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             None => HEADER_LEN,
         })
+    }
+
+    /// Room in the buffer for the `missing` bytes of the frame being read, and for a read of
+    /// at least [`MIN_READ`] bytes (several small frames per read) while the buffer is small.
+    /// A large buffer gets more room only when the frame's missing bytes do not fit: a large
+    /// frame's tail asking for a full `MIN_READ` made `BytesMut::reserve` double the frame's
+    /// whole buffer (a 4 GiB frame asked for 8.6 GB and the process aborted).
+    fn make_room(&mut self, missing: usize) {
+        let free = self.buf.capacity() - self.buf.len();
+        let small = self.buf.capacity() <= SMALL_BUFFER;
+        if free < missing || free == 0 || (small && free < MIN_READ) {
+            self.buf.reserve(missing.max(MIN_READ));
+        }
     }
 
     /// The largest payload accepted (unit: bytes).

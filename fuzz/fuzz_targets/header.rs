@@ -35,11 +35,11 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(head, h, "decode and decode_head agree on the header");
     let rest = (data.len() - hl) as u64;
     let announced = u64::from(h.meta_len).saturating_add(h.body_len);
-    if h.flags & byteexpress_rpc::wire::rendezvous::FLAG_RENDEZVOUS != 0 {
+    if h.flags & byteexpress_rpc::fuzzing::FLAG_RENDEZVOUS != 0 {
         // A rendezvous SEND: exactly its descriptor follows, whatever the lengths announce.
         assert_eq!(
             rest,
-            byteexpress_rpc::wire::rendezvous::DESCRIPTOR_LEN as u64
+            byteexpress_rpc::fuzzing::DESCRIPTOR_LEN as u64
         );
         assert!(h.kind.has_body() && !h.more());
         return;
