@@ -37,6 +37,24 @@ fn meta_len(method: &str) -> usize {
     byteexpress_rpc::wire::meta::encoded_len(method, &Metadata::new())
 }
 
+/// Request bodies to `method` whose wire length is the threshold − 1, ± 0, + 1, then bodies of
+/// 64 KiB ± 1 and 16 MiB ± 1, then 64 MiB.
+fn sizes(method: &str) -> [usize; 10] {
+    let at = THRESHOLD - 40 - meta_len(method);
+    [
+        at - 1,
+        at,
+        at + 1,
+        (64 << 10) - 1,
+        64 << 10,
+        (64 << 10) + 1,
+        (16 << 20) - 1,
+        16 << 20,
+        (16 << 20) + 1,
+        64 << 20,
+    ]
+}
+
 async fn server(extra: &[&str]) -> ServerProc {
     let mut args = vec!["--max-message-mib", "80", "--memory-budget-mib", "1024"];
     args.extend_from_slice(extra);
@@ -54,21 +72,8 @@ async fn messages_around_the_threshold_and_the_chunk_size_arrive_intact_each_way
         .await
         .expect("connect");
     let echo = "/test.Test/Echo";
-    let at = THRESHOLD - 40 - meta_len(echo);
-    let sizes = [
-        at - 1,
-        at,
-        at + 1,
-        (64 << 10) - 1,
-        64 << 10,
-        (64 << 10) + 1,
-        (16 << 20) - 1,
-        16 << 20,
-        (16 << 20) + 1,
-        64 << 20,
-    ];
     let mut lent = 0;
-    for &n in &sizes {
+    for n in sizes(echo) {
         let before = client.link_stats();
         let body = pattern(n);
         let resp = client
@@ -113,19 +118,7 @@ async fn the_same_sizes_arrive_intact_over_tcp() {
     .await
     .expect("connect");
     let echo = "/test.Test/Echo";
-    let at = THRESHOLD - 40 - meta_len(echo);
-    for n in [
-        at - 1,
-        at,
-        at + 1,
-        (64 << 10) - 1,
-        64 << 10,
-        (64 << 10) + 1,
-        (16 << 20) - 1,
-        16 << 20,
-        (16 << 20) + 1,
-        64 << 20,
-    ] {
+    for n in sizes(echo) {
         let body = pattern(n);
         let resp = client
             .call(request(echo, body.clone()))

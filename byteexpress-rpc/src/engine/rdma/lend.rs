@@ -46,8 +46,9 @@ struct Loan {
     /// Its number among the messages of this direction (kept in `Seqs::lent` until released).
     seq: u64,
     rkey: u32,
-    /// The window the rkey belongs to (bound over the message's bytes), if lent by window.
-    mw: Option<Mw>,
+    /// The window the rkey belongs to (bound over the message's bytes), if lent by window,
+    /// with the binds it has had.
+    mw: Option<(Mw, u32)>,
     /// The per-message MR, if lent by MR; dropped (deregistered) at the release.
     _mr: Option<Mr>,
     /// Bytes lent.
@@ -66,8 +67,6 @@ pub(crate) struct Lender {
     next_token: u64,
     /// Windows invalidated by a RELEASE, free to bind again, with the binds each had.
     free_mws: Vec<(Mw, u32)>,
-    /// Binds of the windows now lent, by token.
-    binds: HashMap<u64, u32>,
     /// Bytes lent and not released.
     lent_bytes: u64,
     next_wr: u64,
@@ -85,7 +84,6 @@ impl Lender {
             loans: HashMap::new(),
             next_token: 1,
             free_mws: Vec::new(),
-            binds: HashMap::new(),
             lent_bytes: 0,
             next_wr: 0,
         }
@@ -219,10 +217,6 @@ impl Engine {
                 return Err(e);
             }
             self.seqs.lent(seq, m);
-            let mw = mw.map(|(mw, binds)| {
-                self.lender.binds.insert(token, binds);
-                mw
-            });
             self.lender.lent_bytes += len as u64;
             self.lender.loans.insert(
                 token,
@@ -304,8 +298,7 @@ impl Engine {
         self.seqs.released(loan.seq);
         self.lender.lent_bytes -= loan.len;
         LinkCounters::bump(&self.counters.messages_released);
-        let binds = self.lender.binds.remove(&h.call_id).unwrap_or(MW_BINDS);
-        if let Some(mw) = loan.mw {
+        if let Some((mw, binds)) = loan.mw {
             if wc.invalidated_rkey != Some(loan.rkey) {
                 return Err(EngineError::Garbled(WireError(format!(
                     "RELEASE of loan {} did not invalidate its window",
