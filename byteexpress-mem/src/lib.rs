@@ -63,7 +63,7 @@ pub use buf::RegisteredBuf;
 pub use config::{MAX_CLASS_LIMIT, PoolConfig};
 pub use error::{MemError, memlock_limit};
 pub use fixed::{BufPool, PoolBuf};
-pub use large::{LargeBuf, LargePool, REGION_ALIGN};
+pub use large::{IN_STEP, LargeBuf, LargePool, REGION_ALIGN};
 pub use loan::ReadLoan;
 pub use mmap::AnonMap;
 pub use mr_cache::{CachedMr, MrCache, MrCacheConfig, MrCacheStats};

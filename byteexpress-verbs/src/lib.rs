@@ -13,6 +13,7 @@
 //! `ibv_modify_qp(3)`); where the soft provider differs, its docs say so.
 
 mod anon;
+mod copy;
 mod endpoint;
 mod error;
 mod events;
@@ -25,6 +26,7 @@ mod types;
 mod wr;
 
 pub use anon::{AnonMap, page_size};
+pub use copy::{STREAM_MIN, dma_copy};
 pub use endpoint::{DeviceInfo, Endpoint, GidInfo};
 pub use error::{Error, Result, WcStatus};
 pub use events::AsyncEvents;

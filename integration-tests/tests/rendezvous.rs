@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use byteexpress_rpc::{Client, Code, Config, LinkStats, Metadata, Request, TransportPref};
 use bytes::Bytes;
-use integration_tests::{ServerProc, check_pattern, pattern};
+use integration_tests::{ServerProc, pattern};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
 const THRESHOLD: usize = byteexpress_rpc::DEFAULT_RENDEZVOUS_THRESHOLD;
@@ -156,6 +156,36 @@ async fn a_rendezvous_body_reaches_the_application_where_it_was_read_without_cop
         "the client got the answer in the READ's registered buffer"
     );
     assert_eq!(client.link_stats().messages_read, 1);
+}
+
+/// A rendezvous body lands at the page offset it was sent from, at each hop (the lent copy
+/// and the READ's destination): a large copy out of step with its source runs at a third of
+/// memcpy's speed on this machine (DESIGN.md 6.24). The echo returns the body it was handed,
+/// so the answer's offset is the request's after two rendezvous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rendezvous_body_arrives_at_the_page_offset_it_was_sent_from() {
+    let server = server(&[]).await;
+    let client = Client::connect(&server.addr, &cfg())
+        .await
+        .expect("connect");
+    let n = 2 << 20;
+    for want in [0usize, 1, 20, 2048, 4095] {
+        let whole = Bytes::from(vec![0x5a; n + 8192]);
+        let skip = (want + 4096 - whole.as_ptr() as usize % 4096) % 4096;
+        let body = whole.slice(skip..skip + n);
+        assert_eq!(body.as_ptr() as usize % 4096, want);
+        let resp = client
+            .call(request("/test.Test/Echo", body.clone()))
+            .await
+            .expect("echo");
+        assert!(resp.body == body, "intact");
+        assert_eq!(
+            resp.body.as_ptr() as usize % 4096,
+            want,
+            "the answer's body is where the request's was within its page"
+        );
+    }
+    assert_eq!(client.link_stats().messages_read, 5);
 }
 
 /// `rendezvous_threshold = 0` turns rendezvous off: the same message goes as chunks.

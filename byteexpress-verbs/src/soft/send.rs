@@ -239,13 +239,31 @@ impl Keep {
 /// Every `(ptr, len)` of `src` must be valid for reads and every one of `dst` for writes of
 /// `len` bytes for the whole call. They may overlap (memmove semantics).
 pub(crate) unsafe fn scatter_gather(src: &[Seg], dst: &[Seg]) {
+    // SAFETY: the caller's contract; `ptr::copy` allows overlap.
+    unsafe { copy_segments(src, dst, |d, s, n| std::ptr::copy(s, d, n)) }
+}
+
+/// As [`scatter_gather`], for the data of an RDMA READ or WRITE: large pieces are written
+/// past the cache, as a NIC's DMA writes them ([`crate::copy::dma_copy`]); a SEND's payload,
+/// which its receiver reads at once, is copied through the cache.
+///
+/// # Safety
+/// As [`scatter_gather`].
+pub(crate) unsafe fn rdma_scatter_gather(src: &[Seg], dst: &[Seg]) {
+    // SAFETY: the caller's contract; `dma_copy` allows overlap.
+    unsafe { copy_segments(src, dst, |d, s, n| crate::copy::dma_copy(d, s, n)) }
+}
+
+/// # Safety
+/// As [`scatter_gather`]; `copy(d, s, n)` must copy `n` bytes with memmove semantics.
+unsafe fn copy_segments(src: &[Seg], dst: &[Seg], copy: impl Fn(*mut u8, *const u8, usize)) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while si < src.len() && di < dst.len() {
         let n = (src[si].1 - so).min(dst[di].1 - doff);
         if n > 0 {
             // SAFETY: `so + n <= src[si].1` and `doff + n <= dst[di].1`, inside ranges the
-            // caller guarantees valid; `copy` allows overlap.
-            unsafe { std::ptr::copy(src[si].0.add(so), dst[di].0.add(doff), n) };
+            // caller guarantees valid.
+            unsafe { copy(dst[di].0.add(doff), src[si].0.add(so), n) };
         }
         so += n;
         doff += n;
@@ -803,7 +821,7 @@ impl SoftQp {
                 // place too) or in a queued WR's inline copy;
                 // `dst` is `total` bytes inside our mapping of the peer's region (held by
                 // `peer`, which stays locked).
-                unsafe { scatter_gather(local, &[(dst, total as usize)]) };
+                unsafe { rdma_scatter_gather(local, &[(dst, total as usize)]) };
                 Outcome::Done(total)
             }
             WrOp::Read { remote_addr, rkey } => {
@@ -812,7 +830,7 @@ impl SoftQp {
                     Err(st) => return Outcome::Fail(st),
                 };
                 // SAFETY: as for WRITE, in the other direction.
-                unsafe { scatter_gather(&[(src, total as usize)], local) };
+                unsafe { rdma_scatter_gather(&[(src, total as usize)], local) };
                 Outcome::Done(total)
             }
             // Executed above, never here.
@@ -913,7 +931,7 @@ impl SoftQp {
                 // SAFETY: `src` lies in live local MRs or the inline copy; `dst` was checked
                 // against an MR the peer announced REMOTE_WRITE and lies inside our mapping of
                 // its region (held by `peer`, which stays locked).
-                unsafe { scatter_gather(src, &[(dst, total as usize)]) };
+                unsafe { rdma_scatter_gather(src, &[(dst, total as usize)]) };
                 WcOpcode::RecvRdmaWithImm
             }
             What::Send(_) => WcOpcode::Recv,

@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use byteexpress_flow::gate::{self, Room};
-use byteexpress_mem::{LargeBuf, LargePool};
+use byteexpress_mem::{IN_STEP, LargeBuf, LargePool};
 use byteexpress_verbs::{SendWr, WrOp};
 use bytes::Bytes;
 
@@ -58,6 +58,9 @@ struct Pending {
     seq: u64,
     /// Metadata + body bytes.
     len: u64,
+    /// Offset in `target` of the first byte: the lent bytes' page offset, so each READ
+    /// copies in step with its source (DESIGN.md 6.24).
+    start: usize,
     /// Bytes whose READ was posted, and completed.
     posted: u64,
     done: u64,
@@ -145,8 +148,9 @@ impl Engine {
             return Ok(());
         }
         let budget = self.dispatch.budget().clone();
-        let taken = usize::try_from(len.max(1))
+        let taken = usize::try_from(len)
             .ok()
+            .and_then(|n| n.checked_add(IN_STEP))
             .and_then(|n| self.reader.cfg.pool.alloc(n).ok())
             .and_then(|t| budget.try_take(t.capacity()).map(|c| (t, c)));
         let Some((target, charge)) = taken else {
@@ -155,6 +159,7 @@ impl Engine {
             self.queue_release(&h, &desc);
             return Ok(());
         };
+        let start = target.offset_in_step(desc.addr, 0);
         let id = self.reader.next_id;
         self.reader.next_id += 1;
         self.reader.pending.insert(
@@ -164,6 +169,7 @@ impl Engine {
                 desc,
                 seq,
                 len,
+                start,
                 posted: 0,
                 done: 0,
                 target,
@@ -228,7 +234,7 @@ impl Engine {
             let off = p.posted;
             let sge = p
                 .target
-                .sge(off as usize, piece as u32)
+                .sge(p.start + off as usize, piece as u32)
                 .expect("pieces lie inside the target, which holds len bytes");
             self.reader.next_wr += 1;
             let wr_id = (u64::from(READ_TAG) << 56) | (self.reader.next_wr & ((1 << 56) - 1));
@@ -288,13 +294,14 @@ impl Engine {
     /// Every byte of message `id` is here: delivers it from its buffer and releases the loan.
     fn finish_read(&mut self, id: u64) -> Result<(), EngineError> {
         let mut p = self.reader.pending.remove(&id).expect("pending");
-        p.target.set_len(p.len as usize);
+        let (start, end) = (p.start, p.start + p.len as usize);
+        p.target.set_len(end);
         let bytes: Bytes = p.target.freeze();
-        let meta_len = p.header.meta_len as usize;
+        let body_at = start + p.header.meta_len as usize;
         let msg = Incoming {
             header: p.header,
-            meta: bytes.slice(..meta_len),
-            body: bytes.slice(meta_len..),
+            meta: bytes.slice(start..body_at),
+            body: bytes.slice(body_at..end),
         };
         self.queue_release(&p.header, &p.desc);
         LinkCounters::bump(&self.counters.messages_read);
