@@ -214,16 +214,18 @@ impl LargeBuf {
     }
 
     /// Copies the concatenation of `parts` to the start of the buffer and sets the length to
-    /// its size. Errors: [`MemError::NoRoom`] when it exceeds the capacity (nothing copied).
+    /// its size (as [`LargeBuf::fill_at`] at 0). Errors: [`MemError::NoRoom`] when it exceeds
+    /// the capacity (nothing copied).
     pub fn fill(&mut self, parts: &[&[u8]]) -> Result<(), MemError> {
         self.fill_at(0, parts)
     }
 
     /// Copies the concatenation of `parts` to offset `start` and sets the length to
-    /// `start` + its size; the bytes of `start`'s page before `start`, and of the last page
-    /// after the copy, are zeroed, so memory lent page by page (the soft provider maps whole
-    /// pages) shows nothing left from the region's earlier use. Errors: [`MemError::NoRoom`]
-    /// when `start` + the size exceeds the capacity (nothing copied).
+    /// `start` + its size (the bytes before `start` are whatever the region held). Parts of
+    /// 64 KiB or more are written with streaming stores, past the cache
+    /// (`byteexpress_verbs::dma_copy`): lent memory is read next by the peer, not by us.
+    /// Errors: [`MemError::NoRoom`] when `start` + the size exceeds the capacity (nothing
+    /// copied).
     pub fn fill_at(&mut self, start: usize, parts: &[&[u8]]) -> Result<(), MemError> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let cap = self.capacity();
@@ -237,21 +239,12 @@ impl LargeBuf {
             }
         };
         let base = self.region().mem.as_ptr();
-        let head = start - start % IN_STEP;
-        let tail = end.next_multiple_of(IN_STEP).min(cap);
-        // SAFETY: `[head, start)` and `[end, tail)` lie inside the region (`end <= tail <=
-        // cap`), which this buffer owns exclusively while `&mut self` is held (no WR names it:
-        // callers post only after filling).
-        unsafe {
-            std::ptr::write_bytes(base.add(head), 0, start - head);
-            std::ptr::write_bytes(base.add(end), 0, tail - end);
-        }
         let mut at = start;
         for p in parts {
             // SAFETY: `[at, at + p.len())` lies inside `[start, end)`, checked against the
             // capacity above, in memory this buffer owns exclusively while `&mut self` is
-            // held; `p` is a live slice of other memory. Large parts stream past the cache
-            // (the peer READs them from memory; `dma_copy`).
+            // held (no WR names it: callers post only after filling); `p` is a live slice of
+            // other memory.
             unsafe {
                 byteexpress_verbs::dma_copy(base.add(at), p.as_ptr(), p.len());
             }
@@ -261,15 +254,19 @@ impl LargeBuf {
         Ok(())
     }
 
-    /// The offset in `[0, IN_STEP)` at which to place bytes that are followed, `prefix` bytes
-    /// later, by a copy of the bytes at address `src`, so that the copy's destination keeps
-    /// its source's offset within a page ([`IN_STEP`]): with the two 20 bytes out of step,
-    /// glibc's `memcpy` of a large message runs at a third of its speed on this project's AMD
-    /// EPYC (DESIGN.md 6.24). A buffer that is to hold `n` bytes so placed is allocated with
-    /// `n + IN_STEP` bytes.
-    pub fn offset_in_step(&self, src: u64, prefix: usize) -> usize {
+    /// Where to place `len` bytes whose last `len - prefix` are a copy of the bytes at
+    /// address `src`, so that the copy's destination keeps its source's offset within a page
+    /// ([`IN_STEP`]): with the two 20 bytes out of step, glibc's `memcpy` of a large message
+    /// runs at a third of its speed on this project's AMD EPYC (DESIGN.md 6.24). The offset
+    /// is below [`IN_STEP`]; 0 when the bytes would not fit so (the buffer is not made
+    /// larger for it: the copy then merely runs out of step).
+    pub fn offset_in_step(&self, src: u64, prefix: usize, len: usize) -> usize {
         let want = src.wrapping_sub(prefix as u64);
-        (want.wrapping_sub(self.addr()) % IN_STEP as u64) as usize
+        let start = (want.wrapping_sub(self.addr()) % IN_STEP as u64) as usize;
+        match start.checked_add(len) {
+            Some(end) if end <= self.capacity() => start,
+            _ => 0,
+        }
     }
 
     /// The filled bytes.
@@ -355,38 +352,31 @@ mod tests {
     }
 
     #[test]
-    fn bytes_placed_in_step_keep_their_sources_page_offset_and_stale_bytes_around_them_are_zeroed()
-    {
+    fn bytes_placed_in_step_keep_their_sources_page_offset_unless_they_would_not_fit() {
         let pool = LargePool::new(&pd(), Access::LOCAL_WRITE, false, 64 << 20);
         let mut a = pool.alloc(3 * IN_STEP).unwrap();
-        a.fill(&[&vec![0xEE; 3 * IN_STEP]]).unwrap();
-        let src = [7u8; 100];
-        let start = a.offset_in_step(src.as_ptr() as u64 + 5, 3);
+        let src: Vec<u8> = (0..100u8).collect();
+        let start = a.offset_in_step(src.as_ptr() as u64 + 5, 3, 98);
         assert!(start < IN_STEP);
         a.fill_at(start, &[b"abc", &src[5..]]).unwrap();
-        let s = a.as_slice();
         assert_eq!(
             (a.addr() as usize + start + 3) % IN_STEP,
             (src.as_ptr() as usize + 5) % IN_STEP,
             "the copy's destination is in step with its source"
         );
+        let s = a.as_slice();
         assert_eq!(s.len(), start + 98);
         assert_eq!(&s[start..start + 3], b"abc");
-        assert!(s[start + 3..].iter().all(|&b| b == 7));
-        assert!(s[..start].iter().all(|&b| b == 0), "head zeroed");
-        a.set_len(3 * IN_STEP);
-        let all = a.as_slice();
-        let page_end = (start + 98).next_multiple_of(IN_STEP);
-        assert!(
-            all[start + 98..page_end].iter().all(|&b| b == 0),
-            "tail zeroed"
-        );
-        assert!(
-            all[page_end..].iter().all(|&b| b == 0xEE),
-            "later pages untouched"
+        assert_eq!(&s[start + 3..], &src[5..]);
+        let cap = a.capacity();
+        let odd = src.as_ptr() as u64 | 1;
+        assert_eq!(
+            a.offset_in_step(odd, 0, cap),
+            0,
+            "a message filling the region goes at its start"
         );
         assert!(matches!(
-            a.fill_at(a.capacity() - 2, &[b"abc"]),
+            a.fill_at(cap - 2, &[b"abc"]),
             Err(MemError::NoRoom { .. })
         ));
     }

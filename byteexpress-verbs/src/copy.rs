@@ -54,6 +54,15 @@ mod x86 {
     /// # Safety
     /// As [`super::dma_copy`], and the ranges do not overlap.
     pub(super) unsafe fn stream(dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract; AVX2 asked for only where the CPU has it.
+        unsafe { stream_with(dst, src, len, std::is_x86_feature_detected!("avx2")) }
+    }
+
+    /// As [`stream`], with AVX2 stores when `avx2`, else SSE2.
+    ///
+    /// # Safety
+    /// As [`stream`]; `avx2` only on a CPU that has AVX2.
+    pub(super) unsafe fn stream_with(dst: *mut u8, src: *const u8, len: usize, avx2: bool) {
         let head = (LINE - dst as usize % LINE) % LINE;
         let head = head.min(len);
         let lines = (len - head) / LINE;
@@ -61,10 +70,11 @@ mod x86 {
         // SAFETY: `head ≤ len`; both ranges valid for `len` bytes and apart (caller).
         unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
         // SAFETY: `[head, head + lines × 64)` lies inside both ranges and `dst + head` is
-        // 64-byte aligned, as the streaming stores need; AVX2 only where the CPU has it.
+        // 64-byte aligned, as the streaming stores need; AVX2 only where the CPU has it
+        // (the caller's contract).
         unsafe {
             let (d, s) = (dst.add(head), src.add(head));
-            if std::is_x86_feature_detected!("avx2") {
+            if avx2 {
                 lines_avx2(d, s, lines);
             } else {
                 lines_sse2(d, s, lines);
@@ -146,6 +156,31 @@ mod tests {
                     dst[doff + len..].iter().all(|&b| b == 0xAA),
                     "after the range"
                 );
+            }
+        }
+    }
+
+    /// Both instruction sets' line loops copy exactly (a CPU with AVX2 would otherwise never
+    /// run the SSE2 loop under test).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_sse2_and_avx2_line_loops_copy_exactly() {
+        let len = STREAM_MIN + 77;
+        let src: Vec<u8> = (0..len + 64).map(|i| (i * 13 + 1) as u8).collect();
+        let mut sets = vec![false];
+        if std::is_x86_feature_detected!("avx2") {
+            sets.push(true);
+        }
+        for avx2 in sets {
+            for (so, doff) in [(0, 0), (5, 9), (63, 1)] {
+                let mut dst = vec![0u8; len + 128];
+                // SAFETY: both ranges lie inside their vectors and do not overlap; AVX2 only
+                // when detected.
+                unsafe {
+                    x86::stream_with(dst.as_mut_ptr().add(doff), src.as_ptr().add(so), len, avx2)
+                };
+                assert_eq!(&dst[doff..doff + len], &src[so..so + len], "avx2 {avx2}");
+                assert!(dst[doff + len..].iter().all(|&b| b == 0));
             }
         }
     }

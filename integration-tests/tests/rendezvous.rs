@@ -170,7 +170,7 @@ async fn a_rendezvous_body_arrives_at_the_page_offset_it_was_sent_from() {
         .expect("connect");
     let n = 2 << 20;
     for want in [0usize, 1, 20, 2048, 4095] {
-        let whole = Bytes::from(vec![0x5a; n + 8192]);
+        let whole = pattern(n + 8192);
         let skip = (want + 4096 - whole.as_ptr() as usize % 4096) % 4096;
         let body = whole.slice(skip..skip + n);
         assert_eq!(body.as_ptr() as usize % 4096, want);

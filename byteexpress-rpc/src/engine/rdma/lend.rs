@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 
 use byteexpress_flow::gate::{self, Room};
 use byteexpress_flow::sched::Class;
-use byteexpress_mem::{IN_STEP, LargeBuf, LargePool};
+use byteexpress_mem::{LargeBuf, LargePool};
 use byteexpress_verbs::{Access, Mr, Mw, MwBind, Pd, SendWr, Wc, WrOp};
 
 use super::{Engine, LEND_TAG, chunk_buf};
@@ -324,20 +324,20 @@ enum Key {
 /// Where in its buffer a loan's bytes lie.
 #[derive(Debug, Clone, Copy)]
 struct Placed {
-    /// Offset of the first lent byte (below [`IN_STEP`]).
+    /// Offset of the first lent byte (below `byteexpress_mem::IN_STEP`).
     start: usize,
     /// Bytes lent: metadata + body.
     len: usize,
 }
 
 /// A buffer of the lend pool holding `m`'s metadata + body, placed so that the body's copy
-/// keeps the page offset of the application's bytes (`LargeBuf::offset_in_step`: a large
-/// copy out of step runs at a third of memcpy's speed here, DESIGN.md 6.24); the reader
-/// READs into the same offset of its own buffer.
+/// keeps the page offset of the application's bytes where the region has room for it
+/// (`LargeBuf::offset_in_step`: a large copy out of step runs at a third of memcpy's speed
+/// here, DESIGN.md 6.24); the reader READs into the same offset of its own buffer.
 fn lend_copy(pool: &LargePool, m: &Outgoing) -> Result<(LargeBuf, Placed), LendError> {
     let len = m.meta.len() + m.body.len();
-    let mut buf = pool.alloc(len + IN_STEP).map_err(LendError::Memory)?;
-    let start = buf.offset_in_step(m.body.as_ptr() as u64, m.meta.len());
+    let mut buf = pool.alloc(len).map_err(LendError::Memory)?;
+    let start = buf.offset_in_step(m.body.as_ptr() as u64, m.meta.len(), len);
     buf.fill_at(start, &[&m.meta, &m.body])
         .map_err(LendError::Memory)?;
     Ok((buf, Placed { start, len }))

@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use byteexpress_flow::gate::{self, Room};
-use byteexpress_mem::{IN_STEP, LargeBuf, LargePool};
+use byteexpress_mem::{LargeBuf, LargePool};
 use byteexpress_verbs::{SendWr, WrOp};
 use bytes::Bytes;
 
@@ -58,8 +58,8 @@ struct Pending {
     seq: u64,
     /// Metadata + body bytes.
     len: u64,
-    /// Offset in `target` of the first byte: the lent bytes' page offset, so each READ
-    /// copies in step with its source (DESIGN.md 6.24).
+    /// Offset in `target` of the first byte: the lent bytes' page offset where the buffer has
+    /// room for it, so each READ copies in step with its source (DESIGN.md 6.24); else 0.
     start: usize,
     /// Bytes whose READ was posted, and completed.
     posted: u64,
@@ -148,9 +148,8 @@ impl Engine {
             return Ok(());
         }
         let budget = self.dispatch.budget().clone();
-        let taken = usize::try_from(len)
+        let taken = usize::try_from(len.max(1))
             .ok()
-            .and_then(|n| n.checked_add(IN_STEP))
             .and_then(|n| self.reader.cfg.pool.alloc(n).ok())
             .and_then(|t| budget.try_take(t.capacity()).map(|c| (t, c)));
         let Some((target, charge)) = taken else {
@@ -159,7 +158,7 @@ impl Engine {
             self.queue_release(&h, &desc);
             return Ok(());
         };
-        let start = target.offset_in_step(desc.addr, 0);
+        let start = target.offset_in_step(desc.addr, 0, len as usize);
         let id = self.reader.next_id;
         self.reader.next_id += 1;
         self.reader.pending.insert(
