@@ -3,6 +3,11 @@
 //! probability `push_ratio`, else a Pull. This is the shape of recommendation inference
 //! (pulling embedding rows of popular ids) and training (pushing their gradients) that the
 //! ByteExpress design measures.
+//!
+//! A bench that measures transports must not measure this sampler: drawing one Zipf key costs
+//! tens of ns (`rand_distr`'s rejection-inversion sampler), i.e. microseconds for a call of 64
+//! keys, as much as a fast transport's whole call. [`KeyRing`] draws the keys before the
+//! measured phase, and a call then takes the next `keys_per_call` of them.
 
 use bytes::Bytes;
 use rand::Rng;
@@ -111,6 +116,21 @@ impl Workload {
         }
     }
 
+    /// A ring of `len` keys drawn with `rng` now, to be handed out `keys_per_call` at a time
+    /// by [`KeyRing::next_keys`] (for the measured phase of a bench). `len` is rounded up to a
+    /// whole number of calls (at least one).
+    pub fn ring(&self, len: usize, rng: &mut impl Rng) -> KeyRing {
+        let calls = len.div_ceil(self.keys_per_call).max(1);
+        let keys = (0..calls * self.keys_per_call)
+            .map(|_| (self.zipf.sample(rng) as u64).clamp(1, self.keys) - 1)
+            .collect();
+        KeyRing {
+            keys,
+            keys_per_call: self.keys_per_call,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
     /// The gradients of one Push at `dim` values per key: `keys_per_call × dim` little-endian
     /// f32 values of 0.001 (small, so a long bench keeps the rows near their init).
     pub fn grads(&self, dim: usize) -> Bytes {
@@ -119,6 +139,44 @@ impl Workload {
                 .flatten()
                 .collect::<Vec<u8>>(),
         )
+    }
+}
+
+/// Zipf keys drawn in advance ([`Workload::ring`]): a call takes the next `keys_per_call`
+/// of them, wrapping around at the end. Shared by the call loops of one worker (the cursor is
+/// an atomic, so handing out a call's keys costs one `fetch_add`).
+#[derive(Debug)]
+pub struct KeyRing {
+    keys: Vec<u64>,
+    keys_per_call: usize,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl KeyRing {
+    /// The keys of the next call: `keys_per_call` keys of the ring, in the order drawn.
+    pub fn next_keys(&self) -> &[u64] {
+        let calls = self.keys.len() / self.keys_per_call;
+        let i = self
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % calls;
+        &self.keys[i * self.keys_per_call..(i + 1) * self.keys_per_call]
+    }
+
+    /// Keys in the ring.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the ring holds no key (never: a ring holds at least one call).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Calls handed out so far ([`KeyRing::next_keys`]); past `len / keys_per_call` the ring
+    /// has wrapped and calls repeat.
+    pub fn calls_taken(&self) -> usize {
+        self.next.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -177,6 +235,27 @@ mod tests {
             Workload::new(10, -1.0, 1, 0.0),
             Err(WorkloadError::Zipf { .. })
         ));
+    }
+
+    #[test]
+    fn a_ring_hands_out_its_predrawn_keys_in_order_then_wraps() {
+        let w = Workload::new(1000, 1.05, 4, 0.0).unwrap();
+        let ring = w.ring(10, &mut SmallRng::seed_from_u64(3));
+        assert_eq!(ring.len(), 12, "rounded up to 3 calls of 4 keys");
+        // the same keys as drawing them from the law with the same seed
+        let mut rng = SmallRng::seed_from_u64(3);
+        let drawn: Vec<Vec<u64>> = (0..3)
+            .map(|_| {
+                (0..4)
+                    .map(|_| (w.zipf.sample(&mut rng) as u64).clamp(1, 1000) - 1)
+                    .collect()
+            })
+            .collect();
+        for want in drawn.iter().chain(drawn.iter()) {
+            assert_eq!(ring.next_keys(), &want[..]);
+        }
+        assert_eq!(ring.calls_taken(), 6);
+        assert!(ring.keys.iter().all(|&k| k < 1000));
     }
 
     #[test]
