@@ -1,10 +1,13 @@
-//! Embedding tables: `dim` f32 values per `u64` key, split into shards by key with one
-//! `parking_lot` lock per shard. A row is created on first touch with deterministic values
-//! ([`init_value`]), so any client can check a pulled row it never pushed to.
+//! Embedding tables: `dim` f32 values per `u64` key, gathered at memory speed: rows reached by
+//! index without a lock, pushes added with atomics ([`Store`]). A row is created on first
+//! touch with deterministic values ([`init_value`]), so any client can check a pulled row it
+//! never pushed to.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 /// Most keys one Pull or Push may name.
@@ -72,22 +75,107 @@ impl std::fmt::Display for PsError {
 
 impl std::error::Error for PsError {}
 
-type Shard = Mutex<HashMap<u64, Box<[f32]>>>;
+/// Rows per chunk of a table's dense range: allocated and initialised together on first
+/// touch of any of them (64 KiB at dim 64).
+const CHUNK_ROWS: usize = 256;
 
-/// One table's shards.
+/// Keys `0..DENSE_KEYS` live in a table's dense range (chunks found by index, no lock); keys
+/// above in its overflow map (a lock per shard). The bench's keys, its check keys and its
+/// dense pushes all fall in the dense range at the default dim.
+pub const DENSE_KEYS: u64 = 1 << 24;
+
+/// One row: `dim` f32 values as their bits, so that pulls read and pushes add without a lock.
+type Row = [AtomicU32];
+
+/// `CHUNK_ROWS` consecutive rows of the dense range and which of them were touched.
+#[derive(Debug)]
+struct Chunk {
+    values: Box<[AtomicU32]>,
+    /// Bit `r % 64` of word `r / 64`: row `r` of the chunk was pulled or pushed.
+    touched: [AtomicU64; CHUNK_ROWS / 64],
+}
+
+type Overflow = Mutex<HashMap<u64, Box<Row>>>;
+
+/// One table: its dense range in chunks, and the overflow map's shards.
 #[derive(Debug)]
 struct Table {
     seed: u64,
-    shards: Box<[Shard]>,
+    chunks: Box<[OnceLock<Box<Chunk>>]>,
+    overflow: Box<[Overflow]>,
 }
 
-impl Table {
-    fn shard(&self, key: u64) -> &Shard {
-        &self.shards[(splitmix64(key) >> 32) as usize % self.shards.len()]
+/// A row with the deterministic init of `key`.
+fn init_row(seed: u64, key: u64, dim: usize) -> impl Iterator<Item = AtomicU32> {
+    (0..dim as u32).map(move |i| AtomicU32::new(init_value_seeded(seed, key, i).to_bits()))
+}
+
+/// Copies `row` into `out` (dim × 4 bytes) as little-endian f32.
+fn read_row(row: &Row, out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(4).zip(row) {
+        o.copy_from_slice(&v.load(Ordering::Relaxed).to_le_bytes());
     }
 }
 
-/// The tables of a parameter server; all share one `dim`. Safe to share between tasks.
+/// `w -= lr * g` on every value of `row`, `grads` being dim little-endian f32, each value
+/// updated by a compare-and-swap of its bits: concurrent pushes to one row all land, and a
+/// pull running meanwhile sees each value before or after each update, never torn.
+fn add_row(row: &Row, grads: &[u8], lr: f32) {
+    for (w, g) in row.iter().zip(grads.chunks_exact(4)) {
+        let g = f32::from_le_bytes([g[0], g[1], g[2], g[3]]);
+        let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+            Some((f32::from_bits(b) - lr * g).to_bits())
+        });
+    }
+}
+
+impl Table {
+    /// The chunk holding dense `key`, created (every row initialised) on first touch, and the
+    /// row's index in it. The chunk is found by index; after its creation, a single acquire
+    /// load.
+    fn chunk(&self, key: u64, dim: usize) -> (&Chunk, usize) {
+        let (c, r) = (key as usize / CHUNK_ROWS, key as usize % CHUNK_ROWS);
+        let chunk = self.chunks[c].get_or_init(|| {
+            let first = (c * CHUNK_ROWS) as u64;
+            Box::new(Chunk {
+                values: (first..first + CHUNK_ROWS as u64)
+                    .flat_map(|k| init_row(self.seed, k, dim))
+                    .collect(),
+                touched: Default::default(),
+            })
+        });
+        let (word, bit) = (&chunk.touched[r / 64], 1u64 << (r % 64));
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+        (chunk, r)
+    }
+
+    /// Runs `f` on `key`'s row, creating it first if needed: dense keys without a lock,
+    /// overflow keys under their shard's lock.
+    fn with_row<R>(&self, key: u64, dim: usize, f: impl FnOnce(&Row) -> R) -> R {
+        if key < DENSE_KEYS {
+            let (chunk, r) = self.chunk(key, dim);
+            return f(&chunk.values[r * dim..(r + 1) * dim]);
+        }
+        let shard = &self.overflow[(splitmix64(key) >> 32) as usize % self.overflow.len()];
+        let mut map = shard.lock();
+        let row = map
+            .entry(key)
+            .or_insert_with(|| init_row(self.seed, key, dim).collect());
+        f(row)
+    }
+}
+
+/// The tables of a parameter server; all share one `dim`. Safe to share between threads.
+///
+/// Keys below [`DENSE_KEYS`] live in chunks of [`CHUNK_ROWS`] rows reached by index: a Pull
+/// takes no lock and a Push adds with a compare-and-swap per value (the rows hold f32 bits in
+/// `AtomicU32`s), so pushes never hold pulls back and concurrent pushes to one row all land
+/// (Hogwild!-style: a pull during a push may see some of its values updated and others not).
+/// A Pull first touches every row it names, so their cache misses overlap, then copies them.
+/// Memory grows with the chunks touched (dim × 4 × 256 bytes each). Keys above go to an
+/// overflow map sharded over `shards` locks.
 #[derive(Debug)]
 pub struct Store {
     dim: usize,
@@ -95,20 +183,23 @@ pub struct Store {
 }
 
 impl Store {
-    /// Tables `names`, each of `shards` shards (at least 1), rows of `dim` values (at least 1).
+    /// Tables `names`, rows of `dim` values (at least 1), the overflow map of each in `shards`
+    /// lock shards (at least 1).
     pub fn new(dim: usize, names: &[String], shards: usize) -> Store {
         let dim = dim.max(1);
+        let chunks = (DENSE_KEYS as usize).div_ceil(CHUNK_ROWS);
         let tables = names
             .iter()
             .map(|n| {
-                let shards = (0..shards.max(1))
+                let overflow = (0..shards.max(1))
                     .map(|_| Mutex::new(HashMap::new()))
                     .collect();
                 (
                     n.clone(),
                     Table {
                         seed: fnv1a64(n.as_bytes()),
-                        shards,
+                        chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
+                        overflow,
                     },
                 )
             })
@@ -130,25 +221,22 @@ impl Store {
             .ok_or_else(|| PsError::UnknownTable(name.to_string()))
     }
 
-    /// Runs `f` on `key`'s row, creating it first if needed.
-    fn with_row<R>(&self, t: &Table, key: u64, f: impl FnOnce(&mut [f32]) -> R) -> R {
-        let mut shard = t.shard(key).lock();
-        let row = shard.entry(key).or_insert_with(|| {
-            (0..self.dim as u32)
-                .map(|i| init_value_seeded(t.seed, key, i))
-                .collect()
-        });
-        f(row)
-    }
-
     /// The rows of `keys`, concatenated as little-endian f32 (keys × dim × 4 bytes).
     pub fn pull(&self, table: &str, keys: &[u64]) -> Result<Bytes, PsError> {
         let t = self.table(table, keys.len())?;
-        let mut out = BytesMut::with_capacity(keys.len() * self.dim * 4);
-        for &k in keys {
-            self.with_row(t, k, |row| row.iter().for_each(|v| out.put_f32_le(*v)));
+        let row_bytes = self.dim * 4;
+        // first touch every dense row, so the misses overlap instead of one after another
+        let mut sum = 0u32;
+        for &k in keys.iter().filter(|&&k| k < DENSE_KEYS) {
+            let (chunk, r) = t.chunk(k, self.dim);
+            sum ^= chunk.values[r * self.dim].load(Ordering::Relaxed);
         }
-        Ok(out.freeze())
+        std::hint::black_box(sum);
+        let mut out = vec![0u8; keys.len() * row_bytes];
+        for (&k, o) in keys.iter().zip(out.chunks_exact_mut(row_bytes)) {
+            t.with_row(k, self.dim, |row| read_row(row, o));
+        }
+        Ok(Bytes::from(out))
     }
 
     /// SGD step `w -= lr * g` for each key, `grads` being keys × dim little-endian f32.
@@ -166,21 +254,26 @@ impl Store {
             return Err(PsError::BadLearningRate);
         }
         for (&k, g) in keys.iter().zip(grads.chunks_exact(self.dim * 4)) {
-            self.with_row(t, k, |row| {
-                for (w, g) in row.iter_mut().zip(g.chunks_exact(4)) {
-                    *w -= lr * f32::from_le_bytes([g[0], g[1], g[2], g[3]]);
-                }
-            });
+            t.with_row(k, self.dim, |row| add_row(row, g, lr));
         }
         Ok(())
     }
 
-    /// Rows created so far, over all tables.
+    /// Rows pulled or pushed so far, over all tables (the others of a touched chunk hold their
+    /// init but are not counted).
     pub fn rows(&self) -> usize {
         self.tables
             .values()
-            .flat_map(|t| t.shards.iter())
-            .map(|s| s.lock().len())
+            .map(|t| {
+                let dense: usize = t
+                    .chunks
+                    .iter()
+                    .filter_map(OnceLock::get)
+                    .flat_map(|c| c.touched.iter())
+                    .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+                    .sum();
+                dense + t.overflow.iter().map(|s| s.lock().len()).sum::<usize>()
+            })
             .sum()
     }
 }
@@ -269,5 +362,72 @@ mod tests {
             Err(PsError::TooManyKeys(_))
         ));
         assert_eq!(s.rows(), 0);
+    }
+
+    #[test]
+    fn overflow_keys_above_the_dense_range_pull_and_push_like_dense_ones() {
+        let s = store();
+        let k = DENSE_KEYS + 12345;
+        let g: Vec<u8> = [1.0f32, 0.0, 0.0, 0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        s.push("emb", &[k], &g, 0.25).unwrap();
+        let v = decode_f32s(&s.pull("emb", &[k, 3]).unwrap());
+        assert_eq!(v[0], init_value("emb", k, 0) - 0.25);
+        assert_eq!(v[1], init_value("emb", k, 1));
+        assert_eq!(v[4], init_value("emb", 3, 0));
+        assert_eq!(s.rows(), 2);
+    }
+
+    /// Pushers hammer two rows while a puller pulls them: the pulls complete during the
+    /// pushes (the puller sees values strictly between the init and the final value, so it
+    /// read while pushes ran rather than after them), and every push lands exactly (the
+    /// gradients are powers of two that keep every sum exact in f32).
+    #[test]
+    fn concurrent_pushes_do_not_hold_pulls_back_and_every_push_lands() {
+        const PUSHERS: usize = 3;
+        const PUSHES: usize = 4000;
+        let s = Store::new(64, &["emb".to_string()], 1);
+        let keys = [7u64, 300];
+        let step = 2f32.powi(-22);
+        let g: Vec<u8> = std::iter::repeat_n(step.to_le_bytes(), 2 * 64)
+            .flatten()
+            .collect();
+        let init = init_value("emb", 7, 0);
+        let last = init - step * (PUSHERS * PUSHES) as f32;
+        let done = AtomicU32::new(0);
+        let (pulls, between) = std::thread::scope(|sc| {
+            for _ in 0..PUSHERS {
+                sc.spawn(|| {
+                    for _ in 0..PUSHES {
+                        s.push("emb", &keys, &g, 1.0).unwrap();
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+            let puller = sc.spawn(|| {
+                let (mut pulls, mut between) = (0u64, 0u64);
+                while done.load(Ordering::SeqCst) < PUSHERS as u32 {
+                    let v = decode_f32s(&s.pull("emb", &keys).unwrap());
+                    assert_eq!(v.len(), 128);
+                    if v[0] < init && v[0] > last {
+                        between += 1;
+                    }
+                    pulls += 1;
+                }
+                (pulls, between)
+            });
+            puller.join().unwrap()
+        });
+        assert!(pulls > 0 && between > 0, "{pulls} pulls, {between} mid-push");
+        let v = decode_f32s(&s.pull("emb", &keys).unwrap());
+        for (j, &k) in keys.iter().enumerate() {
+            for i in 0..64 {
+                let want = init_value("emb", k, i as u32) - step * (PUSHERS * PUSHES) as f32;
+                assert_eq!(v[j * 64 + i], want, "key {k} value {i}");
+            }
+        }
+        assert_eq!(s.rows(), 2);
     }
 }
