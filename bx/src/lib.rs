@@ -24,6 +24,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use crate::ps::bench::{self, BenchArgs};
+use crate::ps::report as bx_report;
+use crate::ps::rounds;
 use crate::ps::serve::{self, ServeArgs};
 use clap::{Parser, Subcommand};
 
@@ -144,6 +146,7 @@ pub fn main() -> ExitCode {
                 eprintln!("bx ps bench: {e}");
                 return ExitCode::FAILURE;
             }
+            let args = args.resolved();
             let outcome = runtime(1)
                 .map_err(|e| bench::BenchError::Failed(e.to_string()))
                 .and_then(|rt| rt.block_on(bench::run_until_signal(&args)));
@@ -158,15 +161,19 @@ pub fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            print!("{}", bench::table(&rows));
+            print!("{}", bx_report::table(&rows));
+            if args.rounds > 1 {
+                println!();
+                print!("{}", rounds::table(&rounds::medians(&rows)));
+            }
             if let Some(path) = &args.json
-                && let Err(e) = std::fs::write(path, bench::json(&args, &rows))
+                && let Err(e) = std::fs::write(path, bx_report::json(&args, &rows))
             {
                 eprintln!("bx ps bench: writing {}: {e}", path.display());
                 return ExitCode::FAILURE;
             }
             if let Some(path) = &args.plot
-                && let Err(e) = bench::plot(&rows, path)
+                && let Err(e) = bx_report::plot(&rows, path)
             {
                 eprintln!("bx ps bench: plotting {}: {e}", path.display());
                 return ExitCode::FAILURE;

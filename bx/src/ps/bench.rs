@@ -1,8 +1,14 @@
 //! `bx ps bench`: starts `bx ps serve` as a child process (or takes the server at
 //! `--server ADDR`) and drives it with Pull (and optionally Push) calls whose keys follow a
-//! Zipf law, over ByteExpress on RDMA, ByteExpress on TCP and tonic over HTTP/2, one after the
-//! other on the same server. Reports latency (hdrhistogram), throughput and CPU per call of
-//! client and server (`/proc/<pid>/stat`; the server's only when the bench started it).
+//! Zipf law, over each transport one after the other on the same server ([`super::clients`],
+//! [`super::floor`]). Reports latency (hdrhistogram), throughput, CPU per call of client and
+//! server (`/proc/<pid>/stat`; the server's only when the bench started it) and syscalls per
+//! call ([`super::usage`]). With `--rounds N` the transports run interleaved N times and
+//! [`super::rounds`] takes per-row medians.
+//!
+//! The workload measures transports, not itself: the Zipf keys are drawn before any row, into
+//! a ring per worker ([`byteexpress_ps::KeyRing`]), and the server's store gathers rows without
+//! locks ([`byteexpress_ps::Store`]).
 //!
 //! The client side runs on one current-thread tokio runtime (the caller's). Before measuring,
 //! each transport must return rows equal to the deterministic init for keys the workload never
@@ -19,37 +25,75 @@
 //! shard's replica set; the call succeeds when all of them do. Calls run under a deadline
 //! (`--deadline-ms`); a failed call is counted, not fatal. `--fault` strikes replica 0 of
 //! shard 0 during the measured phase. The channels of a fleet are built in one place,
-//! [`shard_channel`], and its counters read in one, [`FleetCounts::of`].
+//! `clients::shard_channel`, and its counters read in one, [`FleetCounts::of`].
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use byteexpress::{
-    BalanceConfig, Channel, Config, EndpointState, ReplicaSet, ServiceConfig, TransportPref,
-};
-use byteexpress_ps::pb::ps::parameter_server_client::ParameterServerClient;
-use byteexpress_ps::pb::ps::{PullRequest, PushRequest};
-use byteexpress_ps::shard::{merge_rows, split_keys};
+use byteexpress::{Config, ReplicaSet, ServiceConfig};
+use byteexpress_ps::native;
 use byteexpress_ps::store::MAX_KEYS;
-use byteexpress_ps::{Call, Workload, cpu, decode_f32s, init_value};
+use byteexpress_ps::{Call, KeyRing, Workload, cpu, decode_f32s, init_value};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use super::clients::{Failure, TableClient, connect, connect_fleet, is_tls};
 pub use super::fleet::Fault;
 use super::fleet::Servers;
+use super::floor;
+use super::report::cdf;
 use super::size::{WIRE_LIMIT, show_size};
+use super::usage::{Usage, Used};
 
 /// Table the bench uses (the server's default table).
-const TABLE: &str = "emb";
+pub(super) const TABLE: &str = "emb";
 /// Keys checked against the init before measuring; taken above `--keys`, which the workload
 /// never reaches.
 const CHECK_KEYS: u64 = 64;
 /// Per-call deadline of a fleet bench unless `--deadline-ms` says otherwise.
 const FLEET_DEADLINE: Duration = Duration::from_millis(1000);
+/// Every row, in the order a `--config` run without `--transports` runs them.
+pub const ALL_TRANSPORTS: [&str; 7] = [
+    "floor/tcp",
+    "native/rdma",
+    "native/tcp",
+    "rdma",
+    "tcp",
+    "h2",
+    "tonic/inproc",
+];
+/// Rows that run against one server the bench starts (its native and floor ports, or none).
+const SINGLE_ONLY: [&str; 4] = ["floor/tcp", "native/rdma", "native/tcp", "tonic/inproc"];
+
+/// A preset of `bx ps bench --config` (issue 25's three shapes): calls in flight and keys per
+/// call, the rest of the workload fixed (1 M keys, Zipf 1.05, dim 64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preset {
+    /// 64 calls in flight, 2 keys per call: 512-byte rows in every Pull answer.
+    #[value(name = "c64_512")]
+    C64_512,
+    /// 64 calls in flight, 64 keys per call: 16 KiB answers.
+    #[value(name = "c64_16k")]
+    C64_16k,
+    /// 1 call in flight, 64 keys per call: 16 KiB answers, latency alone.
+    #[value(name = "c1_16k")]
+    C1_16k,
+}
+
+impl Preset {
+    /// (calls in flight, keys per call).
+    pub fn shape(self) -> (usize, usize) {
+        match self {
+            Preset::C64_512 => (64, 2),
+            Preset::C64_16k => (64, 64),
+            Preset::C1_16k => (1, 64),
+        }
+    }
+}
 
 /// Settings of `bx ps bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -82,13 +126,33 @@ pub struct BenchArgs {
     /// Fraction of calls that are Push (SGD with small gradients) instead of Pull.
     #[arg(long, default_value_t = 0.0)]
     pub push_ratio: f64,
-    /// Transports to run, comma-separated: rdma (ByteExpress on RDMA), tcp (ByteExpress on
-    /// TCP), h2 (tonic over HTTP/2), and with TLS (`--tls-ca`; a server started with
+    /// Transports to run, comma-separated: rdma or bx/rdma (ByteExpress on RDMA through the
+    /// tonic facade), tcp or bx/tcp (ByteExpress on TCP), h2 or grpc/h2 (tonic over HTTP/2);
+    /// native/rdma and native/tcp (the same service on `byteexpress-rpc`'s native API, no
+    /// tonic, the server's native port); tonic/inproc (tonic's generated client calling the
+    /// generated server in this process, no transport: what tonic's code costs; its CPU is
+    /// all client CPU); floor/tcp (4 multiplexed TCP connections answered in line, one write
+    /// per read: the floor of kernel TCP); and with TLS (`--tls-ca`; a server started with
     /// `--tls-cert`/`--tls-key`): tcp+tls (ByteExpress over `https://`, TCP inside TLS),
     /// rdma+tls (RDMA, its set-up and control connection inside TLS) and h2+tls (tonic with
     /// `ClientTlsConfig`). The bench starts a second server, with TLS, for the +tls rows.
-    #[arg(long, default_value = "rdma,tcp,h2", value_delimiter = ',')]
-    pub transports: Vec<String>,
+    /// Default: rdma,tcp,h2; with --config, every row but the TLS ones.
+    #[arg(long, value_delimiter = ',')]
+    pub transports: Option<Vec<String>>,
+    /// A preset of calls in flight and keys per call, overriding --in-flight and
+    /// --keys-per-call: c64_512 (64 in flight, 2 keys: 512-byte answers), c64_16k (64 in
+    /// flight, 64 keys: 16 KiB), c1_16k (1 in flight, 64 keys).
+    #[arg(long, value_enum, value_name = "PRESET")]
+    pub config: Option<Preset>,
+    /// Runs every transport this many times, interleaved (one row of each per round), and
+    /// prints per-row medians over the rounds with ratios to floor/tcp.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+    /// Keys in each worker's ring of Zipf keys, drawn before any row; a call takes the next
+    /// keys-per-call of its worker's ring, wrapping around at the end (the bench says if it
+    /// did).
+    #[arg(long, default_value_t = 1 << 21)]
+    pub ring_keys: usize,
     /// Also write the settings and every row as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -193,8 +257,39 @@ pub enum Policy {
 const PULL_NAME: &str = r#"[{"service": "ps.ParameterServer", "method": "Pull"}]"#;
 
 impl BenchArgs {
+    /// The settings with `--config`'s preset applied (calls in flight and keys per call).
+    pub fn resolved(&self) -> BenchArgs {
+        let mut a = self.clone();
+        if let Some(p) = self.config {
+            (a.in_flight, a.keys_per_call) = p.shape();
+        }
+        a
+    }
+
+    /// The transports to run, by their short names (`bx/rdma` is `rdma`, `bx/tcp` `tcp`,
+    /// `grpc/h2` `h2`): `--transports`, else every row of [`ALL_TRANSPORTS`] with
+    /// `--config`, else rdma, tcp and h2.
+    pub fn transports(&self) -> Vec<String> {
+        match (&self.transports, self.config) {
+            (Some(t), _) => t
+                .iter()
+                .map(|t| {
+                    match t.as_str() {
+                        "bx/rdma" => "rdma",
+                        "bx/tcp" => "tcp",
+                        "grpc/h2" => "h2",
+                        other => other,
+                    }
+                    .to_string()
+                })
+                .collect(),
+            (None, Some(_)) => ALL_TRANSPORTS.iter().map(|t| t.to_string()).collect(),
+            (None, None) => ["rdma", "tcp", "h2"].map(String::from).to_vec(),
+        }
+    }
+
     /// The per-call deadline: `--deadline-ms`, else 1 s for a fleet, else none.
-    fn deadline(&self) -> Option<Duration> {
+    pub(super) fn deadline(&self) -> Option<Duration> {
         match (self.deadline_ms, self.servers) {
             (Some(ms), _) => Some(Duration::from_millis(ms)),
             (None, Some(_)) => Some(FLEET_DEADLINE),
@@ -205,7 +300,7 @@ impl BenchArgs {
     /// The service config a fleet's bx channels get: `--service-config`'s file, else the one
     /// `--policy` names; `None` for no policy. Errors: an unreadable file, or JSON that is not
     /// a valid service config (A6's rules).
-    fn service_config(&self) -> Result<Option<ServiceConfig>, String> {
+    pub(super) fn service_config(&self) -> Result<Option<ServiceConfig>, String> {
         let json = match (&self.service_config, self.policy) {
             (Some(path), _) => std::fs::read_to_string(path)
                 .map_err(|e| format!("--service-config {}: {e}", path.display()))?,
@@ -224,7 +319,7 @@ impl BenchArgs {
     }
 
     /// When the fault strikes, from the start of the measured phase.
-    fn fault_at(&self) -> Duration {
+    pub(super) fn fault_at(&self) -> Duration {
         Duration::from_secs_f64(self.fault_at.unwrap_or(self.duration / 3.0).max(0.0))
     }
 
@@ -274,7 +369,7 @@ impl BenchArgs {
     }
 
     /// Calls a dense push row keeps in flight: one per worker, at most `--in-flight`.
-    fn push_loops(&self) -> usize {
+    pub(super) fn push_loops(&self) -> usize {
         self.workers.min(self.in_flight).max(1)
     }
 
@@ -297,7 +392,7 @@ impl BenchArgs {
 
     /// The workloads each transport runs, one row each: the dense push sizes, or the Zipf
     /// workload (`None`).
-    fn loads(&self) -> Vec<Option<u64>> {
+    pub(super) fn loads(&self) -> Vec<Option<u64>> {
         if self.push_bytes.is_empty() {
             vec![None]
         } else {
@@ -329,8 +424,17 @@ pub struct Row {
     /// Client process CPU time (user + system) per call, µs.
     pub client_cpu_us: f64,
     /// Server process CPU time per call, µs (a fleet's: all its processes together); `None`
-    /// for a server the bench did not start.
+    /// for a server the bench did not start, and for tonic/inproc (its server runs in the
+    /// client process: all its CPU is client CPU).
     pub server_cpu_us: Option<f64>,
+    /// System calls of the client process per call in the measured phase (`perf stat -e
+    /// raw_syscalls:sys_enter`); `None` without perf.
+    pub client_syscalls: Option<f64>,
+    /// System calls of the server process per call; `None` without perf, for a server the
+    /// bench did not start, for a fleet, and for tonic/inproc.
+    pub server_syscalls: Option<f64>,
+    /// The round (from 0) the row ran in (`--rounds`).
+    pub round: u32,
     /// Latency CDF: (latency µs, fraction of calls at or below it), rising in both.
     pub cdf: Vec<(f64, f64)>,
     /// A fleet's counters; `None` for a single server (the table and JSON then have no
@@ -374,7 +478,7 @@ impl FleetCounts {
     /// The counters of the shards' replica `sets` now (`ejections` `None` without sets: an
     /// h2 row; `failed` 0: the call loops count those): the one place a fleet's counters are
     /// read.
-    fn of(sets: &[ReplicaSet]) -> FleetCounts {
+    pub(super) fn of(sets: &[ReplicaSet]) -> FleetCounts {
         let sum =
             |f: &dyn Fn(&ReplicaSet) -> u64| (!sets.is_empty()).then(|| sets.iter().map(f).sum());
         FleetCounts {
@@ -410,391 +514,43 @@ pub enum BenchError {
     Failed(String),
 }
 
-/// A Pull/Push client over either kind of channel.
-#[derive(Debug, Clone)]
-enum PsClient {
-    Bx(ParameterServerClient<Channel>),
-    H2(ParameterServerClient<tonic::transport::Channel>),
+/// The keys the check pulls: above `--keys`, which the workload never reaches.
+fn check_keys(args: &BenchArgs) -> Vec<u64> {
+    (0..CHECK_KEYS).map(|i| args.keys + i * 7919).collect()
 }
 
-/// `msg` as a request carrying `deadline` (`grpc-timeout`).
-fn request<T>(msg: T, deadline: Option<Duration>) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    if let Some(d) = deadline {
-        req.set_timeout(d);
+/// Compares pulled `values` of `keys` with the deterministic init.
+fn check_values(keys: &[u64], values: &[u8], dim: usize) -> Result<(), String> {
+    let v = decode_f32s(values);
+    if v.len() != keys.len() * dim {
+        return Err(format!(
+            "check pull: {} values for {} keys of dim {dim}",
+            v.len(),
+            keys.len()
+        ));
     }
-    req
-}
-
-impl PsClient {
-    async fn pull(
-        &mut self,
-        keys: Vec<u64>,
-        deadline: Option<Duration>,
-    ) -> Result<(u32, Bytes), tonic::Status> {
-        let req = request(
-            PullRequest {
-                table: TABLE.into(),
-                keys,
-            },
-            deadline,
-        );
-        let r = match self {
-            PsClient::Bx(c) => c.pull(req).await?,
-            PsClient::H2(c) => c.pull(req).await?,
-        }
-        .into_inner();
-        Ok((r.dim, r.values))
-    }
-
-    async fn push(
-        &mut self,
-        keys: Vec<u64>,
-        grads: Bytes,
-        deadline: Option<Duration>,
-    ) -> Result<(), tonic::Status> {
-        let req = request(
-            PushRequest {
-                table: TABLE.into(),
-                keys,
-                grads,
-                lr: 0.01,
-            },
-            deadline,
-        );
-        match self {
-            PsClient::Bx(c) => c.push(req).await.map(drop),
-            PsClient::H2(c) => c.push(req).await.map(drop),
-        }
-    }
-}
-
-/// Why a call failed.
-#[derive(Debug)]
-enum Failure {
-    /// A (sub-)call's status, or the deadline: counted in a fleet, fatal otherwise.
-    Status(tonic::Status),
-    /// An answer of the wrong shape: always fatal, so broken calls are never measured.
-    Malformed(String),
-}
-
-/// The table as the call loops see it: one client per shard (one shard for a single
-/// server), the deadline of every call, the rows' dim.
-#[derive(Debug, Clone)]
-struct TableClient {
-    shards: Vec<PsClient>,
-    deadline: Option<Duration>,
-    dim: usize,
-}
-
-impl TableClient {
-    /// Runs `f` under the call's deadline (the whole call, all its sub-calls).
-    async fn bounded<T>(&self, f: impl Future<Output = Result<T, Failure>>) -> Result<T, Failure> {
-        match self.deadline {
-            None => f.await,
-            Some(d) => tokio::time::timeout(d, f).await.unwrap_or_else(|_| {
-                Err(Failure::Status(tonic::Status::deadline_exceeded(format!(
-                    "call deadline of {d:?}"
-                ))))
-            }),
-        }
-    }
-
-    /// The rows of `keys` in key order (keys × dim × 4 bytes), checked for shape.
-    async fn pull(&self, keys: Vec<u64>) -> Result<Bytes, Failure> {
-        let row = self.dim * 4;
-        let n = keys.len();
-        let parts = split_keys(&keys, self.shards.len() as u32);
-        let calls = parts.iter().map(|p| {
-            let mut c = self.shards[p.shard as usize].clone();
-            let keys = p.keys.clone();
-            async move {
-                let (dim, values) = c.pull(keys, self.deadline).await.map_err(Failure::Status)?;
-                if dim as usize != self.dim {
-                    return Err(Failure::Malformed(format!(
-                        "pull: dim {dim} from shard {}, bench dim {}",
-                        p.shard, self.dim
-                    )));
-                }
-                Ok(values)
-            }
-        });
-        let values = self
-            .bounded(async {
-                let mut answers = futures::future::try_join_all(calls).await?;
-                if answers.len() == 1 {
-                    return Ok(answers.pop().unwrap_or_default());
-                }
-                merge_rows(&parts, &answers, row)
-                    .map_err(|e| Failure::Malformed(format!("pull: {e}")))
-            })
-            .await?;
-        if values.len() != n * row {
-            return Err(Failure::Malformed(format!(
-                "pull: {} bytes for {n} keys x dim {}",
-                values.len(),
-                self.dim
-            )));
-        }
-        Ok(values)
-    }
-
-    /// Pushes `grads` (keys × dim × 4 bytes) for `keys`.
-    async fn push(&self, keys: Vec<u64>, grads: &Bytes) -> Result<(), Failure> {
-        let row = self.dim * 4;
-        let parts = split_keys(&keys, self.shards.len() as u32);
-        let one = parts.len() == 1;
-        let calls = parts.iter().map(|p| {
-            let mut c = self.shards[p.shard as usize].clone();
-            let grads = if one {
-                grads.clone()
-            } else {
-                p.gather(grads, row)
-            };
-            let keys = p.keys.clone();
-            async move {
-                c.push(keys, grads, self.deadline)
-                    .await
-                    .map_err(Failure::Status)
-            }
-        });
-        self.bounded(async { futures::future::try_join_all(calls).await.map(drop) })
-            .await
-    }
-}
-
-/// Whether `transport` is a TLS row (`tcp+tls`, `rdma+tls`, `h2+tls`).
-fn is_tls(transport: &str) -> bool {
-    transport.ends_with("+tls")
-}
-
-/// The TLS config of a ByteExpress +tls row's clients: `--tls-ca` trusted, `--tls-domain`
-/// asked for. Errors: no `--tls-ca`.
-fn bx_tls(args: &BenchArgs) -> Result<byteexpress::ClientTlsConfig, String> {
-    let ca = args
-        .tls_ca
-        .as_ref()
-        .ok_or("+tls rows need --tls-ca (the CA the clients trust)")?;
-    Ok(byteexpress::ClientTlsConfig::new()
-        .ca_certificate(byteexpress::Certificate::from_pem_file(ca))
-        .domain_name(args.tls_domain.clone()))
-}
-
-/// The tonic TLS config of an h2+tls row: `--tls-ca` trusted, `--tls-domain` asked for.
-/// Errors: no `--tls-ca`, or it cannot be read.
-fn h2_tls(args: &BenchArgs) -> Result<tonic::transport::ClientTlsConfig, String> {
-    let ca = args
-        .tls_ca
-        .as_ref()
-        .ok_or("+tls rows need --tls-ca (the CA the clients trust)")?;
-    let pem = std::fs::read(ca).map_err(|e| format!("--tls-ca {}: {e}", ca.display()))?;
-    Ok(tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(pem))
-        .domain_name(args.tls_domain.clone()))
-}
-
-/// The rpc settings of an rdma or tcp row, `max_message` raised to fit the dense pushes.
-fn bx_config(transport: &str, args: &BenchArgs) -> Config {
-    let transport = if transport.starts_with("rdma") {
-        TransportPref::Rdma
-    } else {
-        TransportPref::Tcp
-    };
-    let d = Config::default();
-    let max_message = match args.push_max_message() {
-        Ok(Some(m)) => (m as usize).max(d.max_message),
-        _ => d.max_message,
-    };
-    Config {
-        transport,
-        max_message,
-        ..d
-    }
-}
-
-/// The channel to one shard's replicas at `addrs` for `transport`, with the replica set of
-/// an rdma or tcp row: the one place where a fleet's channels are built, with the service
-/// config `sc` (retries or hedging) on rdma and tcp rows.
-fn shard_channel(
-    transport: &str,
-    args: &BenchArgs,
-    addrs: &[String],
-    bal: &BalanceConfig,
-    sc: Option<&ServiceConfig>,
-) -> Result<(PsClient, Option<ReplicaSet>), String> {
-    match transport {
-        "rdma" | "tcp" => {
-            let uris = addrs.iter().map(|a| format!("bx://{a}"));
-            let mut ch = Channel::balance_list(uris, &bx_config(transport, args), bal)
-                .map_err(|e| format!("{transport}: {e}"))?;
-            if let Some(sc) = sc {
-                ch = ch
-                    .with_service_config(sc.clone())
-                    .map_err(|e| format!("{transport}: service config: {e}"))?;
-            }
-            let set = ch.replica_set().cloned();
-            Ok((PsClient::Bx(ParameterServerClient::new(ch)), set))
-        }
-        "h2" => {
-            let mut eps = Vec::new();
-            for a in addrs {
-                eps.push(
-                    tonic::transport::Endpoint::from_shared(format!("http://{a}"))
-                        .map_err(|e| e.to_string())?
-                        .tcp_nodelay(true),
-                );
-            }
-            let ch = tonic::transport::Channel::balance_list(eps.into_iter());
-            Ok((PsClient::H2(ParameterServerClient::new(ch)), None))
-        }
-        other => Err(format!("unknown transport {other:?} (rdma, tcp or h2)")),
-    }
-}
-
-/// Connects every endpoint of `set` now and waits (at most 30 s) until all are READY.
-/// Errors, prefixed `"{transport}: "` (a row that cannot be set up): an endpoint went to
-/// TRANSIENT_FAILURE, or time ran out.
-async fn all_ready(set: &ReplicaSet, transport: &str) -> Result<(), String> {
-    set.connect_now();
-    let limit = Instant::now() + Duration::from_secs(30);
-    loop {
-        let changed = set.changed();
-        let eps = set.endpoints();
-        if let Some(e) = eps
-            .iter()
-            .find(|e| e.state == EndpointState::TransientFailure)
-        {
-            return Err(format!(
-                "{transport}: --transports {transport}: replica {} failed to connect",
-                e.addr
-            ));
-        }
-        if eps.iter().all(|e| e.state == EndpointState::Ready) {
-            return Ok(());
-        }
-        tokio::time::timeout_at(limit, changed)
-            .await
-            .map_err(|_| format!("{transport}: replicas not ready within 30 s"))?;
-    }
-}
-
-/// Connects a fleet's table for `transport`: one channel per shard over its replicas,
-/// every replica connected. Returns the table, the shards' replica sets (none for h2) and
-/// the row's label.
-async fn connect_fleet(
-    transport: &str,
-    servers: &Servers,
-    args: &BenchArgs,
-) -> Result<(TableClient, Vec<ReplicaSet>, String), String> {
-    let bal = BalanceConfig::default();
-    let sc = args.service_config()?;
-    let (mut shards, mut sets) = (Vec::new(), Vec::new());
-    for replicas in &servers.shards {
-        let addrs: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
-        let (client, set) = shard_channel(transport, args, &addrs, &bal, sc.as_ref())?;
-        if let Some(set) = set {
-            all_ready(&set, transport).await?;
-            sets.push(set);
-        }
-        shards.push(client);
-    }
-    let label = match sets.first().and_then(|s| s.endpoints().first()?.transport) {
-        Some(t) => format!("bx/{t}"),
-        None => "grpc/h2".into(),
-    };
-    let table = TableClient {
-        shards,
-        deadline: args.deadline(),
-        dim: args.dim,
-    };
-    Ok((table, sets, label))
-}
-
-/// Connects `n` clients of one server for `transport`; returns them and the negotiated
-/// transport's label.
-async fn connect(
-    transport: &str,
-    addr: &str,
-    n: usize,
-    args: &BenchArgs,
-) -> Result<(Vec<TableClient>, String), String> {
-    let mut clients = Vec::with_capacity(n);
-    let mut label = String::new();
-    for _ in 0..n.max(1) {
-        let c = match transport {
-            "rdma" | "tcp" | "rdma+tls" | "tcp+tls" => {
-                let mut cfg = bx_config(transport, args);
-                let mut scheme = "bx";
-                if is_tls(transport) {
-                    cfg.tls = Some(bx_tls(args)?);
-                    scheme = "https";
-                }
-                let ch = Channel::connect_with(&format!("{scheme}://{addr}"), &cfg)
-                    .await
-                    .map_err(|e| format!("{transport}: --transports {transport}: {e}"))?;
-                label = format!("bx/{}", ch.transport());
-                if is_tls(transport) {
-                    label.push_str("+tls");
-                }
-                PsClient::Bx(ParameterServerClient::new(ch))
-            }
-            "h2+tls" => {
-                let ch = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
-                    .map_err(|e| e.to_string())?
-                    .tls_config(h2_tls(args)?)
-                    .map_err(|e| format!("h2+tls: {e}"))?
-                    .tcp_nodelay(true)
-                    .connect()
-                    .await
-                    .map_err(|e| format!("h2+tls: {e}"))?;
-                label = "grpc/h2+tls".into();
-                PsClient::H2(ParameterServerClient::new(ch))
-            }
-            "h2" => {
-                let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| e.to_string())?
-                    .tcp_nodelay(true)
-                    .connect()
-                    .await
-                    .map_err(|e| format!("h2: {e}"))?;
-                label = "grpc/h2".into();
-                PsClient::H2(ParameterServerClient::new(ch))
-            }
-            other => {
-                return Err(format!(
-                    "unknown transport {other:?} (rdma, tcp, h2, rdma+tls, tcp+tls or h2+tls)"
-                ));
-            }
-        };
-        clients.push(TableClient {
-            shards: vec![c],
-            deadline: args.deadline(),
-            dim: args.dim,
-        });
-    }
-    Ok((clients, label))
-}
-
-/// Pulls keys the workload never touches and compares every value with the init.
-async fn check(client: &TableClient, args: &BenchArgs) -> Result<(), String> {
-    let keys: Vec<u64> = (0..CHECK_KEYS).map(|i| args.keys + i * 7919).collect();
-    let values = client.pull(keys.clone()).await.map_err(|e| match e {
-        Failure::Status(e) => format!("check pull: {e}"),
-        Failure::Malformed(e) => format!("check {e}"),
-    })?;
-    let v = decode_f32s(&values);
     for (j, &k) in keys.iter().enumerate() {
-        for i in 0..args.dim {
+        for i in 0..dim {
             let want = init_value(TABLE, k, i as u32);
-            if v[j * args.dim + i] != want {
+            if v[j * dim + i] != want {
                 return Err(format!(
                     "check pull: key {k} value {i} is {} not {want}",
-                    v[j * args.dim + i]
+                    v[j * dim + i]
                 ));
             }
         }
     }
     Ok(())
+}
+
+/// Pulls keys the workload never touches and compares every value with the init.
+async fn check(client: &TableClient, args: &BenchArgs) -> Result<(), String> {
+    let keys = check_keys(args);
+    let values = client.pull(keys.clone()).await.map_err(|e| match e {
+        Failure::Status(e) => format!("check pull: {e}"),
+        Failure::Malformed(e) => format!("check {e}"),
+    })?;
+    check_values(&keys, &values, args.dim)
 }
 
 /// What a phase (or one of its loops) did.
@@ -806,29 +562,34 @@ struct Outcome {
     failed: u64,
 }
 
-/// One loop of sequential calls until `until`; latencies go to `hist` when given. A failed
-/// call is counted when `tolerate` (a fleet), else it ends the bench; a malformed answer
-/// always does.
+/// One loop of sequential calls until `until`, the keys of each the next of `ring` (drawn
+/// before the phase); latencies go to `hist` when given. A failed call is counted when
+/// `tolerate` (a fleet), else it ends the bench; a malformed answer always does.
+#[allow(clippy::too_many_arguments)]
 async fn call_loop(
     client: TableClient,
     args: &BenchArgs,
-    workload: Workload,
+    ring: &KeyRing,
+    grads: Bytes,
     seed: u64,
     until: Instant,
     mut hist: Option<&mut Histogram<u64>>,
-    dense: Option<(&[u64], &Bytes)>,
+    dense: Option<&[u64]>,
 ) -> Result<Outcome, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let grads = match dense {
-        Some((_, g)) => g.clone(),
-        None => workload.grads(args.dim),
-    };
     let tolerate = args.servers.is_some();
     let mut out = Outcome::default();
     while Instant::now() < until {
         let call = match dense {
-            Some((keys, _)) => Call::Push(keys.to_vec()),
-            None => workload.next_call(&mut rng),
+            Some(keys) => Call::Push(keys.to_vec()),
+            None => {
+                let keys = ring.next_keys().to_vec();
+                if rng.random::<f64>() < args.push_ratio {
+                    Call::Push(keys)
+                } else {
+                    Call::Pull(keys)
+                }
+            }
         };
         let t0 = Instant::now();
         let (what, res) = match call {
@@ -879,11 +640,64 @@ impl Dense {
     }
 }
 
+/// The Zipf keys of the bench, drawn before any row: one ring per worker (`--ring-keys` keys
+/// each), shared by that worker's call loops in every row and round.
+#[derive(Debug)]
+pub(super) struct Rings {
+    rings: Vec<KeyRing>,
+    /// Calls one ring holds before it wraps.
+    calls: usize,
+}
+
+impl Rings {
+    /// Draws the rings of `args`; prints what the drawing cost. Errors: the workload's
+    /// settings.
+    fn draw(args: &BenchArgs) -> Result<Rings, String> {
+        let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
+            .map_err(|e| e.to_string())?;
+        let t0 = std::time::Instant::now();
+        let rings: Vec<KeyRing> = (0..args.workers.max(1))
+            .map(|w| workload.ring(args.ring_keys, &mut SmallRng::seed_from_u64(w as u64 + 1)))
+            .collect();
+        let took = t0.elapsed();
+        let keys: usize = rings.iter().map(KeyRing::len).sum();
+        eprintln!(
+            "bx ps bench: keys drawn before measuring: {} rings of {} keys (zipf {} over {} keys) in {:.2} s ({:.0} ns per key); no key is drawn in a measured phase",
+            rings.len(),
+            rings[0].len(),
+            args.skew,
+            args.keys,
+            took.as_secs_f64(),
+            took.as_nanos() as f64 / keys.max(1) as f64
+        );
+        Ok(Rings {
+            calls: rings[0].len() / args.keys_per_call.max(1),
+            rings,
+        })
+    }
+
+    /// The ring of call loop or connection `i`.
+    pub(super) fn of(&self, i: usize) -> &KeyRing {
+        &self.rings[i % self.rings.len()]
+    }
+
+    /// Times the busiest ring has wrapped so far.
+    fn wraps(&self) -> usize {
+        self.rings
+            .iter()
+            .map(|r| r.calls_taken() / self.calls.max(1))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// Runs `in_flight` call loops over `clients` for `secs` (a dense push row: one loop per
-/// gradient buffer); returns what they did, latencies and the time taken.
+/// gradient buffer); returns what they did, latencies and the time taken. Loop `i` uses
+/// client `i % clients` and that worker's key ring.
 async fn phase(
     clients: &[TableClient],
     args: &BenchArgs,
+    rings: &Rings,
     secs: f64,
     record: bool,
     seed: u64,
@@ -891,6 +705,7 @@ async fn phase(
 ) -> Result<(Outcome, Histogram<u64>, Duration), String> {
     let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
         .map_err(|e| e.to_string())?;
+    let grads = workload.grads(args.dim);
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs_f64(secs);
     let loops = dense.map_or(args.in_flight.max(1), |d| d.grads.len());
@@ -898,15 +713,16 @@ async fn phase(
         .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds"))
         .collect();
     let runs = hists.iter_mut().enumerate().map(|(i, h)| {
-        let client = clients[i % clients.len()].clone();
+        let w = i % clients.len();
         call_loop(
-            client,
+            clients[w].clone(),
             args,
-            workload,
+            rings.of(w),
+            dense.map_or_else(|| grads.clone(), |d| d.grads[i].clone()),
             seed.wrapping_mul(1000).wrapping_add(i as u64),
             until,
             record.then_some(h),
-            dense.map(|d| (&d.keys[..], &d.grads[i])),
+            dense.map(|d| &d.keys[..]),
         )
     });
     let outcome =
@@ -925,33 +741,92 @@ async fn phase(
     Ok((outcome, total, took))
 }
 
+/// A row's numbers from its measured phase: `calls` in `took`, latencies `hist`, costs `used`.
+#[allow(clippy::too_many_arguments)]
+fn row_of(
+    label: String,
+    calls: u64,
+    hist: &Histogram<u64>,
+    took: Duration,
+    used: Used,
+    in_process_server: bool,
+    fleet: Option<FleetCounts>,
+    push: Option<u64>,
+) -> Row {
+    let per_sec = cpu::clock_ticks_per_sec();
+    let per_call = |ticks: u64| {
+        cpu::ticks_to_duration(ticks, per_sec).as_secs_f64() * 1e6 / calls.max(1) as f64
+    };
+    let per_call_n = |n: u64| n as f64 / calls.max(1) as f64;
+    Row {
+        transport: label,
+        calls,
+        mean_us: hist.mean(),
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        p95_us: hist.value_at_quantile(0.95),
+        p999_us: hist.value_at_quantile(0.999),
+        calls_per_sec: calls as f64 / took.as_secs_f64(),
+        client_cpu_us: per_call(used.client_ticks),
+        server_cpu_us: if in_process_server {
+            None
+        } else {
+            used.server_ticks.map(per_call)
+        },
+        client_syscalls: used.client_syscalls.map(per_call_n),
+        server_syscalls: if in_process_server {
+            None
+        } else {
+            used.server_syscalls.map(per_call_n)
+        },
+        round: 0,
+        cdf: cdf(hist),
+        fleet,
+        push_bytes: push,
+        mib_per_sec: push.map(|b| (b * calls) as f64 / took.as_secs_f64() / f64::from(1u32 << 20)),
+    }
+}
+
 async fn run_transport(
     transport: &str,
     servers: &mut Servers,
     args: &BenchArgs,
+    rings: &Rings,
     seed: u64,
     push: Option<u64>,
 ) -> Result<Row, String> {
+    if transport == "floor/tcp" {
+        return run_floor(servers, args, rings, seed).await;
+    }
     let (clients, sets, label) = if servers.is_fleet() {
         let (table, sets, label) = connect_fleet(transport, servers, args).await?;
         (vec![table], sets, label)
     } else {
-        let (clients, label) =
-            connect(transport, &servers.first().addr, args.workers, args).await?;
+        let first = servers.first();
+        let (clients, label) = connect(
+            transport,
+            &first.addr,
+            first.native.as_deref(),
+            args.workers,
+            args,
+        )
+        .await?;
         (clients, Vec::new(), label)
     };
     check(&clients[0], args).await?;
     let dense = push.map(|b| Dense::new(args, b));
-    phase(&clients, args, args.warmup, false, seed, dense.as_ref()).await?;
-    let per_sec = cpu::clock_ticks_per_sec();
+    phase(&clients, args, rings, args.warmup, false, seed, dense.as_ref()).await?;
     let counted0 = FleetCounts::of(&sets);
-    let (c0, s0) = (
-        cpu::cpu_ticks(None).map_err(|e| e.to_string())?,
-        servers.cpu_ticks(None)?,
-    );
+    let usage = Usage::start(
+        servers.single_pid(),
+        servers.cpu_ticks(None),
+        !servers.is_fleet(),
+    )
+    .await?;
     let measured = phase(
         &clients,
         args,
+        rings,
         args.duration,
         true,
         seed + 1,
@@ -964,51 +839,108 @@ async fn run_transport(
         }
         _ => (measured.await?, None),
     };
-    let (c1, s1) = (
-        cpu::cpu_ticks(None).map_err(|e| e.to_string())?,
-        servers.cpu_ticks(injected.as_ref().and_then(|i| i.killed()))?,
-    );
+    let used = usage
+        .stop(servers.cpu_ticks(injected.as_ref().and_then(|i| i.killed())))
+        .await?;
     if let Some(i) = &injected {
         let line = servers.report(i).await;
         eprintln!("bx ps bench: {transport}: {line}");
     }
-    let calls = outcome.calls;
-    let per_call = |ticks: u64| {
-        cpu::ticks_to_duration(ticks, per_sec).as_secs_f64() * 1e6 / calls.max(1) as f64
-    };
     let fleet = servers.is_fleet().then(|| FleetCounts {
         failed: outcome.failed,
         ..FleetCounts::of(&sets).since(counted0)
     });
-    Ok(Row {
-        transport: label,
-        calls,
-        mean_us: hist.mean(),
-        p50_us: hist.value_at_quantile(0.5),
-        p99_us: hist.value_at_quantile(0.99),
-        p95_us: hist.value_at_quantile(0.95),
-        p999_us: hist.value_at_quantile(0.999),
-        calls_per_sec: calls as f64 / took.as_secs_f64(),
-        client_cpu_us: per_call(c1 - c0),
-        server_cpu_us: s0.zip(s1).map(|(a, b)| per_call(b - a)),
-        cdf: cdf(&hist),
+    Ok(row_of(
+        label,
+        outcome.calls,
+        &hist,
+        took,
+        used,
+        transport == "tonic/inproc",
         fleet,
-        push_bytes: push,
-        mib_per_sec: push.map(|b| (b * calls) as f64 / took.as_secs_f64() / f64::from(1u32 << 20)),
-    })
+        push,
+    ))
 }
 
-/// Points of the latency CDF of `hist` (µs, fraction): every percent, then the tail.
-fn cdf(hist: &Histogram<u64>) -> Vec<(f64, f64)> {
-    if hist.is_empty() {
-        return Vec::new();
+/// The `floor/tcp` row ([`super::floor`]): checks a pull against the init on a connection of
+/// its own, then drives `--workers` connections with `--in-flight` calls spread over them,
+/// for the warm-up and then the measured phase.
+async fn run_floor(
+    servers: &Servers,
+    args: &BenchArgs,
+    rings: &Rings,
+    seed: u64,
+) -> Result<Row, String> {
+    let t = "floor/tcp";
+    let addr = servers.first().floor.clone().ok_or_else(|| {
+        format!("{t}: --transports {t}: the server has no floor port (a server the bench starts has)")
+    })?;
+    let fail = |e: floor::FloorError| format!("{t}: {e}");
+    let mut one = floor::connect(&addr).await.map_err(|e| format!("{t}: --transports {t}: {e}"))?;
+    let keys = check_keys(args);
+    let answer = floor::call(
+        &mut one,
+        native::Method::Pull,
+        &native::pull_request(TABLE, keys.clone()),
+    )
+    .await
+    .map_err(fail)?;
+    let (_, values) = native::pull_response(answer).map_err(|e| format!("{t}: check: {e}"))?;
+    check_values(&keys, &values, args.dim)?;
+    drop(one);
+    let n = args.workers.max(1).min(args.in_flight.max(1));
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(floor::connect(&addr).await.map_err(fail)?);
     }
-    let tail = [0.995, 0.999, 0.9995, 0.9999, 1.0];
-    (0..100)
-        .map(|i| f64::from(i) / 100.0)
-        .chain(tail)
-        .map(|q| (hist.value_at_quantile(q) as f64, q))
-        .collect()
+    let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
+        .map_err(|e| e.to_string())?;
+    let load = floor::Load {
+        table: TABLE,
+        dim: args.dim,
+        push_ratio: args.push_ratio,
+        grads: workload.grads(args.dim),
+    };
+    drive_floor(&mut conns, args, rings, &load, args.warmup, seed).await?;
+    let usage = Usage::start(servers.single_pid(), servers.cpu_ticks(None), true).await?;
+    let t0 = Instant::now();
+    let driven = drive_floor(&mut conns, args, rings, &load, args.duration, seed + 1).await?;
+    let took = t0.elapsed();
+    let used = usage.stop(servers.cpu_ticks(None)).await?;
+    let mut hist = Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
+    let mut calls = 0;
+    for d in &driven {
+        hist.add(&d.hist).map_err(|e| e.to_string())?;
+        calls += d.calls;
+    }
+    Ok(row_of(t.into(), calls, &hist, took, used, false, None, None))
+}
+
+/// Drives the floor connections `conns` for `secs`, `--in-flight` calls spread over them,
+/// connection `i` with worker `i`'s key ring. Errors: a connection's, or answers still
+/// missing [`floor::DRAIN_LIMIT`] after the phase.
+async fn drive_floor(
+    conns: &mut [tokio::net::TcpStream],
+    args: &BenchArgs,
+    rings: &Rings,
+    load: &floor::Load,
+    secs: f64,
+    seed: u64,
+) -> Result<Vec<floor::Driven>, String> {
+    let t = "floor/tcp";
+    let n = conns.len().max(1);
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let runs = conns.iter_mut().enumerate().map(|(i, c)| async move {
+        let slots = args.in_flight / n + usize::from(i < args.in_flight % n);
+        tokio::time::timeout_at(
+            until + floor::DRAIN_LIMIT,
+            floor::drive(c, slots, rings.of(i), load, until, seed * 1000 + i as u64),
+        )
+        .await
+        .map_err(|_| format!("{t}: answers still missing {:?} after the phase", floor::DRAIN_LIMIT))?
+        .map_err(|e| format!("{t}: {e}"))
+    });
+    futures::future::try_join_all(runs).await
 }
 
 /// [`run`], stopped by SIGINT or SIGTERM: the handlers are in place before the server child
@@ -1027,9 +959,11 @@ pub async fn run_until_signal(args: &BenchArgs) -> Result<Vec<Row>, BenchError> 
 }
 
 /// Runs the bench: one row per transport that could be set up (one that cannot, e.g. RDMA
-/// without a device, is reported on stderr and left out). Errors: the server did not start, a
-/// check or a measured call failed.
+/// without a device, is reported on stderr and left out), each transport once per round
+/// (`--rounds`), the transports interleaved within a round (row `round` says which). Errors:
+/// the server did not start, a check or a measured call failed.
 pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
+    let args = &args.resolved();
     if args.keys == 0 || args.keys_per_call == 0 || !(0.0..=1.0).contains(&args.push_ratio) {
         return Err(
             "--keys and --keys-per-call must be positive, --push-ratio within 0..=1".into(),
@@ -1039,9 +973,18 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
         return Err("--fault-at must fall within the measured phase (--duration)".into());
     }
     args.push_max_message()?;
-    let tls_rows = args.transports.iter().any(|t| is_tls(t));
+    let transports = args.transports();
+    let tls_rows = transports.iter().any(|t| is_tls(t));
     if tls_rows && args.servers.is_some() {
         return Err("+tls rows run against one server (not with --servers)".into());
+    }
+    if let Some(t) = transports.iter().find(|t| SINGLE_ONLY.contains(&t.as_str())) {
+        if args.servers.is_some() {
+            return Err(format!("{t} runs against one server (not with --servers)"));
+        }
+        if !args.push_bytes.is_empty() && t == "floor/tcp" {
+            return Err("floor/tcp runs the Zipf workload (not with --push-bytes)".into());
+        }
     }
     if tls_rows && args.server.is_none() && args.tls_cert.is_none() {
         return Err(
@@ -1092,7 +1035,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
         );
     } else {
         eprintln!(
-            "bx ps bench: {who}; {} keys, dim {}, {} keys/call, zipf {}, {} workers, {} in flight, {:.1}+{:.1} s per transport, push ratio {}",
+            "bx ps bench: {who}; {} keys, dim {}, {} keys/call, zipf {}, {} workers, {} in flight, {:.1}+{:.1} s per transport, push ratio {}, {} round(s)",
             args.keys,
             args.dim,
             args.keys_per_call,
@@ -1101,9 +1044,11 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
             args.in_flight,
             args.warmup,
             args.duration,
-            args.push_ratio
+            args.push_ratio,
+            args.rounds
         );
     }
+    let rings = Rings::draw(args)?;
     let bar = progress_bar(args);
     let ticker = {
         let bar = bar.clone();
@@ -1117,11 +1062,18 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     };
     let mut rows = Vec::new();
     let mut failed = None;
-    let runs = args
-        .transports
-        .iter()
-        .flat_map(|t| args.loads().into_iter().map(move |l| (t, l)));
-    for (i, (t, load)) in runs.enumerate() {
+    let mut skipped: Vec<String> = Vec::new();
+    let runs: Vec<(u32, &String, Option<u64>)> = (0..args.rounds.max(1))
+        .flat_map(|round| {
+            transports
+                .iter()
+                .flat_map(move |t| args.loads().into_iter().map(move |l| (round, t, l)))
+        })
+        .collect();
+    for (i, (round, t, load)) in runs.into_iter().enumerate() {
+        if skipped.contains(t) {
+            continue;
+        }
         bar.set_message(t.clone());
         let mut fleet = None;
         let servers = match (&mut single, args.servers) {
@@ -1142,14 +1094,17 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
                 }
             }
         };
-        match run_transport(t, servers, args, i as u64 * 7 + 1, load).await {
-            Ok(row) => rows.push(row),
-            Err(e) if e.starts_with(&format!("{t}: ")) => bar.suspend(|| {
-                eprintln!(
-                    "bx ps bench: skipping {t}: cannot connect: {}",
-                    &e[t.len() + 2..]
-                )
-            }),
+        match run_transport(t, servers, args, &rings, i as u64 * 7 + 1, load).await {
+            Ok(row) => rows.push(Row { round, ..row }),
+            Err(e) if e.starts_with(&format!("{t}: ")) => {
+                bar.suspend(|| {
+                    eprintln!(
+                        "bx ps bench: skipping {t}: cannot connect: {}",
+                        &e[t.len() + 2..]
+                    )
+                });
+                skipped.push(t.clone());
+            }
             Err(e) => {
                 failed = Some(format!("{t}: {e}"));
                 break;
@@ -1158,6 +1113,13 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     }
     ticker.abort();
     bar.finish_and_clear();
+    if rings.wraps() > 0 && args.push_bytes.is_empty() {
+        eprintln!(
+            "bx ps bench: the key rings wrapped {} time(s) over the bench (each holds {} calls; --ring-keys for more)",
+            rings.wraps(),
+            rings.calls
+        );
+    }
     drop(single); // kills a child server
     drop(single_tls);
     match failed {
@@ -1169,7 +1131,8 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
 /// The progress bar on stderr (drawn only on a terminal): time through the whole bench,
 /// with the transport running now.
 fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
-    let total = (args.warmup + args.duration) * (args.transports.len() * args.loads().len()) as f64;
+    let rows = args.transports().len() * args.loads().len() * args.rounds.max(1) as usize;
+    let total = (args.warmup + args.duration) * rows as f64;
     let bar = indicatif::ProgressBar::with_draw_target(
         Some((total * 1000.0) as u64),
         indicatif::ProgressDrawTarget::stderr(),
@@ -1182,376 +1145,10 @@ fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
     bar
 }
 
-/// The rows as an aligned text table; rows of a fleet add the columns `failed` and
-/// `ejections`, dense push rows the columns `push` (bytes per call) and `MiB/s`.
-pub fn table(rows: &[Row]) -> String {
-    let fleet = rows.iter().any(|r| r.fleet.is_some());
-    let push = rows.iter().any(|r| r.push_bytes.is_some());
-    let mut s = format!(
-        "{:<20} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14}",
-        "transport",
-        "calls",
-        "mean µs",
-        "p50 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "calls/s",
-        "client CPU µs",
-        "server CPU µs"
-    );
-    if fleet {
-        s += &format!(
-            " {:>8} {:>8} {:>8} {:>9}",
-            "failed", "retried", "hedged", "ejections"
-        );
-    }
-    if push {
-        s += &format!(" {:>8} {:>9}", "push", "MiB/s");
-    }
-    s += "\n";
-    for r in rows {
-        let server_cpu = r
-            .server_cpu_us
-            .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
-        s += &format!(
-            "{:<20} {:>9} {:>9.1} {:>8} {:>8} {:>9} {:>10.0} {:>14.1} {:>14}",
-            r.transport,
-            r.calls,
-            r.mean_us,
-            r.p50_us,
-            r.p99_us,
-            r.p999_us,
-            r.calls_per_sec,
-            r.client_cpu_us,
-            server_cpu
-        );
-        if fleet {
-            let f = r.fleet.unwrap_or_default();
-            s += &format!(
-                " {:>8} {:>8} {:>8} {:>9}",
-                f.failed,
-                or_dash(f.retried),
-                or_dash(f.hedged),
-                or_dash(f.ejections)
-            );
-        }
-        if push {
-            s += &format!(
-                " {:>8} {:>9}",
-                r.push_bytes.map_or_else(|| "-".to_string(), show_size),
-                r.mib_per_sec
-                    .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
-            );
-        }
-        s += "\n";
-    }
-    s
-}
-
-/// `v`, or JSON's `null` for none.
-fn or_null(v: Option<u64>) -> String {
-    v.map_or_else(|| "null".to_string(), |v| v.to_string())
-}
-
-/// `v`, or `-` for none.
-fn or_dash(v: Option<u64>) -> String {
-    v.map_or_else(|| "-".to_string(), |v| v.to_string())
-}
-
-/// The settings and every row as one JSON object: `{"settings": {...}, "rows": [...]}`, row
-/// fields named as in [`Row`] (without the CDF), `server_cpu_us` null for a server the bench
-/// did not start. A fleet bench adds the settings `servers`, `replicas`, `fault` (null
-/// without), `fault_at_s` and `deadline_ms`, and the row fields of [`FleetCounts`]
-/// (`ejections` null for h2). With `--push-bytes`, the settings add `push_bytes` (a list of
-/// bytes) and every row its `push_bytes` and `mib_per_sec`.
-pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
-    let transports: Vec<String> = args.transports.iter().map(|t| json_str(t)).collect();
-    let fleet = match args.servers {
-        None => String::new(),
-        Some(n) => format!(
-            ", \"servers\": {n}, \"replicas\": {}, \"fault\": {}, \"fault_at_s\": {}, \"deadline_ms\": {}, \"policy\": {}",
-            args.replicas,
-            args.fault
-                .map_or_else(|| "null".to_string(), |f| json_str(f.name())),
-            finite(args.fault_at().as_secs_f64()),
-            args.deadline().unwrap_or_default().as_millis(),
-            match (&args.service_config, args.policy) {
-                (Some(p), _) => json_str(&p.display().to_string()),
-                (None, Policy::None) => "null".to_string(),
-                (None, Policy::Retries) => json_str("retries"),
-                (None, Policy::Hedging) =>
-                    json_str(&format!("hedging {} ms", args.hedging_delay_ms)),
-            }
-        ),
-    };
-    let push = if args.push_bytes.is_empty() {
-        String::new()
-    } else {
-        let b: Vec<String> = args.push_bytes.iter().map(u64::to_string).collect();
-        format!(", \"push_bytes\": [{}]", b.join(", "))
-    };
-    let settings = format!(
-        "{{\"keys\": {}, \"dim\": {}, \"keys_per_call\": {}, \"skew\": {}, \"workers\": {}, \"in_flight\": {}, \"duration_s\": {}, \"warmup_s\": {}, \"push_ratio\": {}, \"transports\": [{}], \"server\": {}{fleet}{push}}}",
-        args.keys,
-        args.dim,
-        args.keys_per_call,
-        finite(args.skew),
-        args.workers,
-        args.in_flight,
-        finite(args.duration),
-        finite(args.warmup),
-        finite(args.push_ratio),
-        transports.join(", "),
-        args.server
-            .as_deref()
-            .map_or_else(|| "null".to_string(), json_str),
-    );
-    let objs: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let fleet = r.fleet.map_or_else(String::new, |f| {
-                format!(
-                    ", \"failed\": {}, \"retried\": {}, \"hedged\": {}, \"ejections\": {}",
-                    f.failed,
-                    or_null(f.retried),
-                    or_null(f.hedged),
-                    or_null(f.ejections)
-                )
-            });
-            let push = r.push_bytes.map_or_else(String::new, |b| {
-                format!(
-                    ", \"push_bytes\": {b}, \"mib_per_sec\": {:.3}",
-                    finite(r.mib_per_sec.unwrap_or(0.0))
-                )
-            });
-            format!(
-                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}{fleet}{push}}}",
-                json_str(&r.transport),
-                r.calls,
-                finite(r.mean_us),
-                r.p50_us,
-                r.p95_us,
-                r.p99_us,
-                r.p999_us,
-                finite(r.calls_per_sec),
-                finite(r.client_cpu_us),
-                r.server_cpu_us
-                    .map_or_else(|| "null".to_string(), |v| format!("{:.3}", finite(v)))
-            )
-        })
-        .collect();
-    format!(
-        "{{\n  \"settings\": {settings},\n  \"rows\": [\n{}\n  ]\n}}\n",
-        objs.join(",\n")
-    )
-}
-
-/// A JSON string literal.
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out += "\\\"",
-            '\\' => out += "\\\\",
-            c if (c as u32) < 0x20 => out += &format!("\\u{:04x}", c as u32),
-            c => out.push(c),
-        }
-    }
-    out + "\""
-}
-
-/// JSON has no NaN or infinity.
-fn finite(v: f64) -> f64 {
-    if v.is_finite() { v } else { 0.0 }
-}
-
-/// Draws each row's latency CDF (log-scale µs on x, fraction of calls on y) into an SVG file
-/// with `plotters`, one curve per row, labelled with the row's transport. Errors: no row has
-/// samples, or the file cannot be written.
-pub fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
-    use plotters::prelude::*;
-    let xs = rows.iter().flat_map(|r| r.cdf.iter().map(|p| p.0));
-    let lo = xs.clone().fold(f64::INFINITY, f64::min).max(1.0);
-    let hi = xs.fold(0.0, f64::max);
-    if !hi.is_finite() || hi <= 0.0 {
-        return Err("no latency samples to plot".into());
-    }
-    let (lo, hi) = (lo * 0.9, (hi * 1.1).max(lo * 2.0));
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("bx ps bench: latency CDF per transport", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .x_desc("latency (µs, log scale)")
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_desc("fraction of calls")
-        .draw()
-        .map_err(|x| e(&x))?;
-    for (i, r) in rows.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(
-                r.cdf.iter().map(|&(x, y)| (x.max(lo), y)),
-                color.stroke_width(2),
-            ))
-            .map_err(|x| e(&x))?
-            .label(r.label())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn row() -> Row {
-        Row {
-            transport: "bx/rdma".into(),
-            calls: 10,
-            mean_us: 12.5,
-            p50_us: 11,
-            p99_us: 20,
-            p95_us: 15,
-            p999_us: 30,
-            calls_per_sec: 1000.0,
-            client_cpu_us: 5.0,
-            server_cpu_us: Some(f64::NAN),
-            cdf: vec![(10.0, 0.0), (11.0, 0.5), (30.0, 1.0)],
-            fleet: None,
-            push_bytes: None,
-            mib_per_sec: None,
-        }
-    }
-
-    fn args() -> BenchArgs {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct A {
-            #[command(flatten)]
-            b: BenchArgs,
-        }
-        A::parse_from([
-            "bench",
-            "--server",
-            "127.0.0.1:9",
-            "--transports",
-            "rdma,tcp",
-        ])
-        .b
-    }
-
-    #[test]
-    fn table_and_json_shapes() {
-        let t = table(&[row()]);
-        assert_eq!(t.lines().count(), 2);
-        assert!(t.contains("bx/rdma"));
-        let other = Row {
-            server_cpu_us: None,
-            ..row()
-        };
-        let t = table(std::slice::from_ref(&other));
-        assert!(t.lines().nth(1).unwrap().trim_end().ends_with('-'), "{t}");
-        let j = json(&args(), &[row(), other]);
-        assert!(j.contains("\"transport\": \"bx/rdma\""));
-        assert!(j.contains("\"server_cpu_us\": 0.000"));
-        assert!(j.contains("\"server_cpu_us\": null"));
-        assert!(j.contains("\"server\": \"127.0.0.1:9\""), "{j}");
-        assert!(j.contains("\"transports\": [\"rdma\", \"tcp\"]"), "{j}");
-        // settings, and one object per row
-        assert_eq!(j.matches('{').count(), 4);
-        assert_eq!(json_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
-    }
-
-    #[test]
-    fn fleet_rows_add_failed_retried_hedged_and_ejections_to_the_table_and_json() {
-        let fleet = |n: Option<u64>| Row {
-            fleet: Some(FleetCounts {
-                failed: 7,
-                retried: n.map(|n| n + 3),
-                hedged: n.map(|n| n + 1),
-                ejections: n,
-            }),
-            ..row()
-        };
-        let t = table(&[fleet(Some(2)), fleet(None)]);
-        let lines: Vec<&str> = t.lines().collect();
-        assert!(
-            lines[0].ends_with("   failed  retried   hedged ejections"),
-            "{t}"
-        );
-        assert!(
-            lines[1].ends_with("        7        5        3         2"),
-            "{t}"
-        );
-        assert!(
-            lines[2].ends_with("        7        -        -         -"),
-            "{t}"
-        );
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct A {
-            #[command(flatten)]
-            b: BenchArgs,
-        }
-        let a = A::parse_from([
-            "bench",
-            "--servers",
-            "2",
-            "--replicas",
-            "3",
-            "--fault",
-            "kill",
-            "--policy",
-            "retries",
-        ])
-        .b;
-        let j = json(&a, &[fleet(Some(2)), fleet(None)]);
-        assert!(
-            j.contains("\"servers\": 2, \"replicas\": 3, \"fault\": \"kill\", \"fault_at_s\": 2.666666667, \"deadline_ms\": 1000, \"policy\": \"retries\"}"),
-            "{j}"
-        );
-        assert!(
-            j.contains("\"failed\": 7, \"retried\": 5, \"hedged\": 3, \"ejections\": 2}"),
-            "{j}"
-        );
-        assert!(
-            j.contains("\"failed\": 7, \"retried\": null, \"hedged\": null, \"ejections\": null}"),
-            "{j}"
-        );
-        assert_eq!(j.matches('{').count(), 4);
-        // flags that make no sense without a fleet are refused
-        assert!(A::try_parse_from(["bench", "--fault", "kill"]).is_err());
-        assert!(A::try_parse_from(["bench", "--policy", "retries"]).is_err());
-        assert!(A::try_parse_from(["bench", "--servers", "2", "--server", "h:1"]).is_err());
-        assert!(A::try_parse_from(["bench", "--servers", "0"]).is_err());
-        // each policy is a valid A6 service config; none is no config
-        for (p, kind) in [("retries", "retry"), ("hedging", "hedging")] {
-            let a = A::parse_from(["bench", "--servers", "1", "--policy", p]).b;
-            let sc = a.service_config().unwrap().expect("a policy");
-            let m = sc
-                .method("/ps.ParameterServer/Pull")
-                .expect("Pull has a policy");
-            assert!(format!("{m:?}").to_lowercase().contains(kind), "{m:?}");
-            assert!(sc.method("/ps.ParameterServer/Push").is_none());
-        }
-        let a = A::parse_from(["bench", "--servers", "1"]).b;
-        assert!(a.service_config().unwrap().is_none());
-    }
 
     fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
         use clap::Parser;
@@ -1624,63 +1221,4 @@ mod tests {
         );
     }
 
-    #[test]
-    fn push_rows_add_their_size_and_mib_per_s_to_the_table_json_and_plot_label() {
-        let push = Row {
-            push_bytes: Some(4 << 20),
-            mib_per_sec: Some(123.456),
-            ..row()
-        };
-        let t = table(std::slice::from_ref(&push));
-        let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].ends_with("    push     MiB/s"), "{t}");
-        assert!(lines[1].ends_with("    4MiB     123.5"), "{t}");
-        // the Zipf table is as it was: no push columns
-        assert!(!table(&[row()]).contains("MiB/s"));
-        let a = parse(&["--push-bytes", "4MiB"]).unwrap();
-        let j = json(&a, std::slice::from_ref(&push));
-        assert!(j.contains("\"push_bytes\": [4194304]}"), "{j}");
-        assert!(
-            j.contains("\"push_bytes\": 4194304, \"mib_per_sec\": 123.456}"),
-            "{j}"
-        );
-        let j = json(&args(), &[row()]);
-        assert!(
-            !j.contains("push_bytes") && !j.contains("mib_per_sec"),
-            "{j}"
-        );
-        assert_eq!(push.label(), "bx/rdma push 4MiB");
-        assert_eq!(row().label(), "bx/rdma");
-    }
-
-    #[test]
-    fn the_plot_is_an_svg_with_one_curve_per_row() {
-        let dir = std::env::temp_dir().join(format!("bx-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("cdf.svg");
-        let tcp = Row {
-            transport: "bx/tcp".into(),
-            cdf: vec![(20.0, 0.0), (25.0, 0.5), (90.0, 1.0)],
-            ..row()
-        };
-        plot(&[row(), tcp], &path).unwrap();
-        let svg = std::fs::read_to_string(&path).unwrap();
-        assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
-        assert!(
-            svg.contains("bx/rdma") && svg.contains("bx/tcp"),
-            "labels missing"
-        );
-        assert!(svg.matches("<polyline").count() >= 2, "curves missing");
-        assert!(
-            plot(
-                &[Row {
-                    cdf: vec![],
-                    ..row()
-                }],
-                &path
-            )
-            .is_err()
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }

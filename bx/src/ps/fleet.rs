@@ -56,6 +56,10 @@ pub struct ServerChild {
     pub addr: String,
     /// The child's pid, for its CPU time and faults; `None` for a server started elsewhere.
     pub pid: Option<u32>,
+    /// `host:port` of its native `byteexpress-rpc` port (`bx ps serve --native-addr`), if any.
+    pub native: Option<String>,
+    /// `host:port` of its floor/tcp port (`bx ps serve --floor-addr`), if any.
+    pub floor: Option<String>,
 }
 
 impl Drop for ServerChild {
@@ -74,6 +78,8 @@ impl ServerChild {
             child: None,
             addr,
             pid: None,
+            native: None,
+            floor: None,
         }
     }
 
@@ -106,18 +112,30 @@ impl ServerChild {
             child: Some(child),
             addr: String::new(),
             pid: Some(pid),
+            native: None,
+            floor: None,
         };
         let mut lines = BufReader::new(stdout.ok_or("no server stdout")?).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| "server did not start within 30 s")?
-            .map_err(|e| format!("reading server stdout: {e}"))?
-            .ok_or("server exited before listening")?;
-        server.addr = line
-            .strip_prefix("LISTENING ")
-            .ok_or_else(|| format!("unexpected server line {line:?}"))?
-            .to_string();
-        Ok(server)
+        let limit = tokio::time::Instant::now() + Duration::from_secs(30);
+        // `NATIVE addr` and `FLOOR addr` come first when asked for, `LISTENING addr` last
+        loop {
+            let line = tokio::time::timeout_at(limit, lines.next_line())
+                .await
+                .map_err(|_| "server did not start within 30 s")?
+                .map_err(|e| format!("reading server stdout: {e}"))?
+                .ok_or("server exited before listening")?;
+            if let Some(a) = line.strip_prefix("NATIVE ") {
+                server.native = Some(a.to_string());
+            } else if let Some(a) = line.strip_prefix("FLOOR ") {
+                server.floor = Some(a.to_string());
+            } else {
+                server.addr = line
+                    .strip_prefix("LISTENING ")
+                    .ok_or_else(|| format!("unexpected server line {line:?}"))?
+                    .to_string();
+                return Ok(server);
+            }
+        }
     }
 
     /// How the child ended, waiting at most `limit`; `None` if it runs on (or is not ours).
@@ -136,11 +154,18 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// One server: the one at `--server`, or a child.
+    /// One server: the one at `--server`, or a child with its native and floor ports too.
     pub async fn single(args: &BenchArgs) -> Result<Servers, String> {
         let one = match &args.server {
             Some(addr) => ServerChild::elsewhere(addr.clone()),
-            None => ServerChild::start(args.dim, &args.serve_flags()?).await?,
+            None => {
+                let mut flags = args.serve_flags()?;
+                flags.extend(
+                    ["--native-addr", "127.0.0.1:0", "--floor-addr", "127.0.0.1:0"]
+                        .map(String::from),
+                );
+                ServerChild::start(args.dim, &flags).await?
+            }
         };
         Ok(Servers {
             shards: vec![vec![one]],
@@ -207,6 +232,11 @@ impl Servers {
     /// Whether this is a fleet (`--servers`).
     pub fn is_fleet(&self) -> bool {
         self.fleet
+    }
+
+    /// The pid of the one server of a single-server bench, when the bench started it.
+    pub fn single_pid(&self) -> Option<u32> {
+        if self.fleet { None } else { self.first().pid }
     }
 
     /// The one server of a single-server bench.

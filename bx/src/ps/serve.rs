@@ -1,5 +1,8 @@
 //! `bx ps serve`: the parameter server (and the echo test service) on one port, ByteExpress
-//! and HTTP/2 side by side. Prints `LISTENING <addr>` on stdout once it accepts.
+//! and HTTP/2 side by side. Prints `LISTENING <addr>` on stdout once it accepts. With
+//! `--native-addr` and `--floor-addr` it serves the same store on two more ports, without
+//! tonic: `byteexpress-rpc`'s native API and the plain-TCP floor of `bx ps bench`
+//! ([`super::floor`]); their `NATIVE <addr>` and `FLOOR <addr>` lines come before `LISTENING`.
 //!
 //! In a fleet, `--shard I --shards N` serves shard I of a table split over N shards
 //! ([`byteexpress_ps::shard`]); a call naming a key of another shard fails
@@ -69,6 +72,15 @@ pub struct ServeArgs {
     /// for new connections.
     #[arg(long, value_name = "PEM", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
+    /// Also serve the parameter server on `byteexpress-rpc`'s native API (no tonic, no
+    /// HTTP/2; protobuf bodies, [`byteexpress_ps::native`]) at this address, on the same
+    /// store; prints `NATIVE <addr>` before `LISTENING`. `bx ps bench`'s native rows use it.
+    #[arg(long, value_name = "ADDR")]
+    pub native_addr: Option<SocketAddr>,
+    /// Also serve the floor/tcp protocol (`bx ps bench`'s plain-TCP floor) at this address,
+    /// on the same store; prints `FLOOR <addr>` before `LISTENING`.
+    #[arg(long, value_name = "ADDR")]
+    pub floor_addr: Option<SocketAddr>,
     /// The private key (PEM file) of --tls-cert.
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
@@ -101,11 +113,8 @@ pub fn die_with_parent(args: &ServeArgs) -> Result<(), String> {
 pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     let shard = ShardSpec::new(args.shard, args.shards)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut ps = PsService::new(Arc::new(Store::new(
-        args.dim,
-        &args.tables,
-        args.lock_shards,
-    )));
+    let store = Arc::new(Store::new(args.dim, &args.tables, args.lock_shards));
+    let mut ps = PsService::new(store.clone());
     if args.shards > 1 {
         ps = ps.serving(shard);
     }
@@ -141,7 +150,7 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
             .max_decoding_message_size(max as usize)
             .max_encoding_message_size(max as usize);
     }
-    let mut server = Server::builder().config(cfg);
+    let mut server = Server::builder().config(cfg.clone());
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let mut tls = byteexpress::ServerTlsConfig::new()
             .identity(byteexpress::Identity::from_pem_files(cert, key));
@@ -159,6 +168,29 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
         .add_service(ps)
         .add_service(EchoService::default().server());
     let mut out = std::io::stdout().lock();
+    if let Some(addr) = args.native_addr {
+        let l = tokio::net::TcpListener::bind(addr).await?;
+        writeln!(out, "NATIVE {}", l.local_addr()?)?;
+        let native = byteexpress_rpc::Server::new(
+            byteexpress_ps::native::native_service(store.clone()),
+            cfg.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = native.serve(l).await {
+                tracing::error!("native port: {e}");
+            }
+        });
+    }
+    if let Some(addr) = args.floor_addr {
+        let l = tokio::net::TcpListener::bind(addr).await?;
+        writeln!(out, "FLOOR {}", l.local_addr()?)?;
+        let store = store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = super::floor::serve(l, store).await {
+                tracing::error!("floor port: {e}");
+            }
+        });
+    }
     writeln!(out, "LISTENING {}", listener.local_addr()?)?;
     out.flush()?;
     drop(out);
