@@ -1149,6 +1149,7 @@ fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ps::clients::bx_config;
 
     fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
         use clap::Parser;

@@ -458,3 +458,54 @@ pub(super) async fn connect(
     }
     Ok((clients, label))
 }
+
+#[cfg(test)]
+mod tests {
+    use byteexpress_ps::{decode_f32s, init_value};
+
+    use super::*;
+
+    fn args(argv: &[&str]) -> BenchArgs {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct A {
+            #[command(flatten)]
+            b: BenchArgs,
+        }
+        A::parse_from(std::iter::once("bench").chain(argv.iter().copied())).b
+    }
+
+    /// The tonic/inproc row's clients call tonic's generated server in this process, all on
+    /// one store: a push through one is what the other pulls, and the init everywhere else.
+    #[tokio::test(flavor = "current_thread")]
+    async fn tonic_inproc_clients_share_one_in_process_store_and_their_pushes_land() {
+        let a = args(&["--dim", "4"]);
+        let (clients, label) = connect("tonic/inproc", "127.0.0.1:9", None, 2, &a)
+            .await
+            .unwrap();
+        assert_eq!((label.as_str(), clients.len()), ("tonic/inproc", 2));
+        assert!(matches!(clients[0].shards[0], PsClient::Inproc(_)));
+        let g = Bytes::from(
+            [1.0f32, 2.0, 0.0, -1.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        clients[0].push(vec![3], &g).await.unwrap();
+        let v = decode_f32s(&clients[1].pull(vec![3, 4]).await.unwrap());
+        for (i, g) in [1.0f32, 2.0, 0.0, -1.0].iter().enumerate() {
+            assert_eq!(v[i], init_value(TABLE, 3, i as u32) - 0.01 * g, "value {i}");
+            assert_eq!(v[4 + i], init_value(TABLE, 4, i as u32));
+        }
+    }
+
+    /// The native rows need the server's native port; without one they are refused with the
+    /// row's name first (so the bench skips them, as an RDMA row without a device).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_native_row_without_a_native_port_is_refused_naming_the_row() {
+        let e = connect("native/tcp", "127.0.0.1:9", None, 1, &args(&[]))
+            .await
+            .unwrap_err();
+        assert!(e.starts_with("native/tcp: "), "{e}");
+    }
+}

@@ -278,6 +278,7 @@ pub fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ps::bench::FleetCounts;
 
     fn row() -> Row {
         Row {
