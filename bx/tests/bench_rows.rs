@@ -23,7 +23,15 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// `n/a`).
 fn perf_counts() -> bool {
     Command::new("perf")
-        .args(["stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "--", "true"])
+        .args([
+            "stat",
+            "-x",
+            ",",
+            "-e",
+            "raw_syscalls:sys_enter",
+            "--",
+            "true",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()
@@ -37,12 +45,7 @@ fn field_of(json: &str, prefix: &str, field: &str) -> Vec<String> {
         .filter(|l| l.contains(&format!("\"transport\": \"{prefix}")))
         .map(|l| {
             let at = l.find(&format!("\"{field}\": ")).expect(field) + field.len() + 4;
-            l[at..]
-                .split([',', '}'])
-                .next()
-                .unwrap()
-                .trim()
-                .to_string()
+            l[at..].split([',', '}']).next().unwrap().trim().to_string()
         })
         .collect()
 }
@@ -86,7 +89,8 @@ fn the_transport_rows_run_interleaved_answer_correctly_and_report_medians_agains
     );
     assert!(f.status.success(), "{}", f.both());
     assert!(
-        f.stderr.contains("keys drawn before measuring: 2 rings of 5000 keys"),
+        f.stderr
+            .contains("keys drawn before measuring: 2 rings of 5000 keys"),
         "{}",
         f.both()
     );
@@ -204,7 +208,10 @@ async fn pushes_through_the_native_and_floor_ports_land_in_the_store_the_tonic_p
         let c = byteexpress_rpc::Client::connect(&s.native, &cfg)
             .await
             .unwrap();
-        assert_eq!(c.transport().kind(), format!("{transport:?}").to_lowercase());
+        assert_eq!(
+            c.transport().kind(),
+            format!("{transport:?}").to_lowercase()
+        );
         c.call(byteexpress_rpc::Request {
             method: PUSH_PATH.into(),
             body: Bytes::from(push.clone()),
@@ -225,7 +232,11 @@ async fn pushes_through_the_native_and_floor_ports_land_in_the_store_the_tonic_p
     let a = bx::ps::floor::call(&mut floor, Method::Pull, &body)
         .await
         .unwrap();
-    assert_eq!(decode_f32s(&native::pull_response(a).unwrap().1), want, "floor");
+    assert_eq!(
+        decode_f32s(&native::pull_response(a).unwrap().1),
+        want,
+        "floor"
+    );
     let c = byteexpress_rpc::Client::connect(&s.native, &Default::default())
         .await
         .unwrap();
@@ -237,7 +248,11 @@ async fn pushes_through_the_native_and_floor_ports_land_in_the_store_the_tonic_p
         })
         .await
         .unwrap();
-    assert_eq!(decode_f32s(&native::pull_response(a.body).unwrap().1), want, "native");
+    assert_eq!(
+        decode_f32s(&native::pull_response(a.body).unwrap().1),
+        want,
+        "native"
+    );
     let ch = byteexpress::Channel::connect(&format!("bx://{}", s.tonic))
         .await
         .unwrap();

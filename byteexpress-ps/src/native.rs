@@ -141,11 +141,21 @@ mod tests {
     #[test]
     fn answers_pull_and_push_in_protobuf_and_refuses_bad_requests() {
         let s = Store::new(2, &["emb".to_string()], 1);
-        let grads = Bytes::from([1.0f32, 0.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let grads = Bytes::from(
+            [1.0f32, 0.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
         let push = push_request("emb", vec![4], grads, 0.5);
         let r = answer(&s, Method::Push, Bytes::from(push)).unwrap();
         assert!(r.is_empty(), "PushResponse has no field");
-        let r = answer(&s, Method::Pull, Bytes::from(pull_request("emb", vec![4, 9]))).unwrap();
+        let r = answer(
+            &s,
+            Method::Pull,
+            Bytes::from(pull_request("emb", vec![4, 9])),
+        )
+        .unwrap();
         let (dim, values) = pull_response(Bytes::from(r)).unwrap();
         assert_eq!(dim, 2);
         assert_eq!(

@@ -420,7 +420,10 @@ mod tests {
             });
             puller.join().unwrap()
         });
-        assert!(pulls > 0 && between > 0, "{pulls} pulls, {between} mid-push");
+        assert!(
+            pulls > 0 && between > 0,
+            "{pulls} pulls, {between} mid-push"
+        );
         let v = decode_f32s(&s.pull("emb", &keys).unwrap());
         for (j, &k) in keys.iter().enumerate() {
             for i in 0..64 {

@@ -156,10 +156,7 @@ impl KeyRing {
     /// The keys of the next call: `keys_per_call` keys of the ring, in the order drawn.
     pub fn next_keys(&self) -> &[u64] {
         let calls = self.keys.len() / self.keys_per_call;
-        let i = self
-            .next
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            % calls;
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % calls;
         &self.keys[i * self.keys_per_call..(i + 1) * self.keys_per_call]
     }
 

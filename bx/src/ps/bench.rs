@@ -815,7 +815,16 @@ async fn run_transport(
     };
     check(&clients[0], args).await?;
     let dense = push.map(|b| Dense::new(args, b));
-    phase(&clients, args, rings, args.warmup, false, seed, dense.as_ref()).await?;
+    phase(
+        &clients,
+        args,
+        rings,
+        args.warmup,
+        false,
+        seed,
+        dense.as_ref(),
+    )
+    .await?;
     let counted0 = FleetCounts::of(&sets);
     let usage = Usage::start(
         servers.single_pid(),
@@ -873,10 +882,14 @@ async fn run_floor(
 ) -> Result<Row, String> {
     let t = "floor/tcp";
     let addr = servers.first().floor.clone().ok_or_else(|| {
-        format!("{t}: --transports {t}: the server has no floor port (a server the bench starts has)")
+        format!(
+            "{t}: --transports {t}: the server has no floor port (a server the bench starts has)"
+        )
     })?;
     let fail = |e: floor::FloorError| format!("{t}: {e}");
-    let mut one = floor::connect(&addr).await.map_err(|e| format!("{t}: --transports {t}: {e}"))?;
+    let mut one = floor::connect(&addr)
+        .await
+        .map_err(|e| format!("{t}: --transports {t}: {e}"))?;
     let keys = check_keys(args);
     let answer = floor::call(
         &mut one,
@@ -913,7 +926,16 @@ async fn run_floor(
         hist.add(&d.hist).map_err(|e| e.to_string())?;
         calls += d.calls;
     }
-    Ok(row_of(t.into(), calls, &hist, took, used, false, None, None))
+    Ok(row_of(
+        t.into(),
+        calls,
+        &hist,
+        took,
+        used,
+        false,
+        None,
+        None,
+    ))
 }
 
 /// Drives the floor connections `conns` for `secs`, `--in-flight` calls spread over them,
@@ -937,7 +959,12 @@ async fn drive_floor(
             floor::drive(c, slots, rings.of(i), load, until, seed * 1000 + i as u64),
         )
         .await
-        .map_err(|_| format!("{t}: answers still missing {:?} after the phase", floor::DRAIN_LIMIT))?
+        .map_err(|_| {
+            format!(
+                "{t}: answers still missing {:?} after the phase",
+                floor::DRAIN_LIMIT
+            )
+        })?
         .map_err(|e| format!("{t}: {e}"))
     });
     futures::future::try_join_all(runs).await
@@ -978,7 +1005,10 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     if tls_rows && args.servers.is_some() {
         return Err("+tls rows run against one server (not with --servers)".into());
     }
-    if let Some(t) = transports.iter().find(|t| SINGLE_ONLY.contains(&t.as_str())) {
+    if let Some(t) = transports
+        .iter()
+        .find(|t| SINGLE_ONLY.contains(&t.as_str()))
+    {
         if args.servers.is_some() {
             return Err(format!("{t} runs against one server (not with --servers)"));
         }
@@ -1145,7 +1175,6 @@ fn progress_bar(args: &BenchArgs) -> indicatif::ProgressBar {
     bar
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1221,5 +1250,4 @@ mod tests {
             "{e}"
         );
     }
-
 }

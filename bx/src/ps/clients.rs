@@ -437,9 +437,7 @@ pub(super) async fn connect(
             }
             "tonic/inproc" => {
                 let store = inproc
-                    .get_or_insert_with(|| {
-                        Arc::new(Store::new(args.dim, &[TABLE.to_string()], 64))
-                    })
+                    .get_or_insert_with(|| Arc::new(Store::new(args.dim, &[TABLE.to_string()], 64)))
                     .clone();
                 label = "tonic/inproc".into();
                 PsClient::Inproc(ParameterServerClient::new(PsService::new(store).server()))

@@ -161,8 +161,13 @@ impl Servers {
             None => {
                 let mut flags = args.serve_flags()?;
                 flags.extend(
-                    ["--native-addr", "127.0.0.1:0", "--floor-addr", "127.0.0.1:0"]
-                        .map(String::from),
+                    [
+                        "--native-addr",
+                        "127.0.0.1:0",
+                        "--floor-addr",
+                        "127.0.0.1:0",
+                    ]
+                    .map(String::from),
                 );
                 ServerChild::start(args.dim, &flags).await?
             }

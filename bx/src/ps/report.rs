@@ -330,7 +330,11 @@ mod tests {
         };
         let t = table(std::slice::from_ref(&other));
         assert!(
-            t.lines().nth(1).unwrap().trim_end().ends_with("-       0.50        n/a"),
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .trim_end()
+                .ends_with("-       0.50        n/a"),
             "{t}"
         );
         let j = json(&args(), &[row(), other]);

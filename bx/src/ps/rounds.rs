@@ -57,7 +57,8 @@ pub fn medians(rows: &[Row]) -> Vec<Median> {
         .map(|name| {
             let of: Vec<&Row> = rows.iter().filter(|r| r.transport == *name).collect();
             let m = |f: &dyn Fn(&Row) -> f64| median(of.iter().map(|r| f(r)).collect());
-            let opt = |f: &dyn Fn(&Row) -> Option<f64>| median(of.iter().filter_map(|r| f(r)).collect());
+            let opt =
+                |f: &dyn Fn(&Row) -> Option<f64>| median(of.iter().filter_map(|r| f(r)).collect());
             Median {
                 transport: name.to_string(),
                 rounds: of.len(),
@@ -168,7 +169,14 @@ mod tests {
         assert_eq!(m[1].client_syscalls, None);
         let t = table(&m);
         assert!(t.lines().nth(2).unwrap().contains("0.25x"), "{t}");
-        assert!(t.lines().nth(2).unwrap().trim_end().ends_with("n/a        n/a"), "{t}");
+        assert!(
+            t.lines()
+                .nth(2)
+                .unwrap()
+                .trim_end()
+                .ends_with("n/a        n/a"),
+            "{t}"
+        );
         // no floor row: no ratios
         assert!(medians(&rows[1..2]).iter().all(|m| m.vs_floor.is_none()));
         assert_eq!(median(vec![4.0, 1.0]), Some(2.5));
