@@ -61,22 +61,47 @@ pub enum AnswerError {
 /// Answers one encoded request of `method` on `store`: the encoded `PullResponse` (dim and the
 /// rows, keys × dim × 4 bytes) or the empty `PushResponse`. Errors: [`AnswerError`].
 pub fn answer(store: &Store, method: Method, body: Bytes) -> Result<Vec<u8>, AnswerError> {
+    let mut out = Vec::new();
+    answer_into(store, method, body, &mut out)?;
+    Ok(out)
+}
+
+/// [`answer`] appending the encoded answer to `out`. A `PullResponse` is written field by
+/// field with prost's encoding functions, the rows gathered straight into `out`
+/// ([`Store::pull_into`]): the bytes prost's `encode` gives, without a copy of the rows. On an
+/// error `out` is as it was.
+pub fn answer_into(
+    store: &Store,
+    method: Method,
+    body: Bytes,
+    out: &mut Vec<u8>,
+) -> Result<(), AnswerError> {
     match method {
         Method::Pull => {
             let r = PullRequest::decode(body).map_err(AnswerError::Decode)?;
-            let values = store.pull(&r.table, &r.keys).map_err(AnswerError::Store)?;
-            Ok(PullResponse {
-                dim: store.dim() as u32,
-                values,
+            let start = out.len();
+            let dim = store.dim() as u32;
+            let len = r.keys.len() * store.dim() * 4;
+            // proto3: fields at their default value are not written
+            if dim != 0 {
+                prost::encoding::uint32::encode(1, &dim, out);
             }
-            .encode_to_vec())
+            if len != 0 {
+                prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, out);
+                prost::encoding::encode_varint(len as u64, out);
+            }
+            store.pull_into(&r.table, &r.keys, out).map_err(|e| {
+                out.truncate(start);
+                AnswerError::Store(e)
+            })
         }
         Method::Push => {
             let r = PushRequest::decode(body).map_err(AnswerError::Decode)?;
             store
                 .push(&r.table, &r.keys, &r.grads, r.lr)
                 .map_err(AnswerError::Store)?;
-            Ok(PushResponse {}.encode_to_vec())
+            PushResponse {}.encode(out).expect("a Vec grows as needed");
+            Ok(())
         }
     }
 }
@@ -156,8 +181,25 @@ mod tests {
             Bytes::from(pull_request("emb", vec![4, 9])),
         )
         .unwrap();
-        let (dim, values) = pull_response(Bytes::from(r)).unwrap();
+        let (dim, values) = pull_response(Bytes::from(r.clone())).unwrap();
         assert_eq!(dim, 2);
+        // byte for byte what prost encodes
+        let want = PullResponse {
+            dim,
+            values: values.clone(),
+        };
+        assert_eq!(r, want.encode_to_vec());
+        let mut out = b"kept".to_vec();
+        assert!(
+            answer_into(
+                &s,
+                Method::Pull,
+                Bytes::from(pull_request("nope", vec![1])),
+                &mut out
+            )
+            .is_err()
+        );
+        assert_eq!(out, b"kept", "a refused pull leaves the buffer as it was");
         assert_eq!(
             decode_f32s(&values),
             [

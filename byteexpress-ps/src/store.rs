@@ -97,11 +97,15 @@ struct Chunk {
 
 type Overflow = Mutex<HashMap<u64, Box<Row>>>;
 
-/// One table: its dense range in chunks, and the overflow map's shards.
+/// f32 values per 64-byte cache line.
+const LINE_VALUES: usize = 16;
+
+/// One table: its dense range in chunks (the chunk headers inline in one array, so finding a
+/// row costs no miss beyond the row's own), and the overflow map's shards.
 #[derive(Debug)]
 struct Table {
     seed: u64,
-    chunks: Box<[OnceLock<Box<Chunk>>]>,
+    chunks: Box<[OnceLock<Chunk>]>,
     overflow: Box<[Overflow]>,
 }
 
@@ -137,12 +141,12 @@ impl Table {
         let (c, r) = (key as usize / CHUNK_ROWS, key as usize % CHUNK_ROWS);
         let chunk = self.chunks[c].get_or_init(|| {
             let first = (c * CHUNK_ROWS) as u64;
-            Box::new(Chunk {
+            Chunk {
                 values: (first..first + CHUNK_ROWS as u64)
                     .flat_map(|k| init_row(self.seed, k, dim))
                     .collect(),
                 touched: Default::default(),
-            })
+            }
         });
         let (word, bit) = (&chunk.touched[r / 64], 1u64 << (r % 64));
         if word.load(Ordering::Relaxed) & bit == 0 {
@@ -173,7 +177,8 @@ impl Table {
 /// takes no lock and a Push adds with a compare-and-swap per value (the rows hold f32 bits in
 /// `AtomicU32`s), so pushes never hold pulls back and concurrent pushes to one row all land
 /// (Hogwild!-style: a pull during a push may see some of its values updated and others not).
-/// A Pull first touches every row it names, so their cache misses overlap, then copies them.
+/// A Pull first touches every cache line of every row it names, so their misses overlap
+/// instead of coming one after another, then copies them.
 /// Memory grows with the chunks touched (dim × 4 × 256 bytes each). Keys above go to an
 /// overflow map sharded over `shards` locks.
 #[derive(Debug)]
@@ -223,20 +228,35 @@ impl Store {
 
     /// The rows of `keys`, concatenated as little-endian f32 (keys × dim × 4 bytes).
     pub fn pull(&self, table: &str, keys: &[u64]) -> Result<Bytes, PsError> {
+        let mut out = Vec::new();
+        self.pull_into(table, keys, &mut out)?;
+        Ok(Bytes::from(out))
+    }
+
+    /// [`Store::pull`] appending the rows to `out` (keys × dim × 4 bytes more), so that a
+    /// server can gather them straight into the message it sends. On an error `out` is as it
+    /// was.
+    pub fn pull_into(&self, table: &str, keys: &[u64], out: &mut Vec<u8>) -> Result<(), PsError> {
         let t = self.table(table, keys.len())?;
-        let row_bytes = self.dim * 4;
-        // first touch every dense row, so the misses overlap instead of one after another
+        let (dim, row_bytes) = (self.dim, self.dim * 4);
+        // first touch every cache line of every dense row, so the misses overlap
         let mut sum = 0u32;
         for &k in keys.iter().filter(|&&k| k < DENSE_KEYS) {
-            let (chunk, r) = t.chunk(k, self.dim);
-            sum ^= chunk.values[r * self.dim].load(Ordering::Relaxed);
+            let (chunk, r) = t.chunk(k, dim);
+            for v in chunk.values[r * dim..(r + 1) * dim]
+                .iter()
+                .step_by(LINE_VALUES)
+            {
+                sum ^= v.load(Ordering::Relaxed);
+            }
         }
         std::hint::black_box(sum);
-        let mut out = vec![0u8; keys.len() * row_bytes];
-        for (&k, o) in keys.iter().zip(out.chunks_exact_mut(row_bytes)) {
-            t.with_row(k, self.dim, |row| read_row(row, o));
+        let start = out.len();
+        out.resize(start + keys.len() * row_bytes, 0);
+        for (&k, o) in keys.iter().zip(out[start..].chunks_exact_mut(row_bytes)) {
+            t.with_row(k, dim, |row| read_row(row, o));
         }
-        Ok(Bytes::from(out))
+        Ok(())
     }
 
     /// SGD step `w -= lr * g` for each key, `grads` being keys × dim little-endian f32.

@@ -148,10 +148,9 @@ pub struct BenchArgs {
     /// prints per-row medians over the rounds with ratios to floor/tcp.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
-    /// Keys in each worker's ring of Zipf keys, drawn before any row; a call takes the next
-    /// keys-per-call of its worker's ring, wrapping around at the end (the bench says if it
-    /// did).
-    #[arg(long, default_value_t = 1 << 21)]
+    /// Keys in the ring of Zipf keys drawn before any row (8 bytes each); a call takes the
+    /// next keys-per-call of it, wrapping around at the end (the bench says if it did).
+    #[arg(long, default_value_t = 1 << 23)]
     pub ring_keys: usize,
     /// Also write the settings and every row as JSON to this file.
     #[arg(long)]
@@ -640,54 +639,49 @@ impl Dense {
     }
 }
 
-/// The Zipf keys of the bench, drawn before any row: one ring per worker (`--ring-keys` keys
-/// each), shared by that worker's call loops in every row and round.
+/// The Zipf keys of the bench, drawn before any row: one ring of `--ring-keys` keys shared by
+/// every call loop (and floor connection) of every row and round, each call taking the next
+/// keys of it (one `fetch_add`; the client runs on one thread, so it is never contended).
+/// One ring for all, not one per worker: a run with one call in flight goes through it as
+/// fast as one with 64.
 #[derive(Debug)]
 pub(super) struct Rings {
-    rings: Vec<KeyRing>,
-    /// Calls one ring holds before it wraps.
+    ring: KeyRing,
+    /// Calls the ring holds before it wraps.
     calls: usize,
 }
 
 impl Rings {
-    /// Draws the rings of `args`; prints what the drawing cost. Errors: the workload's
+    /// Draws the ring of `args`; prints what the drawing cost. Errors: the workload's
     /// settings.
     fn draw(args: &BenchArgs) -> Result<Rings, String> {
         let workload = Workload::new(args.keys, args.skew, args.keys_per_call, args.push_ratio)
             .map_err(|e| e.to_string())?;
         let t0 = std::time::Instant::now();
-        let rings: Vec<KeyRing> = (0..args.workers.max(1))
-            .map(|w| workload.ring(args.ring_keys, &mut SmallRng::seed_from_u64(w as u64 + 1)))
-            .collect();
+        let ring = workload.ring(args.ring_keys, &mut SmallRng::seed_from_u64(1));
         let took = t0.elapsed();
-        let keys: usize = rings.iter().map(KeyRing::len).sum();
         eprintln!(
-            "bx ps bench: keys drawn before measuring: {} rings of {} keys (zipf {} over {} keys) in {:.2} s ({:.0} ns per key); no key is drawn in a measured phase",
-            rings.len(),
-            rings[0].len(),
+            "bx ps bench: keys drawn before measuring: a ring of {} keys (zipf {} over {} keys) in {:.2} s ({:.0} ns per key); no key is drawn in a measured phase",
+            ring.len(),
             args.skew,
             args.keys,
             took.as_secs_f64(),
-            took.as_nanos() as f64 / keys.max(1) as f64
+            took.as_nanos() as f64 / ring.len().max(1) as f64
         );
         Ok(Rings {
-            calls: rings[0].len() / args.keys_per_call.max(1),
-            rings,
+            calls: ring.len() / args.keys_per_call.max(1),
+            ring,
         })
     }
 
-    /// The ring of call loop or connection `i`.
-    pub(super) fn of(&self, i: usize) -> &KeyRing {
-        &self.rings[i % self.rings.len()]
+    /// The ring of call loop or connection `i` (the one ring).
+    pub(super) fn of(&self, _i: usize) -> &KeyRing {
+        &self.ring
     }
 
-    /// Times the busiest ring has wrapped so far.
+    /// Times the ring has wrapped so far.
     fn wraps(&self) -> usize {
-        self.rings
-            .iter()
-            .map(|r| r.calls_taken() / self.calls.max(1))
-            .max()
-            .unwrap_or(0)
+        self.ring.calls_taken() / self.calls.max(1)
     }
 }
 
@@ -1145,7 +1139,7 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
     bar.finish_and_clear();
     if rings.wraps() > 0 && args.push_bytes.is_empty() {
         eprintln!(
-            "bx ps bench: the key rings wrapped {} time(s) over the bench (each holds {} calls; --ring-keys for more)",
+            "bx ps bench: the key ring wrapped {} time(s) over the bench (it holds {} calls; --ring-keys for more)",
             rings.wraps(),
             rings.calls
         );

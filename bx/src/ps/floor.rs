@@ -128,10 +128,20 @@ async fn serve_connection(mut s: TcpStream, store: &Store) -> Result<(), FloorEr
                     });
                 }
             };
-            match native::answer(store, method, body) {
-                Ok(a) => put_frame(&mut out, KIND_ANSWER, id, &a),
-                Err(e) => put_frame(&mut out, KIND_FAILED, id, e.to_string().as_bytes()),
-            }
+            // the answer is encoded in place after its header, which is written last
+            let at = out.len();
+            out.extend_from_slice(&[0; HEADER]);
+            let kind = match native::answer_into(store, method, body, &mut out) {
+                Ok(()) => KIND_ANSWER,
+                Err(e) => {
+                    out.extend_from_slice(e.to_string().as_bytes());
+                    KIND_FAILED
+                }
+            };
+            let len = (out.len() - at - HEADER) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+            out[at + 4..at + 8].copy_from_slice(&kind.to_le_bytes());
+            out[at + 8..at + HEADER].copy_from_slice(&id.to_le_bytes());
         }
         if !out.is_empty() {
             s.write_all(&out).await?;
