@@ -6,10 +6,14 @@
 //! - `bx pingpong [SERVER]`: SEND/RECV ping-pong on one RC QP, interoperating with rdma-core's
 //!   `ibv_rc_pingpong` (see [`pingpong`]);
 //! - `bx ps serve [--addr 127.0.0.1:0] [--dim 64]`: the parameter server (ByteExpress and
-//!   HTTP/2 on one port), printing `LISTENING <addr>` first;
+//!   HTTP/2 on one port), printing `LISTENING <addr>` first (with `--native-addr` and
+//!   `--floor-addr`, the same store without tonic on two more ports, announced before it);
 //! - `bx ps bench`: the parameter-server workload over each transport, side by side, against
 //!   a server it starts (and stops with itself), one at `--server ADDR`, or a fleet of
-//!   `--servers N` shards of `--replicas R` processes each, optionally with a `--fault`.
+//!   `--servers N` shards of `--replicas R` processes each, optionally with a `--fault`;
+//!   `--config c64_512|c64_16k|c1_16k --rounds N` runs every row that measures a transport
+//!   (`floor/tcp`, `native/*`, `bx/*`, `grpc/h2`, `tonic/inproc`) interleaved and prints
+//!   per-row medians with ratios to `floor/tcp`.
 //!
 //! Every command logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`: one
 //! line per link set up, with its peer, transport, device, and why a faster path was not
