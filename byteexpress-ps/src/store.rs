@@ -400,10 +400,11 @@ mod tests {
         assert_eq!(s.rows(), 2);
     }
 
-    /// Pushers hammer two rows while a puller pulls them: the pulls complete during the
-    /// pushes (the puller sees values strictly between the init and the final value, so it
-    /// read while pushes ran rather than after them), and every push lands exactly (the
-    /// gradients are powers of two that keep every sum exact in f32).
+    /// Pushers hammer two rows while a puller pulls them. A pull reads without waiting for
+    /// pushes: some pulls see a row in the middle of a push (some of its values with one more
+    /// push applied than others), which a store locking its rows for a push never shows. And
+    /// every push lands exactly (the gradients are powers of two that keep every sum exact
+    /// in f32).
     #[test]
     fn concurrent_pushes_do_not_hold_pulls_back_and_every_push_lands() {
         const PUSHERS: usize = 3;
@@ -414,10 +415,9 @@ mod tests {
         let g: Vec<u8> = std::iter::repeat_n(step.to_le_bytes(), 2 * 64)
             .flatten()
             .collect();
-        let init = init_value("emb", 7, 0);
-        let last = init - step * (PUSHERS * PUSHES) as f32;
+        let init: Vec<f32> = (0..64).map(|i| init_value("emb", 7, i)).collect();
         let done = AtomicU32::new(0);
-        let (pulls, between) = std::thread::scope(|sc| {
+        let (pulls, mid_push) = std::thread::scope(|sc| {
             for _ in 0..PUSHERS {
                 sc.spawn(|| {
                     for _ in 0..PUSHES {
@@ -427,22 +427,25 @@ mod tests {
                 });
             }
             let puller = sc.spawn(|| {
-                let (mut pulls, mut between) = (0u64, 0u64);
+                let (mut pulls, mut mid_push) = (0u64, 0u64);
                 while done.load(Ordering::SeqCst) < PUSHERS as u32 {
                     let v = decode_f32s(&s.pull("emb", &keys).unwrap());
                     assert_eq!(v.len(), 128);
-                    if v[0] < init && v[0] > last {
-                        between += 1;
+                    // pushes applied to each value of key 7's row (exact: see above)
+                    let applied: Vec<f32> = (0..64).map(|i| (init[i] - v[i]) / step).collect();
+                    assert!(applied.iter().all(|&n| n.fract() == 0.0 && n >= 0.0));
+                    if applied.iter().any(|&n| n != applied[0]) {
+                        mid_push += 1;
                     }
                     pulls += 1;
                 }
-                (pulls, between)
+                (pulls, mid_push)
             });
             puller.join().unwrap()
         });
         assert!(
-            pulls > 0 && between > 0,
-            "{pulls} pulls, {between} mid-push"
+            pulls > 0 && mid_push > 0,
+            "{pulls} pulls, {mid_push} saw a row mid-push"
         );
         let v = decode_f32s(&s.pull("emb", &keys).unwrap());
         for (j, &k) in keys.iter().enumerate() {
