@@ -1244,4 +1244,29 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn presets_set_calls_in_flight_and_keys_per_call_and_bring_every_transport_row() {
+        for (name, shape) in [
+            ("c64_512", (64, 2)),
+            ("c64_16k", (64, 64)),
+            ("c1_16k", (1, 64)),
+        ] {
+            let a = parse(&["--config", name, "--in-flight", "7", "--keys-per-call", "9"])
+                .unwrap()
+                .resolved();
+            assert_eq!((a.in_flight, a.keys_per_call), shape, "{name}");
+            assert_eq!((a.keys, a.dim, a.skew), (1_000_000, 64, 1.05));
+            assert_eq!(a.transports(), ALL_TRANSPORTS.map(String::from).to_vec());
+        }
+        assert!(parse(&["--config", "c64_1k"]).is_err());
+        // without a preset: the flags as given, the three classic rows
+        let a = parse(&["--in-flight", "7"]).unwrap().resolved();
+        assert_eq!((a.in_flight, a.keys_per_call), (7, 64));
+        assert_eq!(a.transports(), ["rdma", "tcp", "h2"]);
+        // the rows' own names work as transport names
+        let a = parse(&["--transports", "bx/rdma,grpc/h2,bx/tcp,floor/tcp"]).unwrap();
+        assert_eq!(a.transports(), ["rdma", "h2", "tcp", "floor/tcp"]);
+        assert!(parse(&["--rounds", "0"]).is_err());
+    }
 }
