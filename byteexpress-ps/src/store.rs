@@ -173,7 +173,7 @@ impl Table {
 
 /// The tables of a parameter server; all share one `dim`. Safe to share between threads.
 ///
-/// Keys below [`DENSE_KEYS`] live in chunks of [`CHUNK_ROWS`] rows reached by index: a Pull
+/// Keys below [`DENSE_KEYS`] live in chunks of 256 rows reached by index: a Pull
 /// takes no lock and a Push adds with a compare-and-swap per value (the rows hold f32 bits in
 /// `AtomicU32`s), so pushes never hold pulls back and concurrent pushes to one row all land
 /// (Hogwild!-style: a pull during a push may see some of its values updated and others not).

@@ -1,4 +1,4 @@
-//! The clients of `bx ps bench`'s rows behind one Pull/Push API ([`TableClient`]):
+//! The clients of `bx ps bench`'s rows behind one Pull/Push API (`TableClient`):
 //! ByteExpress through the tonic facade (`bx/rdma`, `bx/tcp`, their +tls rows), tonic over
 //! HTTP/2 (`grpc/h2`), `byteexpress-rpc`'s native API without tonic (`native/rdma`,
 //! `native/tcp`: the same protobuf messages as bodies of native calls), and tonic's generated

@@ -43,7 +43,7 @@ pub enum FloorError {
     /// The socket failed.
     #[error("floor/tcp socket: {0}")]
     Io(#[from] std::io::Error),
-    /// A frame longer than [`MAX_BODY`] or of an unknown kind.
+    /// A frame longer than `MAX_BODY` (80 MiB) or of an unknown kind.
     #[error("floor/tcp: bad frame (kind {kind}, {len} bytes)")]
     BadFrame {
         /// Its kind.

@@ -109,7 +109,7 @@ fn or_dash(v: Option<u64>) -> String {
 /// The settings and every row as one JSON object: `{"settings": {...}, "rows": [...]}`, row
 /// fields named as in [`Row`] (without the CDF), `server_cpu_us` null for a server the bench
 /// did not start. A fleet bench adds the settings `servers`, `replicas`, `fault` (null
-/// without), `fault_at_s` and `deadline_ms`, and the row fields of [`FleetCounts`]
+/// without), `fault_at_s` and `deadline_ms`, and the row fields of [`FleetCounts`](super::bench::FleetCounts)
 /// (`ejections` null for h2). With `--push-bytes`, the settings add `push_bytes` (a list of
 /// bytes) and every row its `push_bytes` and `mib_per_sec`. Every row has `round` and
 /// `client_syscalls` / `server_syscalls` per call (null without perf); the settings
