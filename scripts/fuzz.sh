@@ -9,7 +9,8 @@
 # --smoke runs each for 5 seconds instead (-max_total_time=5; CI: they keep building and the
 # seeds still pass). No target named: all of them. Prints, per target, the executions done and
 # whether it crashed; exits non-zero if any crashed (the input is in fuzz/artifacts/<target>/).
-# Needs the nightly toolchain; installs cargo-fuzz when missing.
+# Needs the nightly toolchain; installs cargo-fuzz when missing, into target/tools/ (the
+# toolchain's own bin directory may be read-only: a new machine mounts it so).
 set -euo pipefail
 
 cd "$(dirname "$0")/../fuzz"
@@ -28,9 +29,11 @@ for a in "$@"; do
 done
 [ ${#targets[@]} -gt 0 ] || read -r -a targets <<<"$PURE $STATEFUL"
 
+tools="${CARGO_TARGET_DIR:-$PWD/../target}/tools"
+export PATH="$tools/bin:$PATH"
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    echo "fuzz.sh: installing cargo-fuzz" >&2
-    cargo install cargo-fuzz
+    echo "fuzz.sh: installing cargo-fuzz into $tools" >&2
+    cargo install --locked --root "$tools" cargo-fuzz
 fi
 
 cargo +nightly fuzz build

@@ -224,7 +224,7 @@ async fn open_conn(
         return Ok((link, conn_id));
     }
     let key = format!(
-        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}|{}|{}",
+        "{addr}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}",
         cfg.transport,
         cfg.allow_soft,
         cfg.grant,
@@ -236,6 +236,7 @@ async fn open_conn(
         cfg.sched,
         cfg.window_target_delay,
         cfg.busy_poll,
+        cfg.poll_wake_cost,
         cfg.memory_budget,
         cfg.rendezvous_threshold,
         cfg.rendezvous_cache_bytes

@@ -63,13 +63,24 @@ pub struct Config {
     /// How an RDMA link orders the chunks of its logical connections (default
     /// [`SchedMode::Fair`]).
     pub sched: SchedMode,
-    /// Hybrid polling on RDMA links: after its last work, a link's engine keeps polling its CQ
-    /// and its callers' queue this long before it sleeps on the CQ's completion channel
-    /// (default 0 = sleep at once). It yields to the runtime between polls, so handlers,
-    /// callers and timers on the same thread still run; the cost is CPU while polling. A
-    /// sleeping engine pays a process wake-up (several µs) for each message that wakes it;
-    /// polling saves that while messages come closer together than the budget.
+    /// Hybrid polling on RDMA links, a fixed budget: after its last work, a link's engine keeps
+    /// polling its CQ and its callers' queue this long before it sleeps on the CQ's completion
+    /// channel, whatever the traffic (default 0 = the adaptive policy of `poll_wake_cost`). It
+    /// yields to the runtime between polls, so handlers, callers and timers on the same thread
+    /// still run; the cost is CPU while polling. A sleeping engine pays a process wake-up
+    /// (several µs) for each message that wakes it; polling saves that while messages come
+    /// closer together than the budget.
     pub busy_poll: Duration,
+    /// Adaptive hybrid polling on RDMA links (used while `busy_poll` is 0): the cost of one
+    /// wake-up of a sleeping engine (default 8 µs: about 7.5 µs measured on the development
+    /// VM). The engine keeps the running mean of the idle gaps between its rounds of work (a
+    /// gap it slept through counted without the wake-up it paid) and, while that mean is
+    /// shorter than this, polls for twice this after its last work before it sleeps;
+    /// otherwise it sleeps at once, so a link without traffic costs no CPU. 0 = never poll
+    /// (sleep at once). Polling pays only while work comes back sooner than a wake-up costs
+    /// (ByteExpress design; issue 25 item 4); `LinkStats::idle_polls` and `engine_sleeps`
+    /// show what it chose.
+    pub poll_wake_cost: Duration,
     /// Time allowed for TCP connect plus link set-up (default 5 s).
     pub connect_timeout: Duration,
     /// Server: time a new connection has to send its whole protocol preface (default 10 s):
@@ -155,6 +166,7 @@ impl Default for Config {
             device_window_bytes: 0,
             sched: SchedMode::Fair,
             busy_poll: Duration::ZERO,
+            poll_wake_cost: Duration::from_micros(8),
             connect_timeout: Duration::from_secs(5),
             detect_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(5),

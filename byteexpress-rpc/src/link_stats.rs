@@ -75,6 +75,12 @@ pub struct LinkStats {
     pub messages_read: u64,
     /// RDMA READ WRs posted for those (a body is read in pieces).
     pub reads_posted: u64,
+    /// Times the RDMA engine went to sleep on its CQ's completion channel (each later wake-up
+    /// costs a process wake-up).
+    pub engine_sleeps: u64,
+    /// Rounds the RDMA engine polled without finding work (hybrid polling: CPU spent to save
+    /// wake-ups; `Config::busy_poll`, `Config::poll_wake_cost`).
+    pub idle_polls: u64,
 }
 
 /// Times each admission gate of the RDMA send path held a SEND back (unit: refusals). The
@@ -125,6 +131,8 @@ pub(crate) struct LinkCounters {
     pub messages_released: AtomicU64,
     pub messages_read: AtomicU64,
     pub reads_posted: AtomicU64,
+    pub engine_sleeps: AtomicU64,
+    pub idle_polls: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
@@ -184,6 +192,8 @@ impl LinkCounters {
             messages_released: g(&self.messages_released),
             messages_read: g(&self.messages_read),
             reads_posted: g(&self.reads_posted),
+            engine_sleeps: g(&self.engine_sleeps),
+            idle_polls: g(&self.idle_polls),
             ..LinkStats::default()
         }
     }

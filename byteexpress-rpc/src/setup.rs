@@ -264,6 +264,7 @@ fn build_rdma(
         reassembly_pool,
         grant: cfg.grant,
         busy_poll: cfg.busy_poll,
+        poll_wake_cost: cfg.poll_wake_cost,
         chunk,
         max_message: cfg.max_message,
         window: link_window(cfg, chunk)?,

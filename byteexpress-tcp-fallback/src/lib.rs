@@ -23,12 +23,14 @@
 
 mod config;
 mod error;
+mod progress;
 mod reader;
 mod tcp;
 mod writer;
 
 pub use config::{DEFAULT_MAX_FRAME, ESCAPE, FrameConfig, HEADER_LEN, LONG_HEADER_LEN};
 pub use error::FrameError;
+pub use progress::Progress;
 pub use reader::{Frame, FrameReader};
 pub use tcp::{connect, split};
 pub use writer::FrameWriter;

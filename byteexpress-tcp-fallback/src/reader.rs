@@ -3,7 +3,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN};
+use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN, Progress};
 
 /// Smallest free space offered to each read, so many small frames arrive per syscall
 /// (unit: bytes).
@@ -29,6 +29,8 @@ pub struct FrameReader<R> {
     /// bytes are dropped as they arrive (`skip`).
     refused: Option<Refusal>,
     skip: usize,
+    /// Called after every read that returned bytes ([`FrameReader::on_progress`]).
+    progress: Option<Progress>,
 }
 
 /// A frame refused by the admission check, while its head is read.
@@ -63,7 +65,25 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             admitted: false,
             refused: None,
             skip: 0,
+            progress: None,
         }
+    }
+
+    /// Calls `hook` after every read that returns bytes, also in the middle of a frame (a
+    /// connection's keepalive then sees a peer sending one long frame as alive).
+    pub fn on_progress(&mut self, hook: Progress) {
+        self.progress = Some(hook);
+    }
+
+    /// Reads more bytes into the buffer; `Ok(0)` at the end of the stream.
+    async fn fill(&mut self) -> std::io::Result<usize> {
+        let n = self.inner.read_buf(&mut self.buf).await?;
+        if n > 0
+            && let Some(p) = &self.progress
+        {
+            p.note();
+        }
+        Ok(n)
     }
 
     /// Reads the next frame as [`FrameReader::read_frame`] does, but asks `admit(len)` once per
@@ -88,7 +108,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             while self.skip > 0 {
                 if self.buf.is_empty() {
                     self.buf.reserve(MIN_READ);
-                    if self.inner.read_buf(&mut self.buf).await? == 0 {
+                    if self.fill().await? == 0 {
                         return Err(FrameError::Truncated {
                             expected: self.skip as u64,
                             received: 0,
@@ -130,7 +150,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 None => self.needed()?,
             };
             self.make_room(needed.saturating_sub(self.buf.len()));
-            if self.inner.read_buf(&mut self.buf).await? == 0 {
+            if self.fill().await? == 0 {
                 if self.buf.is_empty() && self.refused.is_none() {
                     return Ok(None);
                 }
@@ -163,7 +183,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             let needed = self.needed()?;
             self.make_room(needed.saturating_sub(self.buf.len()));
-            if self.inner.read_buf(&mut self.buf).await? == 0 {
+            if self.fill().await? == 0 {
                 if self.buf.is_empty() {
                     return Ok(None);
                 }

@@ -4,7 +4,7 @@ use std::io::IoSlice;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN};
+use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN, Progress};
 
 /// Writes length-prefixed frames to `W`.
 ///
@@ -15,6 +15,8 @@ use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN};
 pub struct FrameWriter<W> {
     inner: W,
     max_frame: usize,
+    /// Called after every write the stream accepted bytes of ([`FrameWriter::on_progress`]).
+    progress: Option<Progress>,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -23,7 +25,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         Self {
             inner,
             max_frame: cfg.max_frame,
+            progress: None,
         }
+    }
+
+    /// Calls `hook` after every write the stream accepts bytes of, also in the middle of a
+    /// frame (once the socket's buffers are full, accepted bytes mean the peer is reading).
+    pub fn on_progress(&mut self, hook: Progress) {
+        self.progress = Some(hook);
     }
 
     /// Writes one frame whose payload is the concatenation of `parts`: with the 4-byte length
@@ -37,47 +46,63 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// Not cancel-safe: a cancelled call may leave a partial frame on the stream, which must
     /// then be closed.
     pub async fn write_frame(&mut self, parts: &[&[u8]]) -> Result<(), FrameError> {
-        let len = parts
-            .iter()
-            .fold(0u64, |sum, p| sum.saturating_add(p.len() as u64));
-        let Ok(ulen) = usize::try_from(len) else {
-            return Err(self.too_large(len));
-        };
-        if ulen > self.max_frame {
-            return Err(self.too_large(len));
-        }
-        let mut header = [0u8; LONG_HEADER_LEN];
-        let prefix = match u32::try_from(len) {
-            Ok(short) if short < ESCAPE => {
-                header[..HEADER_LEN].copy_from_slice(&short.to_be_bytes());
-                HEADER_LEN
-            }
-            _ => {
-                header[..HEADER_LEN].copy_from_slice(&ESCAPE.to_be_bytes());
-                header[HEADER_LEN..].copy_from_slice(&len.to_be_bytes());
-                LONG_HEADER_LEN
-            }
-        };
-        let header = &header[..prefix];
-        let mut slices = Vec::with_capacity(parts.len() + 1);
-        slices.push(IoSlice::new(header));
-        slices.extend(
-            parts
+        self.write_frames(&[parts]).await
+    }
+
+    /// Writes several frames, in order, as one run of vectored writes: one `writev(2)` when the
+    /// stream takes them all (the kernel caps a call at `IOV_MAX`, 1024 slices; the rest goes
+    /// in the next call). Each frame is as [`FrameWriter::write_frame`] writes it. Callers
+    /// batch what is queued so that many small frames cost one syscall (issue 25: TCP writes
+    /// coalesced across calls).
+    ///
+    /// # Errors
+    /// [`FrameError::TooLarge`] for the first frame over the maximum: the frames before it are
+    /// written, it and those after it are not. [`FrameError::Io`] when the stream fails.
+    ///
+    /// # Cancellation
+    /// Not cancel-safe, as [`FrameWriter::write_frame`].
+    pub async fn write_frames(&mut self, frames: &[&[&[u8]]]) -> Result<(), FrameError> {
+        let mut prefixes = Vec::with_capacity(frames.len());
+        let mut too_large = None;
+        for parts in frames {
+            let len = parts
                 .iter()
-                .filter(|p| !p.is_empty())
-                .map(|p| IoSlice::new(p)),
-        );
+                .fold(0u64, |sum, p| sum.saturating_add(p.len() as u64));
+            match usize::try_from(len) {
+                Ok(ulen) if ulen <= self.max_frame => prefixes.push(prefix(len)),
+                _ => {
+                    too_large = Some(self.too_large(len));
+                    break;
+                }
+            }
+        }
+        let mut slices = Vec::with_capacity(prefixes.len() * 4);
+        for (p, parts) in prefixes.iter().zip(frames) {
+            slices.push(IoSlice::new(p.as_slice()));
+            slices.extend(
+                parts
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .map(|p| IoSlice::new(p)),
+            );
+        }
+        let mut remaining: usize = slices.iter().map(|s| s.len()).sum();
         let mut rest = &mut slices[..];
-        let mut remaining = prefix + ulen;
         while remaining > 0 {
             let n = self.inner.write_vectored(rest).await?;
             if n == 0 {
                 return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
             }
+            if let Some(p) = &self.progress {
+                p.note();
+            }
             remaining -= n;
             IoSlice::advance_slices(&mut rest, n);
         }
-        Ok(())
+        match too_large {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Flushes the underlying writer (needed only when it buffers, e.g. a `BufWriter`).
@@ -123,4 +148,34 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             max: self.max_frame,
         }
     }
+}
+
+/// A frame's length prefix: 4 bytes big-endian below `0xFFFF_FFFF`, else the escape and the
+/// 8-byte length (crate docs).
+#[derive(Debug, Clone, Copy)]
+struct Prefix {
+    bytes: [u8; LONG_HEADER_LEN],
+    len: usize,
+}
+
+impl Prefix {
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+fn prefix(len: u64) -> Prefix {
+    let mut bytes = [0u8; LONG_HEADER_LEN];
+    let len = match u32::try_from(len) {
+        Ok(short) if short < ESCAPE => {
+            bytes[..HEADER_LEN].copy_from_slice(&short.to_be_bytes());
+            HEADER_LEN
+        }
+        _ => {
+            bytes[..HEADER_LEN].copy_from_slice(&ESCAPE.to_be_bytes());
+            bytes[HEADER_LEN..].copy_from_slice(&len.to_be_bytes());
+            LONG_HEADER_LEN
+        }
+    };
+    Prefix { bytes, len }
 }

@@ -181,6 +181,15 @@ pub struct BenchArgs {
     /// that server with such flags yourself.
     #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = super::size::parse_size)]
     pub push_bytes: Vec<u64>,
+    /// Hybrid polling of the RDMA rows, a fixed budget in µs on both ends (`Config::busy_poll`;
+    /// passed to the server the bench starts). Default: the library's (0 = adaptive).
+    #[arg(long, value_name = "US")]
+    pub busy_poll_us: Option<u64>,
+    /// Adaptive polling of the RDMA rows: the wake-up cost in µs on both ends
+    /// (`Config::poll_wake_cost`; 0 = always sleep at once; passed to the server the bench
+    /// starts). Default: the library's (8 µs).
+    #[arg(long, value_name = "US")]
+    pub poll_wake_us: Option<u64>,
     /// Certificate chain (PEM) of the TLS server the bench starts for its +tls rows
     /// (`bx ps serve --tls-cert`).
     #[arg(long, value_name = "PEM", requires = "tls_key")]
@@ -328,21 +337,30 @@ impl BenchArgs {
         self.workers.min(self.in_flight).max(1)
     }
 
-    /// Flags of the `bx ps serve` children for the dense pushes: `--max-message` fitting the
+    /// Flags of the `bx ps serve` children: for the dense pushes `--max-message` fitting the
     /// largest, and a `--memory-budget` (at least the library's 256 MiB) holding one such
-    /// message per call in flight.
+    /// message per call in flight; the polling flags when given.
     pub fn serve_flags(&self) -> Result<Vec<String>, String> {
-        let Some(m) = self.push_max_message()? else {
-            return Ok(Vec::new());
-        };
-        let budget = (m.saturating_mul(self.push_loops() as u64))
-            .max(Config::default().memory_budget as u64);
-        Ok(vec![
-            "--max-message".to_string(),
-            m.to_string(),
-            "--memory-budget".to_string(),
-            budget.to_string(),
-        ])
+        let mut flags = Vec::new();
+        if let Some(m) = self.push_max_message()? {
+            let budget = (m.saturating_mul(self.push_loops() as u64))
+                .max(Config::default().memory_budget as u64);
+            flags.extend([
+                "--max-message".to_string(),
+                m.to_string(),
+                "--memory-budget".to_string(),
+                budget.to_string(),
+            ]);
+        }
+        for (flag, v) in [
+            ("--busy-poll-us", self.busy_poll_us),
+            ("--poll-wake-us", self.poll_wake_us),
+        ] {
+            if let Some(v) = v {
+                flags.extend([flag.to_string(), v.to_string()]);
+            }
+        }
+        Ok(flags)
     }
 
     /// The workloads each transport runs, one row each: the dense push sizes, or the Zipf

@@ -268,6 +268,12 @@ pub(super) fn bx_config(transport: &str, args: &BenchArgs) -> Config {
     Config {
         transport,
         max_message,
+        busy_poll: args
+            .busy_poll_us
+            .map_or(d.busy_poll, std::time::Duration::from_micros),
+        poll_wake_cost: args
+            .poll_wake_us
+            .map_or(d.poll_wake_cost, std::time::Duration::from_micros),
         ..d
     }
 }

@@ -46,6 +46,14 @@ pub struct ServeArgs {
     /// not handled.
     #[arg(long, value_name = "MS", hide = true)]
     pub delay_ms: Option<u64>,
+    /// Hybrid polling of RDMA links, a fixed budget in µs (`Config::busy_poll`; default: the
+    /// library's, 0 = adaptive).
+    #[arg(long, value_name = "US")]
+    pub busy_poll_us: Option<u64>,
+    /// Adaptive polling of RDMA links: the wake-up cost in µs (`Config::poll_wake_cost`; 0 =
+    /// always sleep at once; default: the library's, 8 µs).
+    #[arg(long, value_name = "US")]
+    pub poll_wake_us: Option<u64>,
     /// Time a connection has to send its protocol preface, in ms (`Config::detect_timeout`;
     /// default: the library's).
     #[arg(long)]
@@ -123,6 +131,12 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let mut cfg = byteexpress::Config::default();
+    if let Some(us) = args.busy_poll_us {
+        cfg.busy_poll = Duration::from_micros(us);
+    }
+    if let Some(us) = args.poll_wake_us {
+        cfg.poll_wake_cost = Duration::from_micros(us);
+    }
     if let Some(ms) = args.detect_timeout_ms {
         cfg.detect_timeout = std::time::Duration::from_millis(ms);
     }

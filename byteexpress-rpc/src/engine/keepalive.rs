@@ -5,7 +5,9 @@
 //! call in flight on which nothing at all has arrived for [`Config::idle_timeout`] is closed
 //! too. Both watch what arrives on the link as a whole: the messages and chunks on an RDMA
 //! link's QP count, so the silent TCP control connection of a live RDMA link is never closed
-//! for being idle.
+//! for being idle; on a TCP link so do the bytes of a frame still arriving and the bytes the
+//! socket takes of one we are still writing (`engine/tcp.rs`), so a peer busy with one huge
+//! frame is not taken for dead.
 //!
 //! PING and PONG travel only over TCP: as messages on a TCP link, as frames on the control
 //! connection of an RDMA link (the wire header's kinds 7 and 8).

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use byteexpress_tcp_fallback::{Frame, FrameError, FrameReader, FrameWriter};
+use byteexpress_tcp_fallback::{Frame, FrameError, FrameReader, FrameWriter, Progress};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
@@ -73,8 +73,8 @@ pub(crate) struct Phase<R, W> {
 /// Runs `link` as a TCP link on `(reader, writer)`, sending what the callers queue on `rx`:
 /// a link set up on TCP, or an RDMA link fallen back to its control connection.
 pub(crate) fn resume<R, W>(
-    reader: FrameReader<R>,
-    writer: FrameWriter<W>,
+    mut reader: FrameReader<R>,
+    mut writer: FrameWriter<W>,
     rx: mpsc::UnboundedReceiver<Outgoing>,
     link: LinkTx,
     dispatch: Arc<dyn Dispatch>,
@@ -99,6 +99,11 @@ pub(crate) fn resume<R, W>(
             Vec::new(),
         ),
     };
+    // Bytes moving either way, also inside one long frame, show the peer alive (keepalive).
+    let heard = link.clone();
+    let touch = Progress::new(move || heard.touch());
+    reader.on_progress(touch.clone());
+    writer.on_progress(touch);
     tokio::spawn(write_loop(
         writer,
         first,
@@ -236,25 +241,36 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             m = rx.recv() => m,
             _ = link.close_requested() => None,
         };
-        let Some(mut msg) = msg else { break };
-        loop {
-            let is_error = msg.header.kind == Kind::Error;
-            let h = msg.final_header().encode();
-            let wire = (h.len() + msg.meta.len() + msg.body.len()) as u64;
-            link.counters().metrics.bytes_sent.increment(wire);
-            if let Err(e) = w.write_frame(&[&h, &msg.meta, &msg.body]).await {
+        let Some(msg) = msg else { break };
+        // Everything queued goes out together: batches of up to WRITE_BATCH messages or
+        // WRITE_BATCH_BYTES, each one vectored write (TCP writes coalesced across calls), then
+        // one flush once the queue is empty. An ERROR message ends its batch and the link.
+        let mut next = Some(msg);
+        while let Some(first) = next.take() {
+            let mut batch = vec![first];
+            let mut bytes = batch[0].meta.len() + batch[0].body.len();
+            while batch.len() < WRITE_BATCH
+                && bytes < WRITE_BATCH_BYTES
+                && batch[batch.len() - 1].header.kind != Kind::Error
+            {
+                match rx.try_recv() {
+                    Ok(m) => {
+                        bytes += m.meta.len() + m.body.len();
+                        batch.push(m);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = write_batch(&mut w, &batch, &link).await {
                 closer.close(EngineError::TcpWrite(e));
                 return;
             }
-            if is_error {
+            if batch[batch.len() - 1].header.kind == Kind::Error {
                 let _ = w.flush().await;
                 closer.close(EngineError::AfterProtocolError);
                 return;
             }
-            match rx.try_recv() {
-                Ok(m) => msg = m,
-                Err(_) => break,
-            }
+            next = rx.try_recv().ok();
         }
         if let Err(e) = w.flush().await {
             closer.close(EngineError::TcpWrite(e));
@@ -263,6 +279,30 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     }
     let _ = w.shutdown().await;
     closer.close(EngineError::Closed);
+}
+
+/// Most messages one vectored write of the TCP engine carries (each is up to 4 slices: length,
+/// header, metadata, body).
+const WRITE_BATCH: usize = 64;
+/// A batch takes no more messages once it holds this many bytes of metadata and body.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
+/// Writes `batch` as one run of vectored writes, counting its bytes.
+async fn write_batch<W: AsyncWrite + Unpin>(
+    w: &mut FrameWriter<W>,
+    batch: &[Outgoing],
+    link: &LinkTx,
+) -> Result<(), FrameError> {
+    let headers: Vec<_> = batch.iter().map(|m| m.final_header().encode()).collect();
+    let parts: Vec<[&[u8]; 3]> = headers
+        .iter()
+        .zip(batch)
+        .map(|(h, m)| [&h[..], &m.meta[..], &m.body[..]])
+        .collect();
+    let wire: usize = parts.iter().flatten().map(|p| p.len()).sum();
+    link.counters().metrics.bytes_sent.increment(wire as u64);
+    let frames: Vec<&[&[u8]]> = parts.iter().map(|p| &p[..]).collect();
+    w.write_frames(&frames).await
 }
 
 /// The largest frame a TCP link reads at all (bytes): the largest `Config::max_message`

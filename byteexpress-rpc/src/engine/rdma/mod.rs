@@ -40,6 +40,7 @@ mod device_window;
 pub(crate) mod failover;
 pub(crate) mod lend;
 mod outbox;
+mod poll;
 pub(crate) mod read;
 pub(crate) mod reassembly;
 mod recv;
@@ -88,8 +89,12 @@ pub(crate) struct RdmaParts {
     /// sides of a link: the smaller of the client's and the server's configured grant.
     pub grant: u32,
     /// Hybrid polling budget: how long idle rounds keep polling after the last round that
-    /// did work, before the engine sleeps on the CQ's completion channel.
+    /// did work, before the engine sleeps on the CQ's completion channel (`Config::busy_poll`;
+    /// 0 = the adaptive policy of [`poll`]).
     pub busy_poll: Duration,
+    /// One wake-up of a sleeping engine, for the adaptive policy (`Config::poll_wake_cost`; 0
+    /// with `busy_poll` 0 = sleep at once).
+    pub poll_wake_cost: Duration,
     /// Largest SEND in bytes, header included: `Config::max_chunk`, at most the peer's
     /// receive-buffer size, more than the 40-byte header.
     pub chunk: usize,
@@ -355,10 +360,15 @@ impl Engine {
     ) {
         let mut busy_rounds = 0u32;
         // Hybrid polling: after the last round that did work, idle rounds keep polling (the CQ,
-        // the callers' channel, the control connection) for `busy_poll`, yielding to the
-        // runtime between them, before the engine sleeps on the CQ. Never a synchronous spin:
-        // handlers, callers and timers on this runtime run between polls.
+        // the callers' channel, the control connection) for the policy's budget ([`poll`]),
+        // yielding to the runtime between them, before the engine sleeps on the CQ. Never a
+        // synchronous spin: handlers, callers and timers on this runtime run between polls.
+        let mut policy = poll::PollPolicy::new(self.parts.busy_poll, self.parts.poll_wake_cost);
         let mut last_work = Instant::now();
+        // The rounds since the last work found nothing (an idle gap is open), and whether the
+        // engine slept on its CQ during it.
+        let mut gap_open = false;
+        let mut slept = false;
         let why = loop {
             if let Some(ev) = self.alarm.alarm().event() {
                 tracing::info!(?ev, "fatal async event: the link falls back to TCP");
@@ -372,7 +382,13 @@ impl Engine {
                     .get_or_insert(failover::QpFault::PeerFellBack);
                 break EngineError::Qp(failover::QpFault::PeerFellBack).into();
             }
-            match self.step(&mut rx) {
+            let round = self.step(&mut rx);
+            if matches!(round, Ok(Round::Delivered | Round::Busy)) && gap_open {
+                policy.on_gap(last_work.elapsed(), slept);
+                gap_open = false;
+                slept = false;
+            }
+            match round {
                 Ok(Round::Delivered) => {
                     last_work = Instant::now();
                     // A message went to its handler or caller: let it run now (on a
@@ -405,7 +421,14 @@ impl Engine {
                 Ok(Round::Idle) => {}
                 Err(why) => break why.into(),
             }
-            let polling = last_work.elapsed() < self.parts.busy_poll;
+            gap_open = true;
+            let polling = last_work.elapsed() < policy.budget();
+            if polling {
+                LinkCounters::bump(&self.counters.idle_polls);
+            } else {
+                slept = true;
+                LinkCounters::bump(&self.counters.engine_sleeps);
+            }
             let cq = self.parts.cq.clone();
             let stall_over = async {
                 match self.held_until {

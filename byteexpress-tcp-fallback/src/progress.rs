@@ -1,0 +1,33 @@
+//! A hook called whenever bytes move on a stream, so a connection's owner can tell a peer that
+//! is slowly sending (or taking) one huge frame from a dead one.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Called after every read that returned bytes ([`crate::FrameReader`]) or every write the
+/// stream accepted bytes of ([`crate::FrameWriter`]), from the task driving that half. Meant to
+/// be cheap (e.g. storing a timestamp): it runs once per syscall.
+///
+/// Why: a frame of several GiB can take longer than a keepalive timeout to cross a loaded
+/// machine, and a frame-level "heard from the peer" sees nothing until it is whole; bytes read
+/// are the peer speaking, and bytes the socket takes (beyond its buffers) are the peer reading.
+/// gRPC over HTTP/2 gets the same from every DATA frame resetting its keepalive.
+#[derive(Clone)]
+pub struct Progress(Arc<dyn Fn() + Send + Sync>);
+
+impl Progress {
+    /// A hook calling `f`.
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Self {
+        Progress(Arc::new(f))
+    }
+
+    pub(crate) fn note(&self) {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
