@@ -61,14 +61,23 @@ pub struct Switch {
     paused: Vec<bool>,
     /// Bytes in the buffer.
     used: u64,
+    /// Bytes left to the dynamic threshold once every port's PFC headroom is set aside.
+    pool: u64,
     /// Counters.
     pub stats: SwitchStats,
 }
 
 impl Switch {
-    /// A switch with `ports` ports, empty.
-    pub fn new(ports: usize) -> Self {
+    /// A switch with `ports` ports, empty; with PFC, `cfg.pfc_headroom_bytes` per port is
+    /// set aside from the dynamic threshold's pool.
+    pub fn new(ports: usize, cfg: &NetConfig) -> Self {
+        let reserved = if cfg.pfc {
+            cfg.pfc_headroom_bytes.saturating_mul(ports as u64)
+        } else {
+            0
+        };
         Switch {
+            pool: cfg.buffer_bytes.saturating_sub(reserved),
             ports: (0..ports).map(|_| Port::default()).collect(),
             ingress: vec![0; ports],
             paused: vec![false; ports],
@@ -84,7 +93,8 @@ impl Switch {
 
     /// Admits (or drops) `pkt` arriving on port `pkt.src` for port `pkt.dst`, marking CE by
     /// `cfg.ecn`. Data packets: with PFC, dropped only when the buffer is full, and XOFF is due
-    /// when the ingress queue passes the dynamic threshold; without PFC, dropped when the
+    /// when the ingress queue passes the dynamic threshold over the pool (the buffer less the
+    /// ports' headroom); without PFC, dropped when the
     /// egress queue would pass the dynamic threshold (Choudhury & Hahne) or the port cap.
     /// Control packets are always queued.
     pub fn arrive<R: Rng>(&mut self, mut pkt: Packet, cfg: &NetConfig, rng: &mut R) -> Admitted {
@@ -112,7 +122,7 @@ impl Switch {
             }
             self.ingress[i] += w;
             if cfg.pfc && !self.paused[i] {
-                let thr = pfc::threshold(cfg.dt_alpha, cfg.buffer_bytes, self.used + w);
+                let thr = pfc::threshold(cfg.dt_alpha, self.pool, self.used + w);
                 if pfc::xoff_due(self.ingress[i], thr) {
                     self.paused[i] = true;
                     self.stats.xoff_frames += 1;
@@ -151,7 +161,7 @@ impl Switch {
             let i = pkt.src as usize;
             self.ingress[i] -= w;
             if self.paused[i] {
-                let thr = pfc::threshold(cfg.dt_alpha, cfg.buffer_bytes, self.used);
+                let thr = pfc::threshold(cfg.dt_alpha, self.pool, self.used);
                 if pfc::xon_due(self.ingress[i], thr, cfg.pfc_xon_gap_bytes) {
                     self.paused[i] = false;
                     self.stats.xon_frames += 1;
@@ -186,7 +196,7 @@ mod tests {
             ecn: EcnMode::Off,
             ..NetConfig::default()
         };
-        let mut sw = Switch::new(3);
+        let mut sw = Switch::new(3, &cfg);
         let mut rng = SmallRng::seed_from_u64(1);
         // q + w <= α (B − used): q ≤ 10_000 with 1000-byte packets, α/(1+α) × B = 10_000.
         let queued = (0..50)
@@ -203,10 +213,11 @@ mod tests {
             buffer_bytes: 90_000,
             dt_alpha: 0.125,
             pfc_xon_gap_bytes: 2000,
+            pfc_headroom_bytes: 0,
             ecn: EcnMode::Off,
             ..NetConfig::default()
         };
-        let mut sw = Switch::new(3);
+        let mut sw = Switch::new(3, &cfg);
         let mut rng = SmallRng::seed_from_u64(1);
         let mut xoffs = 0;
         for _ in 0..20 {

@@ -65,13 +65,14 @@ impl World {
     /// `hosts` hosts on one switch, no flows.
     pub fn new(cfg: SimConfig, hosts: usize) -> Self {
         let rng = SmallRng::seed_from_u64(cfg.seed);
+        let switch = Switch::new(hosts, &cfg.net);
         World {
             cfg,
             now: 0,
             q: EventQueue::default(),
             rng,
             nics: (0..hosts).map(|_| Nic::new()).collect(),
-            switch: Switch::new(hosts),
+            switch,
             flows: Vec::new(),
             watch_port: None,
             samples: Vec::new(),
@@ -418,15 +419,24 @@ impl World {
                 if cnp {
                     self.send_ctrl(Packet::control(Kind::Cnp, f, dst, src, hdr, 0));
                 }
+                let every = u64::from(self.cfg.rc.ack_interval.max(1));
                 match action {
                     RxAction::Accept => {
                         self.flows[f as usize].delivered_bytes += payload;
-                        if p.last {
+                        if p.last || expected % every == 0 {
                             self.send_ctrl(Packet::control(Kind::Ack, f, dst, src, hdr, expected));
+                        }
+                        if p.last {
                             app.delivered(self, f, p.aux);
                         }
                     }
-                    RxAction::Duplicate => {}
+                    RxAction::Duplicate => {
+                        // A resend of what arrived (after a timeout): re-ACK so the sender
+                        // moves on (IBTA vol. 1 9.7.5.1.1, duplicate requests).
+                        if p.last || (p.seq + 1) % every == 0 {
+                            self.send_ctrl(Packet::control(Kind::Ack, f, dst, src, hdr, expected));
+                        }
+                    }
                     RxAction::OutOfOrder { nak } => {
                         if nak {
                             self.send_ctrl(Packet::control(Kind::Nak, f, dst, src, hdr, expected));
