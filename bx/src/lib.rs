@@ -9,7 +9,10 @@
 //!   HTTP/2 on one port), printing `LISTENING <addr>` first;
 //! - `bx ps bench`: the parameter-server workload over each transport, side by side, against
 //!   a server it starts (and stops with itself), one at `--server ADDR`, or a fleet of
-//!   `--servers N` shards of `--replicas R` processes each, optionally with a `--fault`.
+//!   `--servers N` shards of `--replicas R` processes each, optionally with a `--fault`;
+//! - `bx sim incast`: the packet-level incast simulator (`byteexpress-sim`, issue 26): TCP,
+//!   RDMA with DCQCN, and DCQCN under ByteExpress's windows and credits, every constant a flag
+//!   (see [`sim`]).
 //!
 //! Every command logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`: one
 //! line per link set up, with its peer, transport, device, and why a faster path was not
@@ -19,6 +22,7 @@
 pub mod devices;
 pub mod pingpong;
 pub mod ps;
+pub mod sim;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -45,6 +49,18 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PsCmd,
     },
+    /// Packet-level simulation (no network used).
+    Sim {
+        #[command(subcommand)]
+        cmd: SimCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SimCmd {
+    /// Incast at a parameter server: the training trace over TCP, RDMA with DCQCN, and
+    /// DCQCN with ByteExpress windows and credits (byteexpress-flow on simulated time).
+    Incast(Box<sim::IncastArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,6 +124,9 @@ pub fn main() -> ExitCode {
     init_logs();
     match cli.cmd {
         Cmd::Devices => devices::main(),
+        Cmd::Sim {
+            cmd: SimCmd::Incast(args),
+        } => sim::main(&args),
         Cmd::Pingpong(args) => pingpong::main(&args),
         Cmd::Ps {
             cmd:
