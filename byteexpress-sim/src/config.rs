@@ -15,9 +15,10 @@ pub struct NetConfig {
     pub hop_delay_ns: u64,
     /// Payload bytes per data packet (the RoCE path MTU). Issue 26: 4 KiB.
     pub mtu_bytes: u32,
-    /// Header bytes added to each data packet on the wire (Ethernet 14 + FCS 4 + IPv4 20 + UDP 8
-    /// + BTH 12 = 58 for RoCEv2, rounded to 64), and the size of a control packet (ACK, NAK,
-    /// CNP, READ request, TCP ACK). Not in the issue; RoCEv2 framing (IBTA RoCEv2 annex A17).
+    /// Header bytes added to each data packet on the wire (for RoCEv2 Ethernet 14, FCS 4,
+    /// IPv4 20, UDP 8 and BTH 12 make 58, rounded to 64), and the size of a control packet
+    /// (ACK, NAK, CNP, READ request, TCP ACK). Not in the issue; RoCEv2 framing (IBTA RoCEv2
+    /// annex A17).
     pub header_bytes: u32,
     /// Shared buffer of the switch, bytes. Issue 26: 32 MB.
     pub buffer_bytes: u64,

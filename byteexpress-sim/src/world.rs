@@ -423,7 +423,7 @@ impl World {
                 match action {
                     RxAction::Accept => {
                         self.flows[f as usize].delivered_bytes += payload;
-                        if p.last || expected % every == 0 {
+                        if p.last || expected.is_multiple_of(every) {
                             self.send_ctrl(Packet::control(Kind::Ack, f, dst, src, hdr, expected));
                         }
                         if p.last {
@@ -433,7 +433,7 @@ impl World {
                     RxAction::Duplicate => {
                         // A resend of what arrived (after a timeout): re-ACK so the sender
                         // moves on (IBTA vol. 1 9.7.5.1.1, duplicate requests).
-                        if p.last || (p.seq + 1) % every == 0 {
+                        if p.last || (p.seq + 1).is_multiple_of(every) {
                             self.send_ctrl(Packet::control(Kind::Ack, f, dst, src, hdr, expected));
                         }
                     }
