@@ -4,8 +4,6 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::packet::Packet;
-
 /// Host index (a NIC; also its switch port). Unit: index.
 pub type HostId = u16;
 /// Flow index: one direction of one QP or TCP connection. Unit: index.
@@ -18,12 +16,13 @@ pub enum Ev {
     NicTxDone(HostId),
     /// A host NIC's rate limiter lets a flow send again: try to send.
     NicWake(HostId),
-    /// A packet's last bit reached the switch.
-    SwArrive(Packet),
+    /// A packet's last bit reached the switch (the packet: an index into the world's
+    /// in-flight packets, so events stay small).
+    SwArrive(u32),
     /// A switch egress port finished serializing its packet.
     SwTxDone(HostId),
-    /// A packet's last bit reached its destination host.
-    HostArrive(Packet),
+    /// A packet's last bit reached its destination host (index as `SwArrive`).
+    HostArrive(u32),
     /// A PFC frame reached a host: XOFF (`true`) or XON.
     Pause(HostId, bool),
     /// DCQCN rate-increase timer of a flow, with its generation (stale ones are ignored).

@@ -59,6 +59,9 @@ pub struct World {
     /// All packets put on a wire by a NIC.
     pub packets: u64,
     tokens: Vec<u64>,
+    /// Packets on a wire, referred to by index from their arrival events.
+    wire: Vec<Packet>,
+    free_wire: Vec<u32>,
 }
 
 impl World {
@@ -79,6 +82,8 @@ impl World {
             data_packets: 0,
             packets: 0,
             tokens: Vec::new(),
+            wire: Vec::new(),
+            free_wire: Vec::new(),
         }
     }
 
@@ -122,6 +127,28 @@ impl World {
         self.activate(f);
     }
 
+    /// Stores a packet put on a wire; its arrival event carries the index.
+    #[inline]
+    fn park(&mut self, p: Packet) -> u32 {
+        match self.free_wire.pop() {
+            Some(i) => {
+                self.wire[i as usize] = p;
+                i
+            }
+            None => {
+                self.wire.push(p);
+                (self.wire.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Takes back the packet of an arrival event.
+    #[inline]
+    fn unpark(&mut self, i: u32) -> Packet {
+        self.free_wire.push(i);
+        self.wire[i as usize]
+    }
+
     /// Schedules `ev` at `at` (ns).
     pub fn schedule(&mut self, at: u64, ev: Ev) {
         self.q.push(at, ev);
@@ -163,9 +190,15 @@ impl World {
                 }
                 self.kick(h);
             }
-            Ev::SwArrive(p) => self.sw_arrive(p),
+            Ev::SwArrive(i) => {
+                let p = self.unpark(i);
+                self.sw_arrive(p)
+            }
             Ev::SwTxDone(e) => self.sw_start(e),
-            Ev::HostArrive(p) => self.host_arrive(app, p),
+            Ev::HostArrive(i) => {
+                let p = self.unpark(i);
+                self.host_arrive(app, p)
+            }
             Ev::Pause(h, on) => self.pause(h, on),
             Ev::DcqcnTimer(f, generation) => {
                 let cfg = &self.cfg.dcqcn;
@@ -289,7 +322,8 @@ impl World {
         self.packets += 1;
         let done = self.now + self.cfg.ser_ns(u64::from(p.wire));
         self.q.push(done, Ev::NicTxDone(h));
-        self.q.push(done + self.cfg.net.hop_delay_ns, Ev::SwArrive(p));
+        let i = self.park(p);
+        self.q.push(done + self.cfg.net.hop_delay_ns, Ev::SwArrive(i));
     }
 
     fn sw_arrive(&mut self, p: Packet) {
@@ -317,8 +351,9 @@ impl World {
         if let Some((p, xon)) = self.switch.depart(e, &self.cfg.net) {
             let done = self.now + self.cfg.ser_ns(u64::from(p.wire));
             self.q.push(done, Ev::SwTxDone(e));
+            let i = self.park(p);
             self.q
-                .push(done + self.cfg.net.hop_delay_ns, Ev::HostArrive(p));
+                .push(done + self.cfg.net.hop_delay_ns, Ev::HostArrive(i));
             if let Some(h) = xon {
                 self.q
                     .push(self.now + self.cfg.net.hop_delay_ns, Ev::Pause(h, false));
