@@ -376,7 +376,6 @@ impl World {
     }
 
     fn host_arrive<A: App>(&mut self, app: &mut A, p: Packet) {
-        let hdr = self.cfg.net.header_bytes;
         let f = p.flow;
         match p.kind {
             Kind::Data => self.data_arrive(app, p),
@@ -434,7 +433,6 @@ impl World {
                 self.activate(f);
             }
         }
-        let _ = hdr;
     }
 
     fn data_arrive<A: App>(&mut self, app: &mut A, p: Packet) {
