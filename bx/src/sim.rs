@@ -53,7 +53,11 @@ pub struct IncastArgs {
     #[arg(long, default_value_t = 0)]
     pub jitter_us: u64,
     /// Arms to run.
-    #[arg(long, value_delimiter = ',', default_value = "dctcp,newreno,dcqcn,bx-static,bx-adaptive")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "dctcp,newreno,dcqcn,bx-static,bx-adaptive"
+    )]
     pub arms: Vec<ArmName>,
     /// Arm 3 static QP window, bytes (`Config::window_bytes` default 256 KiB).
     #[arg(long, default_value_t = 256 << 10)]
@@ -75,7 +79,11 @@ pub struct IncastArgs {
     #[arg(long)]
     pub sweep: bool,
     /// Window sizes of `--sweep`, bytes.
-    #[arg(long, value_delimiter = ',', default_value = "65536,131072,262144,524288,1048576,2097152,4194304")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "65536,131072,262144,524288,1048576,2097152,4194304"
+    )]
     pub sweep_windows: Vec<u64>,
     /// Link rate, Gb/s.
     #[arg(long, default_value_t = 100.0)]
@@ -294,7 +302,8 @@ fn run_group(args: &IncastArgs, n: usize, arms: &[Arm]) -> Result<Group, String>
     let cfg = args.config(n);
     let mut rows = Vec::new();
     for arm in arms {
-        let r = arms::run(&cfg, *arm).map_err(|e| format!("{} at N = {n}: {}", arm.name(), chain(&e)))?;
+        let r = arms::run(&cfg, *arm)
+            .map_err(|e| format!("{} at N = {n}: {}", arm.name(), chain(&e)))?;
         eprintln!(
             "N = {n} {}: {} steps in {:.1} s simulated, {:.2} s wall, {:.2} M packets/s",
             r.arm,
@@ -345,7 +354,9 @@ fn ratios(g: &Group) -> String {
 /// The sweep's summary: per N, the best static window's p99 and whether the adaptive window
 /// is within 10 % of it.
 fn sweep_summary(groups: &[Group]) -> String {
-    let mut s = String::from("| N | best static | its p99 ms | adaptive p99 ms | adaptive / best | within 10 % |\n|---|---|---|---|---|---|\n");
+    let mut s = String::from(
+        "| N | best static | its p99 ms | adaptive p99 ms | adaptive / best | within 10 % |\n|---|---|---|---|---|---|\n",
+    );
     for g in groups {
         let best = g
             .rows

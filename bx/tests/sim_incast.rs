@@ -43,8 +43,17 @@ fn incast_writes_a_table_json_and_plots_for_every_arm() {
         "--plot-dir",
         dir.to_str().expect("utf-8"),
     ]);
-    for arm in ["tcp-dctcp", "tcp-newreno", "rdma-dcqcn", "bx-static-256K", "bx-adaptive-30us-max4096K"] {
-        assert!(out.contains(&format!("| {arm} | 4 | 2 |")), "{arm} missing in:\n{out}");
+    for arm in [
+        "tcp-dctcp",
+        "tcp-newreno",
+        "rdma-dcqcn",
+        "bx-static-256K",
+        "bx-adaptive-30us-max4096K",
+    ] {
+        assert!(
+            out.contains(&format!("| {arm} | 4 | 2 |")),
+            "{arm} missing in:\n{out}"
+        );
     }
     assert!(out.contains("p99 rdma-dcqcn / bx-static-256K"), "{out}");
     let v: serde_json::Value =

@@ -38,7 +38,10 @@ impl Arm {
             Arm::Dctcp => "tcp-dctcp".into(),
             Arm::NewReno => "tcp-newreno".into(),
             Arm::Dcqcn => "rdma-dcqcn".into(),
-            Arm::Bx { window, device_window } => {
+            Arm::Bx {
+                window,
+                device_window,
+            } => {
                 let w = match window {
                     WindowMode::Unlimited => "unlimited".to_string(),
                     WindowMode::Static(b) => format!("static-{}K", b >> 10),
@@ -88,7 +91,9 @@ pub fn build(base: &SimConfig, arm: Arm) -> Result<(World, Trace), SimError> {
     let n = cfg.trace.workers;
     let p = cfg.trace.servers.max(1);
     if n == 0 || cfg.trace.steps == 0 {
-        return Err(SimError::Config("need at least one worker and one step".into()));
+        return Err(SimError::Config(
+            "need at least one worker and one step".into(),
+        ));
     }
     let mut w = World::new(cfg.clone(), n + p);
     w.watch_port = Some(n as u16);

@@ -135,7 +135,8 @@ mod tests {
         assert_eq!(rx.on_data(3), RxAction::OutOfOrder { nak: false });
         tx.on_nak(rx.expected, |_| {});
         assert_eq!(tx.next, 1);
-        let resent: Vec<u64> = std::iter::from_fn(|| tx.has_data().then(|| tx.take(100).0)).collect();
+        let resent: Vec<u64> =
+            std::iter::from_fn(|| tx.has_data().then(|| tx.take(100).0)).collect();
         assert_eq!(resent, vec![1, 2, 3, 4]);
         assert_eq!(tx.resent, 4);
         for p in resent {

@@ -97,9 +97,30 @@ mod tests {
         q.push(10_000, 7, 4096);
         q.push(100, 8, 4096);
         assert_eq!(q.end(), 4);
-        assert_eq!(q.seg(1, 4096), Seg { payload: 4096, last: false, token: 7 });
-        assert_eq!(q.seg(2, 4096), Seg { payload: 1808, last: true, token: 7 });
-        assert_eq!(q.seg(3, 4096), Seg { payload: 100, last: true, token: 8 });
+        assert_eq!(
+            q.seg(1, 4096),
+            Seg {
+                payload: 4096,
+                last: false,
+                token: 7
+            }
+        );
+        assert_eq!(
+            q.seg(2, 4096),
+            Seg {
+                payload: 1808,
+                last: true,
+                token: 7
+            }
+        );
+        assert_eq!(
+            q.seg(3, 4096),
+            Seg {
+                payload: 100,
+                last: true,
+                token: 8
+            }
+        );
         let mut done = vec![];
         q.release_below(3, |t| done.push(t));
         assert_eq!(done, vec![7]);

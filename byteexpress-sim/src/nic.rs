@@ -40,6 +40,11 @@ impl Nic {
 
     /// Time paused up to `now` (ns), counting a pause still on.
     pub fn pause_ns_at(&self, now: u64) -> u64 {
-        self.pause_ns + if self.paused { now - self.paused_since } else { 0 }
+        self.pause_ns
+            + if self.paused {
+                now - self.paused_since
+            } else {
+                0
+            }
     }
 }

@@ -52,7 +52,14 @@ pub struct Packet {
 impl Packet {
     /// A control packet of `kind` about `flow`, from `src` to `dst`.
     #[inline]
-    pub fn control(kind: Kind, flow: FlowId, src: HostId, dst: HostId, wire: u32, seq: u64) -> Self {
+    pub fn control(
+        kind: Kind,
+        flow: FlowId,
+        src: HostId,
+        dst: HostId,
+        wire: u32,
+        seq: u64,
+    ) -> Self {
         Packet {
             flow,
             src,

@@ -32,7 +32,9 @@ fn cdf_points(v: &[f64], max: usize) -> Vec<(f64, f64)> {
 /// # Errors
 /// [`SimError::Plot`] when no row has samples or the file cannot be written.
 pub fn latency_cdf(rows: &[ArmResult], title: &str, path: &Path) -> Result<(), SimError> {
-    let xs = rows.iter().flat_map(|r| r.lat_us_sorted.iter().map(|&u| u / 1e3));
+    let xs = rows
+        .iter()
+        .flat_map(|r| r.lat_us_sorted.iter().map(|&u| u / 1e3));
     let lo = xs.clone().fold(f64::INFINITY, f64::min).max(1e-3);
     let hi = xs.fold(0.0, f64::max);
     if hi <= 0.0 {
@@ -81,10 +83,20 @@ pub fn latency_cdf(rows: &[ArmResult], title: &str, path: &Path) -> Result<(), S
 ///
 /// # Errors
 /// [`SimError::Plot`] when the file cannot be written.
-pub fn queue_depth(rows: &[ArmResult], title: &str, window_ms: f64, path: &Path) -> Result<(), SimError> {
+pub fn queue_depth(
+    rows: &[ArmResult],
+    title: &str,
+    window_ms: f64,
+    path: &Path,
+) -> Result<(), SimError> {
     let hi_q = rows
         .iter()
-        .flat_map(|r| r.queue_samples.iter().filter(|s| s.0 <= window_ms).map(|s| s.1))
+        .flat_map(|r| {
+            r.queue_samples
+                .iter()
+                .filter(|s| s.0 <= window_ms)
+                .map(|s| s.1)
+        })
         .max()
         .unwrap_or(0) as f64
         / 1e3;

@@ -145,7 +145,11 @@ impl ArmResult {
             packets: w.packets,
             events: w.events(),
             wall_s,
-            packets_per_s: if wall_s > 0.0 { w.packets as f64 / wall_s } else { 0.0 },
+            packets_per_s: if wall_s > 0.0 {
+                w.packets as f64 / wall_s
+            } else {
+                0.0
+            },
             lat_us_sorted: lat.iter().map(|&x| x as f64 / 1e3).collect(),
             queue_samples: w
                 .samples

@@ -22,7 +22,9 @@
 
 use std::collections::VecDeque;
 
-use byteexpress_flow::credit::{CreditConfig, Credits, MsgKind, Piggyback, QueueBudget, QueueConfig};
+use byteexpress_flow::credit::{
+    CreditConfig, Credits, MsgKind, Piggyback, QueueBudget, QueueConfig,
+};
 use byteexpress_flow::gate::{self, Refusals, Room};
 use byteexpress_flow::sched::Class;
 use byteexpress_flow::window::{AdaptiveConfig, DeviceWindow, Window};
@@ -181,7 +183,12 @@ impl Rpc {
     ///
     /// # Errors
     /// [`SimError::Config`] for a zero-sized configuration value.
-    pub fn new(cfg: BxConfig, rc: &RcConfig, hosts: usize, device_window: u64) -> Result<Self, SimError> {
+    pub fn new(
+        cfg: BxConfig,
+        rc: &RcConfig,
+        hosts: usize,
+        device_window: u64,
+    ) -> Result<Self, SimError> {
         let dev = if device_window == 0 {
             DeviceWindow::unlimited()
         } else {
@@ -209,7 +216,11 @@ impl Rpc {
         match mode {
             WindowMode::Unlimited => Window::fixed(u64::MAX).map_err(SimError::Window),
             WindowMode::Static(b) => Window::fixed(b).map_err(SimError::Window),
-            WindowMode::Adaptive { min, max, target_us } => AdaptiveConfig::new(min.min(max), max, target_us)
+            WindowMode::Adaptive {
+                min,
+                max,
+                target_us,
+            } => AdaptiveConfig::new(min.min(max), max, target_us)
                 .map(Window::adaptive)
                 .map_err(SimError::Window),
         }
@@ -220,7 +231,13 @@ impl Rpc {
     ///
     /// # Errors
     /// [`SimError`] for an invalid window or queue configuration.
-    pub fn link(&mut self, w: &mut World, a: HostId, b: HostId, mode: WindowMode) -> Result<(u32, u32), SimError> {
+    pub fn link(
+        &mut self,
+        w: &mut World,
+        a: HostId,
+        b: HostId,
+        mode: WindowMode,
+    ) -> Result<(u32, u32), SimError> {
         let grant = CreditConfig::new(self.cfg.grant).map_err(SimError::Credit)?;
         let sq = self.cfg.max_send_wr;
         let rq = grant.posted_receives();
@@ -252,7 +269,13 @@ impl Rpc {
     ///
     /// # Errors
     /// [`SimError`] when a flow-control rule is broken.
-    pub fn send(&mut self, w: &mut World, ep: u32, bytes: u64, purpose: Purpose) -> Result<(), SimError> {
+    pub fn send(
+        &mut self,
+        w: &mut World,
+        ep: u32,
+        bytes: u64,
+        purpose: Purpose,
+    ) -> Result<(), SimError> {
         let thr = self.cfg.rendezvous_threshold;
         let out = if thr > 0 && bytes > thr {
             Outgoing {
@@ -308,7 +331,11 @@ impl Rpc {
                 break;
             }
             let len = out.left.min(self.cfg.max_chunk);
-            let class = if out.multi { Class::Bulk } else { Class::Latency };
+            let class = if out.multi {
+                Class::Bulk
+            } else {
+                Class::Latency
+            };
             let a = match gate::admit_chunk(&room, 0, class, &x.window, &self.devs[h], len) {
                 Ok(a) => a,
                 Err(g) => {
@@ -349,7 +376,14 @@ impl Rpc {
             let share = (x.window.cap() / 2).max(MIN_READ_PIECE);
             let piece = (j.len - j.posted).min(self.cfg.read_piece).min(share);
             let room = Room::new(&x.queues, &x.credits, x.queues.sq_free() as usize);
-            let a = match gate::admit_read(&room, x.reads_out, self.max_reads, &x.window, &self.devs[h], piece) {
+            let a = match gate::admit_read(
+                &room,
+                x.reads_out,
+                self.max_reads,
+                &x.window,
+                &self.devs[h],
+                piece,
+            ) {
                 Ok(a) => a,
                 Err(g) => {
                     self.refusals.record(g);
@@ -375,7 +409,14 @@ impl Rpc {
             self.reads += 1;
             let responder = &self.eps[peer as usize];
             let hdr = w.cfg.net.header_bytes;
-            let mut req = Packet::control(Kind::ReadReq, responder.tx, src, responder.host, hdr, token | READ_BIT);
+            let mut req = Packet::control(
+                Kind::ReadReq,
+                responder.tx,
+                src,
+                responder.host,
+                hdr,
+                token | READ_BIT,
+            );
             req.aux = piece;
             w.send_ctrl(req);
         }
@@ -499,7 +540,9 @@ impl Rpc {
         };
         let rx = self.eps[op.ep as usize].peer;
         let x = &mut self.eps[rx as usize];
-        x.credits.on_receive(kind, op.pb).map_err(SimError::Credit)?;
+        x.credits
+            .on_receive(kind, op.pb)
+            .map_err(SimError::Credit)?;
         x.credits.on_reposted(kind).map_err(SimError::Credit)?;
         if let Some(p) = purpose {
             match rendezvous {

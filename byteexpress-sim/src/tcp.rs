@@ -226,7 +226,13 @@ pub struct TcpReceiver {
 impl TcpReceiver {
     /// Segment `seq` arrived (`last` of message `token`): returns the cumulative ACK; `deliver`
     /// gets each message completed in order.
-    pub fn on_data(&mut self, seq: u64, last: bool, token: u64, mut deliver: impl FnMut(u64)) -> u64 {
+    pub fn on_data(
+        &mut self,
+        seq: u64,
+        last: bool,
+        token: u64,
+        mut deliver: impl FnMut(u64),
+    ) -> u64 {
         if seq < self.nxt || self.ooo.contains(&seq) {
             return self.nxt;
         }

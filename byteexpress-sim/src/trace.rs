@@ -198,7 +198,9 @@ impl Trace {
     fn drain(&mut self, w: &mut World) {
         loop {
             let batch = match &mut self.carrier {
-                Carrier::Rdma { rpc, .. } if !rpc.inbox.is_empty() => std::mem::take(&mut rpc.inbox),
+                Carrier::Rdma { rpc, .. } if !rpc.inbox.is_empty() => {
+                    std::mem::take(&mut rpc.inbox)
+                }
                 _ => return,
             };
             for (_, p) in batch {
@@ -273,7 +275,10 @@ mod tests {
     #[test]
     fn tcp_tokens_round_trip() {
         for p in [
-            Purpose::Push { worker: 511, step: 199 },
+            Purpose::Push {
+                worker: 511,
+                step: 199,
+            },
             Purpose::Pull { worker: 0, step: 7 },
             Purpose::PullReq { worker: 3, step: 0 },
             Purpose::PushReply { worker: 9, step: 1 },

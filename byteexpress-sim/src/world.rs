@@ -107,7 +107,9 @@ impl World {
     /// Adds a TCP flow from `src` to `dst`.
     pub fn add_tcp_flow(&mut self, src: HostId, dst: HostId) -> FlowId {
         let base_rtt = 4 * self.cfg.net.hop_delay_ns
-            + 2 * self.cfg.ser_ns(u64::from(self.cfg.net.mtu_bytes + self.cfg.net.header_bytes));
+            + 2 * self.cfg.ser_ns(u64::from(
+                self.cfg.net.mtu_bytes + self.cfg.net.header_bytes,
+            ));
         let t = Transport::Tcp {
             tx: TcpSender::new(&self.cfg.tcp, base_rtt),
             rx: TcpReceiver::default(),
@@ -161,7 +163,12 @@ impl World {
 
     /// Runs events up to and including time `until` (ns) or until `stop` says so (checked
     /// after each event); returns whether events remain.
-    pub fn run<A: App>(&mut self, app: &mut A, until: u64, mut stop: impl FnMut(&A) -> bool) -> bool {
+    pub fn run<A: App>(
+        &mut self,
+        app: &mut A,
+        until: u64,
+        mut stop: impl FnMut(&A) -> bool,
+    ) -> bool {
         while let Some((t, ev)) = self.q.pop() {
             if t > until {
                 self.q.push(t, ev);
@@ -323,7 +330,8 @@ impl World {
         let done = self.now + self.cfg.ser_ns(u64::from(p.wire));
         self.q.push(done, Ev::NicTxDone(h));
         let i = self.park(p);
-        self.q.push(done + self.cfg.net.hop_delay_ns, Ev::SwArrive(i));
+        self.q
+            .push(done + self.cfg.net.hop_delay_ns, Ev::SwArrive(i));
     }
 
     fn sw_arrive(&mut self, p: Packet) {
@@ -408,8 +416,10 @@ impl World {
                 let now = self.now;
                 if let Transport::Rc { rp: Some(rp), .. } = &mut self.flows[f as usize].t {
                     let generation = rp.on_cnp(now, &self.cfg.dcqcn);
-                    self.q
-                        .push(now + self.cfg.dcqcn.increase_timer_ns, Ev::DcqcnTimer(f, generation));
+                    self.q.push(
+                        now + self.cfg.dcqcn.increase_timer_ns,
+                        Ev::DcqcnTimer(f, generation),
+                    );
                 }
             }
             Kind::ReadReq => {

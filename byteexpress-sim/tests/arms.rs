@@ -48,11 +48,21 @@ fn every_arm_finishes_a_small_trace_no_faster_than_the_ps_link_allows() {
         },
     ] {
         let r = arms::run(&cfg, arm).expect("run");
-        assert_eq!(r.lat_us_sorted.len(), 16, "{}: one push per worker and step", r.arm);
+        assert_eq!(
+            r.lat_us_sorted.len(),
+            16,
+            "{}: one push per worker and step",
+            r.arm
+        );
         // 8 × 4 MiB through one 100 Gb/s port: the last push cannot finish before 2.68 ms.
         let floor_ms = 8.0 * (4u64 << 20) as f64 * 8.0 / 100e9 * 1e3;
         assert!(r.push_max_ms >= floor_ms, "{}: {} ms", r.arm, r.push_max_ms);
-        assert!(r.push_goodput_frac <= 1.0, "{}: {}", r.arm, r.push_goodput_frac);
+        assert!(
+            r.push_goodput_frac <= 1.0,
+            "{}: {}",
+            r.arm,
+            r.push_goodput_frac
+        );
     }
 }
 
@@ -94,11 +104,18 @@ fn a_device_window_keeps_the_ps_queue_below_it_and_pfc_quiet() {
         },
     )
     .expect("run");
-    assert!(open.pfc_pause_frames > 0, "4 MiB QP windows × 32 make PFC pause");
+    assert!(
+        open.pfc_pause_frames > 0,
+        "4 MiB QP windows × 32 make PFC pause"
+    );
     assert_eq!(capped.pfc_pause_frames, 0);
     // The PS reads at most 1 MiB at a time (plus one piece through the escape): its port
     // queue stays near that.
-    assert!(capped.max_queue_bytes < 2 << 20, "{}", capped.max_queue_bytes);
+    assert!(
+        capped.max_queue_bytes < 2 << 20,
+        "{}",
+        capped.max_queue_bytes
+    );
     assert!(open.max_queue_bytes > 8 << 20, "{}", open.max_queue_bytes);
 }
 
@@ -116,6 +133,14 @@ fn the_adaptive_window_shrinks_under_incast() {
         },
     )
     .expect("run");
-    assert_eq!(r.min_window_bytes, 64 << 10, "completions far above 30 µs cut it to its floor");
-    assert!(r.gate_refusals.iter().any(|(g, n)| g == "qp_window" && *n > 0));
+    assert_eq!(
+        r.min_window_bytes,
+        64 << 10,
+        "completions far above 30 µs cut it to its floor"
+    );
+    assert!(
+        r.gate_refusals
+            .iter()
+            .any(|(g, n)| g == "qp_window" && *n > 0)
+    );
 }

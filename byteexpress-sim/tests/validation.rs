@@ -4,8 +4,8 @@
 
 use byteexpress_sim::arms::{self, Arm};
 use byteexpress_sim::config::{EcnMode, SimConfig};
-use byteexpress_sim::rpc::WindowMode;
 use byteexpress_sim::event::FlowId;
+use byteexpress_sim::rpc::WindowMode;
 use byteexpress_sim::world::{App, NoApp, World};
 
 const MS: u64 = 1_000_000;
@@ -35,7 +35,10 @@ fn two_dcqcn_flows_on_a_40g_bottleneck_converge_to_a_fair_share() {
     let mut rate_jain = Vec::new();
     let mut total_gbps = Vec::new();
     for k in 1..=10u64 {
-        let before = [w.flows[a as usize].delivered_bytes, w.flows[b as usize].delivered_bytes];
+        let before = [
+            w.flows[a as usize].delivered_bytes,
+            w.flows[b as usize].delivered_bytes,
+        ];
         w.run(&mut NoApp, 150 * MS + k * 5 * MS, |_| false);
         let got: Vec<f64> = [a, b]
             .iter()
@@ -56,7 +59,10 @@ fn two_dcqcn_flows_on_a_40g_bottleneck_converge_to_a_fair_share() {
     assert!(tj >= 0.95, "throughput Jain's index {tj}");
     assert!(rj >= 0.95, "DCQCN rate Jain's index {rj}");
     // DCQCN, not PFC, shares the link: no pause in the last 50 ms, and the link stays busy.
-    assert_eq!(w.switch.stats.xoff_frames, pauses_before, "PFC paused in the last 50 ms");
+    assert_eq!(
+        w.switch.stats.xoff_frames, pauses_before,
+        "PFC paused in the last 50 ms"
+    );
     assert!(tot > 0.8 * 40.0, "bottleneck utilization {tot} Gb/s");
 }
 
@@ -153,7 +159,10 @@ fn newreno_incast(n: u16, bytes: u64, port_cap: u64) -> (f64, u64) {
 fn newreno_incast_with_a_shallow_port_buffer_collapses_below_20_percent_goodput() {
     for n in [32u16, 64] {
         let (g, timeouts) = newreno_incast(n, 256 << 10, 128 << 10);
-        eprintln!("N = {n}: goodput {:.2} % of the link, {timeouts} RTOs", g * 100.0);
+        eprintln!(
+            "N = {n}: goodput {:.2} % of the link, {timeouts} RTOs",
+            g * 100.0
+        );
         assert!(g < 0.20, "N = {n}: goodput {g}");
         assert!(timeouts > 0);
     }
