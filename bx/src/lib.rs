@@ -14,6 +14,9 @@
 //!   `--config c64_512|c64_16k|c1_16k --rounds N` runs every row that measures a transport
 //!   (`floor/tcp`, `native/*`, `bx/*`, `grpc/h2`, `tonic/inproc`) interleaved and prints
 //!   per-row medians with ratios to `floor/tcp`.
+//! - `bx sim incast`: the packet-level incast simulator (`byteexpress-sim`, issue 26): TCP,
+//!   RDMA with DCQCN, and DCQCN under ByteExpress's windows and credits, every constant a flag
+//!   (see [`sim`]).
 //!
 //! Every command logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`: one
 //! line per link set up, with its peer, transport, device, and why a faster path was not
@@ -23,6 +26,7 @@
 pub mod devices;
 pub mod pingpong;
 pub mod ps;
+pub mod sim;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -51,6 +55,18 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PsCmd,
     },
+    /// Packet-level simulation (no network used).
+    Sim {
+        #[command(subcommand)]
+        cmd: SimCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SimCmd {
+    /// Incast at a parameter server: the training trace over TCP, RDMA with DCQCN, and
+    /// DCQCN with ByteExpress windows and credits (byteexpress-flow on simulated time).
+    Incast(Box<sim::IncastArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -114,6 +130,9 @@ pub fn main() -> ExitCode {
     init_logs();
     match cli.cmd {
         Cmd::Devices => devices::main(),
+        Cmd::Sim {
+            cmd: SimCmd::Incast(args),
+        } => sim::main(&args),
         Cmd::Pingpong(args) => pingpong::main(&args),
         Cmd::Ps {
             cmd:
