@@ -9,9 +9,11 @@ use std::sync::Arc;
 /// be cheap (e.g. storing a timestamp): it runs once per syscall.
 ///
 /// Why: a frame of several GiB can take longer than a keepalive timeout to cross a loaded
-/// machine, and a frame-level "heard from the peer" sees nothing until it is whole; bytes read
-/// are the peer speaking, and bytes the socket takes (beyond its buffers) are the peer reading.
-/// gRPC over HTTP/2 gets the same from every DATA frame resetting its keepalive.
+/// machine, and a frame-level "heard from the peer" sees nothing until it is whole. Bytes read
+/// are the peer speaking. Bytes the socket takes are weaker evidence (a socket takes small
+/// writes into its buffer whatever the peer does): they say only that a long write of ours is
+/// still moving, which is what a PING queued behind it waits for. gRPC over HTTP/2 needs
+/// neither, since its PING frames go between DATA frames.
 #[derive(Clone)]
 pub struct Progress(Arc<dyn Fn() + Send + Sync>);
 

@@ -5,9 +5,11 @@
 //! call in flight on which nothing at all has arrived for [`Config::idle_timeout`] is closed
 //! too. Both watch what arrives on the link as a whole: the messages and chunks on an RDMA
 //! link's QP count, so the silent TCP control connection of a live RDMA link is never closed
-//! for being idle; on a TCP link so do the bytes of a frame still arriving and the bytes the
-//! socket takes of one we are still writing (`engine/tcp.rs`), so a peer busy with one huge
-//! frame is not taken for dead.
+//! for being idle; on a TCP link so do the bytes of a frame still arriving (`engine/tcp.rs`).
+//! A PING queued behind a frame we are still writing waits for it: while the socket keeps
+//! taking bytes of that write, the PING's timeout counts from the last bytes it took. So a peer
+//! busy with one huge frame either way is not taken for dead, and one that reads our PINGs and
+//! answers nothing still is.
 //!
 //! PING and PONG travel only over TCP: as messages on a TCP link, as frames on the control
 //! connection of an RDMA link (the wire header's kinds 7 and 8).
@@ -76,10 +78,20 @@ pub(crate) async fn watch(
         let quiet = Duration::from_micros(now.saturating_sub(heard));
         let mut wait = Duration::from_secs(3600);
         if let Some(sent) = outstanding {
+            // The wait counts from when the PING went out. One still queued behind our own
+            // write under way cannot have been answered: while the socket keeps taking bytes
+            // of that write, its wait counts from the last bytes taken (a peer that stops
+            // reading stops that progress too).
+            let out = link.ping_out_us();
+            let from = if out >= sent {
+                out
+            } else {
+                link.write_progress_us().map_or(sent, |p| p.max(sent))
+            };
             if heard >= sent {
                 outstanding = None;
             } else {
-                let waited = Duration::from_micros(now - sent);
+                let waited = Duration::from_micros(now.saturating_sub(from));
                 if waited >= live.timeout {
                     return EngineError::KeepaliveTimeout(live.timeout);
                 }

@@ -59,6 +59,14 @@ struct LinkShared {
     /// When the peer was last heard from (any message, chunk, PING or PONG), in µs after
     /// [`keepalive::epoch`].
     last_rx: std::sync::atomic::AtomicU64,
+    /// While the TCP write task is inside a write (a batch not yet all taken by the socket):
+    /// when the socket last took bytes of it, in µs after [`keepalive::epoch`]; 0 when no
+    /// write is under way. A PING queued behind a long frame cannot be answered before the
+    /// frame is out, so keepalive counts its wait from here ([`keepalive::watch`]).
+    writing_since: std::sync::atomic::AtomicU64,
+    /// When the TCP write task last wrote a PING out (the socket took all of it), µs after
+    /// [`keepalive::epoch`]; 0 before the first.
+    ping_out: std::sync::atomic::AtomicU64,
     /// The link's state machine ([`crate::link_state`]).
     machine: LinkMachine,
     /// Fired when the peer's RESYNC says its QP failed: the RDMA engine stops and hands its
@@ -106,6 +114,8 @@ impl LinkTx {
                     ..LinkCounters::default()
                 }),
                 last_rx: keepalive::now_us().into(),
+                writing_since: 0.into(),
+                ping_out: 0.into(),
                 machine,
                 fall_back_now: parking_lot::Mutex::new(CancellationToken::new()),
                 closed_once: std::sync::atomic::AtomicBool::new(false),
@@ -220,6 +230,49 @@ impl LinkTx {
         self.inner
             .last_rx
             .store(keepalive::now_us(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The TCP write task starts a write, or the socket took bytes of the one under way.
+    pub(crate) fn write_progress(&self) {
+        self.inner.writing_since.store(
+            keepalive::now_us().max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The TCP write task's write is done: everything it had was taken by the socket.
+    pub(crate) fn write_done(&self) {
+        self.inner
+            .writing_since
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// While a write is under way, when the socket last took bytes of it (µs after
+    /// [`keepalive::epoch`]); `None` when no write is under way.
+    pub(crate) fn write_progress_us(&self) -> Option<u64> {
+        match self
+            .inner
+            .writing_since
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    /// The TCP write task wrote a PING out: its answer can come from now on.
+    pub(crate) fn ping_written(&self) {
+        self.inner
+            .ping_out
+            .store(keepalive::now_us(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When a PING was last written out (µs after [`keepalive::epoch`]; 0: never, or a link
+    /// whose PINGs go another way).
+    pub(crate) fn ping_out_us(&self) -> u64 {
+        self.inner
+            .ping_out
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// When the peer was last heard from, in µs after [`keepalive::epoch`].

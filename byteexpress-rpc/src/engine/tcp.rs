@@ -100,10 +100,12 @@ pub(crate) fn resume<R, W>(
         ),
     };
     // Bytes moving either way, also inside one long frame, show the peer alive (keepalive).
+    // Bytes arriving, also inside one long frame, are the peer speaking (keepalive); bytes the
+    // socket takes of our own write under way keep a PING queued behind it waiting.
     let heard = link.clone();
-    let touch = Progress::new(move || heard.touch());
-    reader.on_progress(touch.clone());
-    writer.on_progress(touch);
+    reader.on_progress(Progress::new(move || heard.touch()));
+    let taken = link.clone();
+    writer.on_progress(Progress::new(move || taken.write_progress()));
     tokio::spawn(write_loop(
         writer,
         first,
@@ -302,7 +304,13 @@ async fn write_batch<W: AsyncWrite + Unpin>(
     let wire: usize = parts.iter().flatten().map(|p| p.len()).sum();
     link.counters().metrics.bytes_sent.increment(wire as u64);
     let frames: Vec<&[&[u8]]> = parts.iter().map(|p| &p[..]).collect();
-    w.write_frames(&frames).await
+    link.write_progress();
+    let r = w.write_frames(&frames).await;
+    link.write_done();
+    if r.is_ok() && batch.iter().any(|m| m.header.kind == Kind::Ping) {
+        link.ping_written();
+    }
+    r
 }
 
 /// The largest frame a TCP link reads at all (bytes): the largest `Config::max_message`
