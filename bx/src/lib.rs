@@ -87,6 +87,18 @@ enum PsCmd {
     Bench(Box<BenchArgs>),
 }
 
+/// `e` and its causes (`Error::source`), `": "`-joined: one line for the user.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()

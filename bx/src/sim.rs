@@ -303,7 +303,7 @@ fn run_group(args: &IncastArgs, n: usize, arms: &[Arm]) -> Result<Group, String>
     let mut rows = Vec::new();
     for arm in arms {
         let r = arms::run(&cfg, *arm)
-            .map_err(|e| format!("{} at N = {n}: {}", arm.name(), chain(&e)))?;
+            .map_err(|e| format!("{} at N = {n}: {}", arm.name(), crate::error_chain(&e)))?;
         eprintln!(
             "N = {n} {}: {} steps in {:.1} s simulated, {:.2} s wall, {:.2} M packets/s",
             r.arm,
@@ -315,17 +315,6 @@ fn run_group(args: &IncastArgs, n: usize, arms: &[Arm]) -> Result<Group, String>
         rows.push(r);
     }
     Ok(Group { workers: n, rows })
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn p99_of<'a>(rows: &'a [ArmResult], name: &str) -> Option<&'a ArmResult> {
@@ -448,7 +437,7 @@ pub fn main(args: &IncastArgs) -> ExitCode {
             let r = plot::latency_cdf(&g.rows, &title, &cdf)
                 .and_then(|()| plot::queue_depth(&g.rows, &qt, args.plot_window_ms, &q));
             if let Err(e) = r {
-                eprintln!("bx sim incast: {}", chain(&e));
+                eprintln!("bx sim incast: {}", crate::error_chain(&e));
                 return ExitCode::FAILURE;
             }
         }

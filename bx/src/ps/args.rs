@@ -375,11 +375,12 @@ impl BenchArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ps::clients::bx_config;
 
-    fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
+    /// `bx ps bench`'s settings from `argv` (the words after `bench`).
+    pub(crate) fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
         use clap::Parser;
         #[derive(clap::Parser)]
         struct A {

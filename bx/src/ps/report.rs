@@ -278,6 +278,7 @@ pub fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ps::args::tests::parse;
     use crate::ps::bench::FleetCounts;
 
     fn row() -> Row {
@@ -422,16 +423,6 @@ mod tests {
         }
         let a = A::parse_from(["bench", "--servers", "1"]).b;
         assert!(a.service_config().unwrap().is_none());
-    }
-
-    fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct A {
-            #[command(flatten)]
-            b: BenchArgs,
-        }
-        A::try_parse_from(std::iter::once("bench").chain(argv.iter().copied())).map(|a| a.b)
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
         server = server.tls_config(tls).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                format!("--tls-cert/--tls-key/--tls-ca: {}", chain(&e)),
+                format!("--tls-cert/--tls-key/--tls-ca: {}", crate::error_chain(&e)),
             )
         })?;
     }
@@ -209,18 +209,6 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     out.flush()?;
     drop(out);
     server.serve_with_listener(listener).await
-}
-
-/// `e` and its causes, `": "`-joined.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// A [`Lateness`] set to `delay` when the process gets SIGUSR1 (the handler is in place when
