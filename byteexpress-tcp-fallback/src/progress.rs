@@ -4,9 +4,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// Called after every read that returned bytes ([`crate::FrameReader`]) or every write the
-/// stream accepted bytes of ([`crate::FrameWriter`]), from the task driving that half. Meant to
-/// be cheap (e.g. storing a timestamp): it runs once per syscall.
+/// Called with the byte count after every read that returned bytes ([`crate::FrameReader`]) or
+/// every write the stream accepted bytes of ([`crate::FrameWriter`]), from the task driving
+/// that half. Meant to be cheap (e.g. adding to a counter): it runs once per syscall. An owner
+/// should count progress only above some rate, or a peer trickling a byte now and then would
+/// look alive for ever.
 ///
 /// Why: a frame of several GiB can take longer than a keepalive timeout to cross a loaded
 /// machine, and a frame-level "heard from the peer" sees nothing until it is whole. Bytes read
@@ -15,16 +17,16 @@ use std::sync::Arc;
 /// still moving, which is what a PING queued behind it waits for. gRPC over HTTP/2 needs
 /// neither, since its PING frames go between DATA frames.
 #[derive(Clone)]
-pub struct Progress(Arc<dyn Fn() + Send + Sync>);
+pub struct Progress(Arc<dyn Fn(usize) + Send + Sync>);
 
 impl Progress {
-    /// A hook calling `f`.
-    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Self {
+    /// A hook calling `f(bytes)`.
+    pub fn new(f: impl Fn(usize) + Send + Sync + 'static) -> Self {
         Progress(Arc::new(f))
     }
 
-    pub(crate) fn note(&self) {
-        (self.0)()
+    pub(crate) fn note(&self, bytes: usize) {
+        (self.0)(bytes)
     }
 }
 

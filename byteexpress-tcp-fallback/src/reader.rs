@@ -81,7 +81,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         if n > 0
             && let Some(p) = &self.progress
         {
-            p.note();
+            p.note(n);
         }
         Ok(n)
     }

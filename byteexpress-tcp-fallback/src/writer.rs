@@ -94,7 +94,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
             }
             if let Some(p) = &self.progress {
-                p.note();
+                p.note(n);
             }
             remaining -= n;
             IoSlice::advance_slices(&mut rest, n);

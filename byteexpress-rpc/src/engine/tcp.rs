@@ -102,10 +102,11 @@ pub(crate) fn resume<R, W>(
     // Bytes moving either way, also inside one long frame, show the peer alive (keepalive).
     // Bytes arriving, also inside one long frame, are the peer speaking (keepalive); bytes the
     // socket takes of our own write under way keep a PING queued behind it waiting.
+    // Counted per PROGRESS_BYTES only: a peer trickling a byte now and then is not alive.
     let heard = link.clone();
-    reader.on_progress(Progress::new(move || heard.touch()));
+    reader.on_progress(every(PROGRESS_BYTES, move || heard.touch()));
     let taken = link.clone();
-    writer.on_progress(Progress::new(move || taken.write_progress()));
+    writer.on_progress(every(PROGRESS_BYTES, move || taken.write_progress()));
     tokio::spawn(write_loop(
         writer,
         first,
@@ -281,6 +282,24 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     }
     let _ = w.shutdown().await;
     closer.close(EngineError::Closed);
+}
+
+/// Bytes that must move inside a frame, either way, before keepalive counts them as progress
+/// (see [`resume`]): a live transfer moves this many in well under a millisecond, a peer
+/// trickling a byte per keepalive interval never does (a reviewer's raw peer, trickling one
+/// byte per 200 ms into a 1 MiB frame, was kept open for ever before this floor).
+const PROGRESS_BYTES: usize = 64 * 1024;
+
+/// A progress hook calling `f` once per `bytes` bytes moved.
+fn every(bytes: usize, f: impl Fn() + Send + Sync + 'static) -> Progress {
+    let moved = std::sync::atomic::AtomicUsize::new(0);
+    Progress::new(move |n| {
+        let total = moved.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        if total >= bytes {
+            moved.store(0, std::sync::atomic::Ordering::Relaxed);
+            f();
+        }
+    })
 }
 
 /// Most messages one vectored write of the TCP engine carries (each is up to 4 slices: length,

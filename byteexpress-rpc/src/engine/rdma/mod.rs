@@ -390,7 +390,6 @@ impl Engine {
             }
             match round {
                 Ok(Round::Delivered) => {
-                    last_work = Instant::now();
                     // A message went to its handler or caller: let it run now (on a
                     // current-thread runtime it runs only when the engine yields), post what
                     // it answered, then copy the chunks this round left, so chunks progress
@@ -403,6 +402,9 @@ impl Engine {
                     if let Err(why) = after {
                         break why.into();
                     }
+                    // after the handlers' turn and the posting of their answers: an idle gap
+                    // starts here, not before the work they did
+                    last_work = Instant::now();
                     continue;
                 }
                 Ok(Round::Busy) => {
