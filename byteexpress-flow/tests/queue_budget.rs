@@ -63,3 +63,23 @@ fn completions_without_posts_are_errors_and_change_nothing() {
     assert_eq!(q.on_recv_completion(), Err(QueueError::NoRecvPosted));
     assert_eq!((q.sends_outstanding(), q.recvs_posted()), (0, 0));
 }
+
+#[test]
+fn a_signaled_completion_frees_the_slots_and_cq_entries_of_the_unsignaled_sends_it_covers() {
+    let mut q = QueueBudget::new(QueueConfig::new(4, 3, 7).unwrap());
+    for _ in 0..4 {
+        q.try_post_send().unwrap();
+    }
+    // Each send keeps a CQ entry reserved, signaled or not (a failure flushes them all).
+    assert_eq!((q.sq_free(), q.send_cqes_free(), q.cqes_owed()), (0, 0, 4));
+    assert_eq!(
+        q.on_send_completions(5),
+        Err(QueueError::NoSendOutstanding),
+        "more than are outstanding"
+    );
+    assert_eq!(q.sends_outstanding(), 4, "nothing freed on error");
+    q.on_send_completions(3).unwrap();
+    assert_eq!((q.sq_free(), q.send_cqes_free(), q.cqes_owed()), (3, 3, 1));
+    q.on_send_completions(1).unwrap();
+    assert_eq!(q.sends_outstanding(), 0);
+}

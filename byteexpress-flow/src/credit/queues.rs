@@ -112,11 +112,17 @@ impl std::error::Error for QueueError {}
 /// Rules (verbs semantics of an RC QP, `ibv_post_send(3)`, `ibv_create_cq(3)`):
 /// - A posted WR holds its queue slot until its completion is polled; posting beyond
 ///   `max_send_wr` / `max_recv_wr` fails.
-/// - Every posted WR produces exactly one CQE (success, or a flush on error), here with
-///   every SEND signaled. A CQE is owed from post until polled, and more CQEs owed than the
-///   CQ holds could overrun it (a CQ error that fails the QP). So
+/// - A signaled WR produces one CQE; an unsignaled one produces none on success, but one
+///   (its error, or a flush) when the QP fails, and then every WR still outstanding does.
+///   So a CQE may be owed for every posted WR, and more CQEs owed than the CQ holds could
+///   overrun it (a CQ error that fails the QP): each posted WR, signaled or not, keeps its CQ
+///   entry reserved until it is known complete, and
 ///   `sends_outstanding + recvs_posted <= cq_size` at all times; receives have
 ///   `rq_depth` entries reserved, sends take at most `cq_size - rq_depth`.
+/// - Selective signaling: an RC send queue completes in order, so the CQE of a signaled WR
+///   also completes every unsignaled WR posted before it: it frees all their slots and CQ
+///   entries at once ([`QueueBudget::on_send_completions`]). The poster must signal often
+///   enough that the queue never fills with unsignaled WRs (no CQE would ever free them).
 /// - A send's completion and the peer's reply to it arrive in either order: the receive
 ///   completion carrying the credits the peer returned may be polled before the send
 ///   completion of the message it answers. Credits ([`Credits`](super::Credits)), bytes in
@@ -124,8 +130,7 @@ impl std::error::Error for QueueError {}
 ///   released by its own event, so either order leaves all three right
 ///   (`tests/credit_model.rs` checks random orders).
 ///
-/// Not modelled: selective signaling (an unsignaled WR's slot returns with a later signaled
-/// CQE), and several QPs sharing one CQ.
+/// Not modelled: several QPs sharing one CQ.
 #[derive(Debug, Clone)]
 pub struct QueueBudget {
     cfg: QueueConfig,
@@ -235,6 +240,21 @@ impl QueueBudget {
             return Err(QueueError::NoSendOutstanding);
         }
         self.sends -= 1;
+        Ok(())
+    }
+
+    /// A send completion was polled that completes `n` send WRs: its own and the unsignaled
+    /// ones posted before it (selective signaling): their slots and CQ entries are free.
+    ///
+    /// # Errors
+    /// [`QueueError::NoSendOutstanding`] when fewer than `n` sends are outstanding (caller
+    /// bug); nothing is freed.
+    #[inline]
+    pub fn on_send_completions(&mut self, n: u32) -> Result<(), QueueError> {
+        if self.sends < n {
+            return Err(QueueError::NoSendOutstanding);
+        }
+        self.sends -= n;
         Ok(())
     }
 
