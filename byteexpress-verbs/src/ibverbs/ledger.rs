@@ -9,7 +9,14 @@
 //! - `QueueFull` at exactly the granted capacity, counted in outstanding WRs;
 //! - after the QP is known to be in ERR (`to_err`, or an error completion polled), WRs are not
 //!   handed to the device: they are queued here as flushed and complete with WR_FLUSH_ERR right
-//!   after every earlier WR of their queue, so order holds.
+//!   after every earlier WR of their queue, so order holds;
+//! - an unsignaled send WR that succeeded never completes at the device, so a flushed WR
+//!   queued behind one would wait for good. The first send WR posted in ERR while the device
+//!   still holds WRs of the queue therefore also posts a *drain WR* to the device: signaled,
+//!   no SGE (what the kernel's `ib_drain_sq` posts). A QP in ERR flushes it after every
+//!   earlier WR, so its completion retires them all; it is the ledger's own and reaches no
+//!   caller. It needs no device slot of its own: the caller's WR that asked for it takes a
+//!   ledger slot and no device slot, and its completion's CQ entry is the one the drain uses.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,6 +39,8 @@ struct Entry {
     opcode: WcOpcode,
     /// Never given to the device: completes as WR_FLUSH_ERR once it reaches the front.
     flushed: bool,
+    /// The ledger's drain WR (see the module): retires what is before it, reaches no caller.
+    drain: bool,
 }
 
 /// One work queue's outstanding WRs, oldest first; the front has sequence number `base`.
@@ -40,6 +49,11 @@ pub(crate) struct Queue {
     base: u64,
     entries: VecDeque<Entry>,
     cap: usize,
+    /// A drain WR was tried (once per QP, posted or refused: a second one would go behind
+    /// flushed entries, and `complete` reports only the entry a completion names).
+    drained: bool,
+    /// The drain WR is in `entries`: it takes no caller's slot (`full`).
+    drain_held: bool,
 }
 
 impl Queue {
@@ -48,12 +62,36 @@ impl Queue {
             base: 0,
             entries: VecDeque::new(),
             cap: cap as usize,
+            drained: false,
+            drain_held: false,
         }
+    }
+
+    /// True when a WR posted now, in ERR, needs a drain WR at the device before it: the device
+    /// holds WRs of this queue (possibly unsignaled ones that completed silently) and no drain
+    /// was posted yet.
+    pub(crate) fn needs_drain(&self) -> bool {
+        !self.drained && self.entries.iter().any(|e| !e.flushed)
+    }
+
+    /// A drain WR was tried; `posted`: the device accepted it, recorded here.
+    pub(crate) fn drain_tried(&mut self, posted: bool) {
+        self.drained = true;
+        if !posted {
+            return;
+        }
+        self.drain_held = true;
+        self.entries.push_back(Entry {
+            wr_id: 0,
+            opcode: WcOpcode::Send,
+            flushed: false,
+            drain: true,
+        });
     }
 
     /// True when another WR would exceed the granted capacity.
     pub(crate) fn full(&self) -> bool {
-        self.entries.len() >= self.cap
+        self.entries.len() - usize::from(self.drain_held) >= self.cap
     }
 
     /// The device `wr_id` the next WR of queue `wq` gets.
@@ -67,6 +105,7 @@ impl Queue {
             wr_id,
             opcode,
             flushed,
+            drain: false,
         });
     }
 
@@ -186,6 +225,24 @@ impl Ledger {
         self.in_err.store(true, Ordering::SeqCst);
     }
 
+    /// Runs `to_err` (the device's move to ERR) with both queues locked, and marks the QP in
+    /// ERR if it succeeds: no WR is posted between the two, so none reaches the device on the
+    /// assumption that the QP is in ERR while it is not (a drain WR would then be sent), and
+    /// none the device would take in ERR without flushing it (rxe never flushes a receive
+    /// posted in ERR). If the device refuses the move, the ledger is not marked: the QP's
+    /// state is then unknown, and a drain WR must never reach a live QP (it would deliver an
+    /// empty message); WRs go on to the device as before.
+    pub(crate) fn enter_err<E>(
+        &self,
+        to_err: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let _send = self.send.lock();
+        let _recv = self.recv.lock();
+        to_err()?;
+        self.set_err();
+        Ok(())
+    }
+
     /// Turns a device completion into the caller's, retiring every earlier WR of its queue,
     /// and appends it (and flushed WRs now at the front) to `out`. A completion that names no
     /// outstanding WR is dropped (and logged).
@@ -229,10 +286,15 @@ impl Ledger {
         for _ in 0..=pos {
             done = q.entries.pop_front();
             q.base += 1;
+            if done.as_ref().is_some_and(|e| e.drain) {
+                q.drain_held = false;
+            }
         }
         let e = done.expect("pos < len");
-        wc.wr_id = e.wr_id;
-        out.push_back(wc);
+        if !e.drain {
+            wc.wr_id = e.wr_id;
+            out.push_back(wc);
+        }
         q.emit_flushed(self.qp_num, out);
     }
 
@@ -290,6 +352,67 @@ mod tests {
         l.complete(dev_wc(first, WcStatus::WrFlushErr), &mut out);
         let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(got, [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]);
+    }
+
+    #[test]
+    fn a_drain_completion_retires_silent_sends_and_releases_the_flushed_wr_behind_them() {
+        let l = Ledger::new(9, 4, 4, None);
+        let mut q = l.queue(Wq::Send);
+        q.push(1, WcOpcode::Send, false);
+        q.push(2, WcOpcode::Send, false);
+        drop(q);
+        l.set_err();
+        let mut q = l.queue(Wq::Send);
+        assert!(q.needs_drain(), "the device holds WRs 1 and 2");
+        let drain = q.next_device_wr_id(Wq::Send);
+        q.drain_tried(true);
+        q.push(3, WcOpcode::Send, true);
+        assert!(!q.needs_drain(), "one drain per QP");
+        q.push(4, WcOpcode::Send, true);
+        assert!(
+            q.full(),
+            "4 WRs of the caller: the drain takes no slot of theirs"
+        );
+        drop(q);
+        let mut out = VecDeque::new();
+        assert_eq!(
+            l.emit_flushed(Wq::Send, &mut out),
+            0,
+            "WR 3 waits for the drain"
+        );
+        l.complete(dev_wc(drain, WcStatus::WrFlushErr), &mut out);
+        let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            got,
+            [(3, WcStatus::WrFlushErr), (4, WcStatus::WrFlushErr)],
+            "the drain reaches no caller"
+        );
+        assert!(l.queue(Wq::Send).entries.is_empty());
+    }
+
+    #[test]
+    fn a_refused_drain_is_not_tried_again_behind_a_flushed_wr() {
+        let l = Ledger::new(9, 4, 4, None);
+        l.queue(Wq::Send).push(1, WcOpcode::Send, false);
+        l.set_err();
+        let mut q = l.queue(Wq::Send);
+        assert!(q.needs_drain());
+        q.drain_tried(false);
+        q.push(2, WcOpcode::Send, true);
+        assert!(
+            !q.needs_drain(),
+            "a drain behind flushed WR 2 would retire it unreported"
+        );
+    }
+
+    #[test]
+    fn a_queue_whose_wrs_all_completed_needs_no_drain() {
+        let l = Ledger::new(9, 4, 4, None);
+        let id = l.queue(Wq::Send).next_device_wr_id(Wq::Send);
+        l.queue(Wq::Send).push(1, WcOpcode::Send, false);
+        l.complete(dev_wc(id, WcStatus::Success), &mut VecDeque::new());
+        l.set_err();
+        assert!(!l.queue(Wq::Send).needs_drain());
     }
 
     #[test]

@@ -113,6 +113,9 @@ pub(crate) fn post_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<()> {
         return Err(Error::QueueFull("send queue (max_send_wr) full"));
     }
     if qp.ledger.in_err() {
+        if q.needs_drain() {
+            post_drain(qp, &mut q);
+        }
         q.push(wr.wr_id, wc_opcode(wr.op), true);
         drop(q);
         qp.send_cq.emit_flushed(&qp.ledger, Wq::Send);
@@ -265,4 +268,27 @@ pub(crate) fn post_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<()> {
         q.push(wr.wr_id, WcOpcode::Recv, false);
     }
     r
+}
+
+/// Posts the ledger's drain WR to the device (`ledger.rs`): a signaled SEND with no SGE, on a
+/// QP in ERR, so it is flushed, never sent. If the device refuses it, it is not tried again,
+/// and the WRs queued behind the device's wait until the device completes them, as they did
+/// before drains existed.
+fn post_drain(qp: &IbvQp, q: &mut super::ledger::Queue) {
+    // SAFETY: ibv_send_wr is plain C data; all-zero is a valid value (no SGE, no next WR).
+    let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    w.wr_id = q.next_device_wr_id(Wq::Send);
+    w.opcode = ibv_wr_opcode::IBV_WR_SEND;
+    w.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the QP is valid; `w` is a complete WR with no SGE and no next WR.
+    let rc = unsafe { sys::ibv_post_send(qp.qp, &mut w, &mut bad) };
+    q.drain_tried(rc == 0);
+    if rc != 0 {
+        tracing::warn!(
+            "QP {:#x}: drain WR refused: {}",
+            qp.qpn,
+            std::io::Error::from_raw_os_error(rc)
+        );
+    }
 }

@@ -34,7 +34,7 @@ pub(crate) const SET_SQD: u8 = 3;
 #[derive(Debug)]
 pub(crate) struct IbvQp {
     pub(crate) qp: *mut sys::ibv_qp,
-    qpn: u32,
+    pub(crate) qpn: u32,
     psn: u32,
     pub(crate) cap: QpCap,
     /// [`SET_RESET`], [`SET_RTS`] or [`SET_ERR`]: checked before posting, so posting before
@@ -363,8 +363,8 @@ impl QpImpl for IbvQp {
 
     fn to_err(&self) -> Result<()> {
         self.set_state.store(SET_ERR, Ordering::SeqCst);
-        self.ledger.set_err();
-        self.to_state(ibv_qp_state::IBV_QPS_ERR, "ibv_modify_qp(ERR)")
+        self.ledger
+            .enter_err(|| self.to_state(ibv_qp_state::IBV_QPS_ERR, "ibv_modify_qp(ERR)"))
     }
 
     /// RTS→SQD with `en_sqd_async_notify`, so the device raises SQ_DRAINED.

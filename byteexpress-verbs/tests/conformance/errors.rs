@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use byteexpress_verbs::{Access, ConnectAttr, QpCap, QpState, RecvWr, WcStatus, WrOp};
+use byteexpress_verbs::{Access, ConnectAttr, QpCap, QpState, RecvWr, SendWr, WcStatus, WrOp};
 
 use crate::T;
 use crate::common::*;
@@ -38,6 +38,89 @@ fn rnr_with_rnr_retry_zero_fails_the_wr_and_flushes_the_rest() {
         ]
     );
     assert_eq!(a.qp.state(), QpState::Err);
+}
+
+/// What selective signaling relies on (`ibv_post_send(3)`: an unsignaled WR that fails still
+/// completes): when a QP fails, the failing WR and every later one complete, unsignaled ones
+/// included, in post order, while an earlier unsignaled WR that succeeded stays silent. So a
+/// completion of WR n, success or not, means every WR posted before n is done.
+#[test]
+fn a_failing_unsignaled_send_completes_with_its_error_and_flushes_the_unsignaled_rest() {
+    let attr = ConnectAttr {
+        rnr_retry: 0,
+        ..fast_attr()
+    };
+    let (a, b) = pair(QpCap::default(), attr);
+    b.post_recv(1, 0, 64);
+    for i in 1..=4 {
+        a.send(i, WrOp::Send, 0, 8, false).unwrap();
+    }
+    let tx = poll_n(&a.send_cq, 3, T);
+    let got: Vec<(u64, WcStatus)> = tx.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [
+            (2, WcStatus::RnrRetryExcErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr)
+        ]
+    );
+    assert!(
+        poll_for(&a.send_cq, Duration::from_millis(20)).is_empty(),
+        "the unsignaled send that succeeded produced no completion"
+    );
+    assert_eq!(poll_n(&b.recv_cq, 1, T)[0].status, WcStatus::Success);
+    assert_eq!(a.qp.state(), QpState::Err);
+}
+
+/// How a caller gets back unsignaled SENDs that already completed silently when its QP
+/// fails (the kernel's `ib_drain_sq` does the same): after `to_err` it posts a signaled WR, a
+/// SEND with no SGE; that WR completes WR_FLUSH_ERR after every earlier WR of the queue, so
+/// its completion covers them. On rdma-core the provider's ledger held a WR posted in ERR
+/// behind the device's silently completed WRs, which never complete again, so it never came
+/// (seen on rxe0: a link's failed QP kept its last unsignaled SENDs for good).
+#[test]
+fn a_wr_posted_after_to_err_completes_behind_unsignaled_sends_that_completed_silently() {
+    let (a, b) = pair(QpCap::default(), fast_attr());
+    for i in 0..4u64 {
+        b.post_recv(10 + i, i as usize * 64, 64);
+    }
+    for i in 1..=4 {
+        a.send(i, WrOp::Send, 0, 8, false).unwrap();
+    }
+    let rx = poll_n(&b.recv_cq, 4, T);
+    assert!(rx.iter().all(|w| w.status == WcStatus::Success), "{rx:?}");
+    assert!(
+        poll_for(&a.send_cq, Duration::from_millis(20)).is_empty(),
+        "unsignaled sends that succeeded complete silently"
+    );
+    a.qp.to_err().unwrap();
+    a.qp.post_send(&SendWr {
+        wr_id: 5,
+        op: WrOp::Send,
+        sg_list: &[],
+        signaled: true,
+        inline: false,
+    })
+    .unwrap();
+    // A WR whose ACK the sender had not processed yet is flushed with its own completion
+    // first (in order); WR 5's flush comes last, and nothing after it.
+    let t0 = Instant::now();
+    let mut tx = Vec::new();
+    while tx.last().is_none_or(|&(id, _)| id != 5) && t0.elapsed() < T {
+        tx.extend(poll_n(&a.send_cq, 1, T).iter().map(|w| (w.wr_id, w.status)));
+    }
+    assert_eq!(tx.last(), Some(&(5, WcStatus::WrFlushErr)), "{tx:?}");
+    assert!(
+        tx.iter().all(|&(_, st)| st == WcStatus::WrFlushErr),
+        "{tx:?}"
+    );
+    let ids: Vec<u64> = tx.iter().map(|&(id, _)| id).collect();
+    assert!(ids.is_sorted() && ids[0] >= 1, "in post order: {ids:?}");
+    assert!(
+        poll_for(&a.send_cq, Duration::from_millis(20)).is_empty(),
+        "one completion each"
+    );
 }
 
 #[test]
