@@ -34,6 +34,10 @@
 //!   lent for one message ([`Pool::lend_for_read`] → [`ReadLoan`]: their own REMOTE_READ MR,
 //!   deregistered when the loan ends).
 //!
+//! - [`PostedSends`]: send WRs in posting order, signaled or not ([`SendFlags`]), each
+//!   holding its buffer until a completion covers it (selective signaling), or none when
+//!   posted inline.
+//!
 //! Invariant (DESIGN.md): memory named in a posted WR belongs to that WR until its completion.
 //! Upper layers keep the buffer inside the record of the posted WR and take it back only from
 //! the WR's completion, so it cannot return to the pool while the device may touch it.
@@ -51,6 +55,7 @@ mod mmap;
 mod mr_cache;
 mod pool;
 mod posted;
+mod posted_sends;
 mod registry;
 mod reserve;
 mod shared;
@@ -69,6 +74,7 @@ pub use mmap::AnonMap;
 pub use mr_cache::{CachedMr, MrCache, MrCacheConfig, MrCacheStats};
 pub use pool::Pool;
 pub use posted::PostedBufs;
+pub use posted_sends::{Done, PostedSends, SendFlags};
 pub use registry::is_pool_memory;
 pub use reserve::RecvReserve;
 pub use stats::{ClassStats, PoolStats};
