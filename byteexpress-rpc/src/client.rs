@@ -1,6 +1,6 @@
 //! The client: unary calls over a shared link, with deadlines and cancellation.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The server: runs a [`Service`] for every call of every link, enforcing deadlines and
 //! cancelling handlers whose client gave up.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

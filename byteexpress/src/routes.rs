@@ -1,7 +1,7 @@
 //! [`Routes`]: the services added to a [`crate::Server`], found by the service part of the
 //! request path (`/package.Service/Method`). Both protocols of the server dispatch through it.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -1,7 +1,7 @@
 //! The client's side of streams: [`Client::open_stream`], [`DirectSender`],
 //! [`DirectReceiver`], and the dispatch of stream frames arriving on a client's link.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

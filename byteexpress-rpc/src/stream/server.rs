@@ -1,7 +1,7 @@
 //! The server's side of streams: [`StreamService`], [`RequestReceiver`], [`ResponseSender`],
 //! and the dispatch of stream frames arriving on a server's link.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,7 +85,7 @@ struct Early {
     /// Each frame with its charge on the server's memory budget, returned when it is taken.
     frames: HashMap<(u32, u64), Vec<(Incoming, Charge)>>,
     bytes: usize,
-    ended: std::collections::HashSet<(u32, u64)>,
+    ended: foldhash::HashSet<(u32, u64)>,
     ended_order: std::collections::VecDeque<(u32, u64)>,
 }
 

@@ -9,7 +9,7 @@
 //! every message on one connection and one class instead: plain first-in first-out over the
 //! same chunks, for comparison.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use byteexpress_flow::sched::{Class, ConnId, MsgId, Offer, SchedConfig, Scheduler};
 

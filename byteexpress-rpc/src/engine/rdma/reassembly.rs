@@ -6,7 +6,7 @@
 //! are keyed by `(conn_id, call_id)`: chunks of different messages interleave, chunks of one
 //! message arrive in order (one RC QP).
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use byteexpress_mem::{MemError, Pool, RegisteredBuf};
