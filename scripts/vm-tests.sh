@@ -32,6 +32,10 @@ fi
 #   RDMA link can only be rxe0; every native and facade stream test (issue 21), the same way;
 #   rendezvous (issue 23) up to 64 MiB: loans are per-message MRs there (rxe bounds a memory
 #   window by its MR only), READs into registered memory, every size intact;
+# - selective signaling and inline SENDs on rxe0 (issue 25): a burst completes with fewer send
+#   CQEs than SENDs; a QP error amid unsignaled SENDs answers every call once. rxe completes
+#   SENDs asynchronously, so flushed SENDs carry undelivered messages (the soft provider
+#   delivers at post): a flush that confirmed its message fails a call here (seen failing so);
 # - memory the pool did not allocate, through byteexpress-mem's MR cache on rxe0 (MAP_FIXED:
 #   a region unmapped and mapped again at the same address is registered anew);
 # - least access on rxe0 (issue 22): an RDMA WRITE into a link's receive buffer with its
@@ -54,6 +58,7 @@ targets=(
   "integration-tests:transport_core::BX_SOFT=0:echo_over_rdma_with_64_in_flight_and_grant_8 --exact"
   "integration-tests:native_streams::BX_SOFT=0:"
   "integration-tests:rendezvous::BX_SOFT=0:"
+  "integration-tests:selective_signaling::BX_SOFT=0:"
   "integration-tests:facade_streams::BX_SOFT=0:"
   "bx:pingpong_vm:vm-tests"
   "byteexpress-mem:user_memory_vm:"

@@ -42,7 +42,9 @@ pub struct Config {
     /// Receive buffers posted for the peer's data (its send credits), default 16. One more is
     /// posted for its credit updates.
     pub grant: u32,
-    /// Send-queue depth of the QP (max_send_wr), default 64.
+    /// SENDs a link's QP may have outstanding (WRs), default 64. The QP is created with one
+    /// send slot more (`max_send_wr` + 1), kept for the drain WR a failed QP gets (DESIGN.md
+    /// 3.5, "Link life").
     pub max_send_wr: u32,
     /// Software window of each RDMA link's QP: bytes posted and not yet completed, header
     /// included (default 256 KiB = 4 × the default `max_chunk`; 0 = unlimited). Beyond it,

@@ -81,6 +81,18 @@ pub struct LinkStats {
     /// Rounds the RDMA engine polled without finding work (hybrid polling: CPU spent to save
     /// wake-ups; `Config::busy_poll`, `Config::poll_wake_cost`).
     pub idle_polls: u64,
+    /// SENDs posted signaled (a CQE on success): the last of each engine round, the 16th in
+    /// a row after 15 unsignaled (fewer on a short send queue), credit updates and rendezvous descriptors.
+    pub sends_signaled: u64,
+    /// SENDs posted unsignaled: no CQE of their own on success; the next signaled SEND's
+    /// completion completes them (selective signaling, DESIGN.md 3.5).
+    pub sends_unsignaled: u64,
+    /// Of all SENDs, those posted inline (their bytes at most the QP's `max_inline_data`,
+    /// copied at post; the send buffer went back to the pool at once).
+    pub sends_inline: u64,
+    /// Successful SEND completions polled (CQEs; each also completes the unsignaled SENDs
+    /// before it).
+    pub send_completions: u64,
 }
 
 /// Times each admission gate of the RDMA send path held a SEND back (unit: refusals). The
@@ -133,6 +145,10 @@ pub(crate) struct LinkCounters {
     pub reads_posted: AtomicU64,
     pub engine_sleeps: AtomicU64,
     pub idle_polls: AtomicU64,
+    pub sends_signaled: AtomicU64,
+    pub sends_unsignaled: AtomicU64,
+    pub sends_inline: AtomicU64,
+    pub send_completions: AtomicU64,
     /// The link's QP (RDMA), to read its state.
     pub qp: parking_lot::Mutex<Option<Qp>>,
     /// The same events (and bytes) for the `metrics` facade ([`crate::metrics`]).
@@ -194,6 +210,10 @@ impl LinkCounters {
             reads_posted: g(&self.reads_posted),
             engine_sleeps: g(&self.engine_sleeps),
             idle_polls: g(&self.idle_polls),
+            sends_signaled: g(&self.sends_signaled),
+            sends_unsignaled: g(&self.sends_unsignaled),
+            sends_inline: g(&self.sends_inline),
+            send_completions: g(&self.send_completions),
             ..LinkStats::default()
         }
     }

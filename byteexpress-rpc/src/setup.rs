@@ -203,24 +203,28 @@ fn build_rdma(
     let m = SetupError::Buffers;
     let pd = ctx.alloc_pd().map_err(v)?;
     let recv_count = (cfg.grant as usize + 1) * 3;
-    let cq_size = cfg.max_send_wr + recv_count as u32;
+    // One send slot and CQ entry more than the engine posts: the drain WR a failed QP gets
+    // (`failover.rs`), whose flush hands back every SEND still held.
+    let cq_size = cfg.max_send_wr.saturating_add(1 + recv_count as u32);
     let cq = ctx.create_cq(cq_size).map_err(v)?;
+    let attr = ctx.query();
+    // Small SENDs go inline (the engine reads what the device granted from `qp.cap()`).
     let cap = QpCap {
-        max_send_wr: cfg.max_send_wr,
+        max_send_wr: cfg.max_send_wr.saturating_add(1),
         max_recv_wr: cfg.grant + 1,
+        max_inline_data: rdma::INLINE_ASK.min(attr.max_inline_data),
         ..QpCap::default()
     };
     let qp = pd.create_qp(&cq, &cq, cap).map_err(v)?;
     // The link's only QP: a provider may then release what it kept for QPs made later (the
     // soft provider closes the PD's memfds once the peer has them: fds per link, issue 17).
     pd.finish_qps();
-    let queues = QueueConfig::new(qp.cap().max_send_wr, cfg.grant + 1, cq_size)
-        .map_err(SetupError::Queues)?;
+    let sends = qp.cap().max_send_wr - 1;
+    let queues = QueueConfig::new(sends, cfg.grant + 1, cq_size - 1).map_err(SetupError::Queues)?;
     // Least access (DESIGN.md 3.2): no pool of a link grants a peer anything by address.
     // Receive buffers LOCAL_WRITE (the device writes SENDs into them), send buffers none.
     let recv_pool = BufPool::for_receives(&pd, cfg.recv_buf_size, recv_count).map_err(m)?;
-    let send_pool =
-        BufPool::for_sends(&pd, peer_recv_buf, qp.cap().max_send_wr as usize).map_err(m)?;
+    let send_pool = BufPool::for_sends(&pd, peer_recv_buf, sends as usize).map_err(m)?;
     let reassembly_pool = Pool::new(&pd, reassembly_config(ctx)).map_err(m)?;
     let chunk = cfg.max_chunk.min(peer_recv_buf);
     if chunk <= LONG_HEADER_LEN {
@@ -230,7 +234,6 @@ fn build_rdma(
             header: LONG_HEADER_LEN,
         });
     }
-    let attr = ctx.query();
     // Rendezvous loans: memory windows where the device bounds a window by its range (the
     // MR then needs MW_BIND; LOCAL_WRITE as the conformance tests bind), else each loan an
     // MR of its own over a region registered with no access.

@@ -21,6 +21,16 @@
 #[cfg(feature = "test-hooks")]
 pub use faults::{LinkFaults, UnaskedReprobe};
 
+/// Bytes charged to the shared window of RDMA device `device` in this process (SENDs and
+/// READs posted and not yet completed, over all its links): 0 once every link of the device is
+/// idle, whatever failed on the way (an observation for tests, not a fault).
+#[cfg(feature = "test-hooks")]
+pub fn device_window_in_flight(device: &str) -> u64 {
+    crate::engine::rdma::device_window(device, 0)
+        .lock()
+        .in_flight()
+}
+
 #[cfg(feature = "test-hooks")]
 mod faults {
     use std::sync::Arc;

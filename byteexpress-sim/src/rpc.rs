@@ -12,9 +12,10 @@
 //! 64 KiB))` under its own window and `max_reads`, then sends a RELEASE. Smaller ones go as
 //! SENDs of at most `max_chunk` (bulk class when more than one).
 //!
-//! Selective signaling: the engine signals every WR today (`signaled: true` in
-//! `engine/rdma/read.rs`, `lend.rs`, and `send_posted`'s SENDs), so every WR here has its own
-//! completion and nothing is modelled for unsignaled WRs.
+//! Selective signaling is not modelled: every WR here has its own completion. The engine signals
+//! READs, memory-window binds, credit updates and descriptors, but of other SENDs only the last
+//! of a round and every 16th (DESIGN 3.5); a covering completion releases the window charges
+//! of the SENDs before it at once, which this model spreads over their own completions.
 //!
 //! Not modelled: the scheduler's logical connections (one message stream per link here), send
 //! buffer copies and CPU time (completions act at the instant their ACK or last READ

@@ -17,6 +17,29 @@ pub fn quick_reprobe() -> Config {
     }
 }
 
+/// RDMA, and a link that stays on TCP once its QP failed (no re-probe of its own).
+pub fn no_reprobe() -> Config {
+    Config {
+        transport: TransportPref::Rdma,
+        reprobe_backoff: Duration::ZERO,
+        ..Config::default()
+    }
+}
+
+/// Waits until every WR of `client`'s failed QP completed (`LinkStats::awaiting_flush` 0:
+/// flushed, or covered by a later completion); panics after 10 s.
+pub async fn wait_for_flushes(client: &Client) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while client.link_stats().awaiting_flush > 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "WRs of the failed QP never completed: {:?}",
+            client.link_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits (generously) until `client`'s link reports `tcp(fallback)`; panics after 10 s.
 pub async fn wait_for_fallback(client: &Client) {
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -51,8 +74,8 @@ pub async fn served(client: &Client) -> Vec<String> {
 }
 
 /// Echo call `id` with a body of `len` bytes derived from `id` (logged by the server as
-/// `x-id` and `x-seq`), held `delay_ms` in the handler; with the body it must answer.
-pub fn held_echo(id: u64, len: usize, delay_ms: u64) -> (Request, Bytes) {
+/// `x-id` and `x-seq`); with the body it must answer.
+pub fn echo(id: u64, len: usize) -> (Request, Bytes) {
     let body: Bytes = (0..len)
         .map(|j| (id as usize * 7 + j) as u8)
         .collect::<Vec<u8>>()
@@ -60,13 +83,21 @@ pub fn held_echo(id: u64, len: usize, delay_ms: u64) -> (Request, Bytes) {
     let mut md = Metadata::new();
     md.insert("x-id", id.to_string()).unwrap();
     md.insert("x-seq", id.to_string()).unwrap();
-    md.insert("x-delay-ms", delay_ms.to_string()).unwrap();
     let req = Request {
         method: "/test.Test/Echo".into(),
         metadata: md,
         body: body.clone(),
         timeout: Some(Duration::from_secs(20)),
     };
+    (req, body)
+}
+
+/// [`echo`], held `delay_ms` in the handler.
+pub fn held_echo(id: u64, len: usize, delay_ms: u64) -> (Request, Bytes) {
+    let (mut req, body) = echo(id, len);
+    req.metadata
+        .insert("x-delay-ms", delay_ms.to_string())
+        .unwrap();
     (req, body)
 }
 

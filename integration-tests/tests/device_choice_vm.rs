@@ -121,6 +121,9 @@ fn an_invalid_gid_index_fails_the_bench_naming_index_device_and_valid_entries() 
             let out = std::process::Command::new(BX)
                 .args(["ps", "bench", "--transports", "rdma", "--duration", "0.2"])
                 .args(["--warmup", "0", "--keys", "100", "--workers", "1"])
+                // a small key ring: drawing the default 8 Mi keys took 58 s per run in the VM
+                // (debug build, emulated CPU), before the bench failed as it should
+                .args(["--ring-keys", "4096"])
                 .env("BX_GID_INDEX", bad)
                 .env("BX_TRANSPORT", transport)
                 .stdin(Stdio::null())

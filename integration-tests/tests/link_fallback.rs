@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byteexpress_rpc::{Client, Config, LinkState, Metadata, Request, Transport, TransportPref};
 use bytes::Bytes;
-use integration_tests::fallback::{quick_reprobe, served, wait_for_fallback};
+use integration_tests::fallback::{quick_reprobe, served, wait_for_fallback, wait_for_flushes};
 use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
@@ -148,15 +148,7 @@ async fn calls_survive_a_qp_error(at: FaultAt) {
     }
     // Every WR of the failed QP completed (flushed), so each of its buffers was freed at its
     // completion (it used to keep the completions polled with the failing one unhandled).
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while small.link_stats().awaiting_flush > 0 {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "WRs of the failed QP never completed: {:?}",
-            small.link_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_flushes(&small).await;
     let st = small.link_stats();
     eprintln!("{at:?}: after the fault: {st:?}");
     assert_eq!(st.link_state, Some(LinkState::FallbackTcp), "{st:?}");

@@ -6,21 +6,12 @@
 use std::time::{Duration, Instant};
 
 use byteexpress_rpc::test_hooks::UnaskedReprobe;
-use byteexpress_rpc::{Client, Code, Config, LinkState, Metadata, Request, TransportPref};
+use byteexpress_rpc::{Client, Code, LinkState, Metadata, Request};
 use bytes::Bytes;
-use integration_tests::fallback::wait_for_fallback;
+use integration_tests::fallback::{no_reprobe, wait_for_fallback};
 use integration_tests::{ServerProc, rdma_here};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_bx-test-server");
-
-/// RDMA, and a link that stays on TCP once its QP failed (no re-probe of its own).
-fn rdma_no_reprobe() -> Config {
-    Config {
-        transport: TransportPref::Rdma,
-        reprobe_backoff: Duration::ZERO,
-        ..Config::default()
-    }
-}
 
 fn call(method: &str, delay_ms: u64) -> Request {
     let mut md = Metadata::new();
@@ -35,7 +26,7 @@ fn call(method: &str, delay_ms: u64) -> Request {
 
 /// A client on RDMA whose link has fallen back to TCP.
 async fn fallen_back(server: &ServerProc) -> Client {
-    let client = Client::connect(&server.addr, &rdma_no_reprobe())
+    let client = Client::connect(&server.addr, &no_reprobe())
         .await
         .expect("connect");
     assert_eq!(client.transport(), rdma_here());
@@ -78,7 +69,7 @@ async fn a_switch_nobody_agreed_to_fails_the_links_calls_with_a_typed_error_inst
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_reprobe_closes_that_link_only_and_another_clients_calls_go_on() {
     let server = ServerProc::start(SERVER, &["--grant", "8"]).await;
-    let other = Client::connect(&server.addr, &rdma_no_reprobe())
+    let other = Client::connect(&server.addr, &no_reprobe())
         .await
         .expect("connect");
     let client = fallen_back(&server).await;

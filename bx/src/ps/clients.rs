@@ -164,21 +164,17 @@ impl TableClient {
     pub(super) async fn pull(&self, keys: Vec<u64>) -> Result<Bytes, Failure> {
         let row = self.dim * 4;
         let n = keys.len();
+        if let [one] = self.shards.as_slice() {
+            // One server: one call, no split, no join (what a client of one server does; the
+            // join's boxed futures and the split's copies cost the bench's client more than
+            // some transports do per call).
+            let values = self.bounded(self.pull_one(one.clone(), keys)).await?;
+            return self.checked(values, n, row);
+        }
         let parts = split_keys(&keys, self.shards.len() as u32);
-        let calls = parts.iter().map(|p| {
-            let mut c = self.shards[p.shard as usize].clone();
-            let keys = p.keys.clone();
-            async move {
-                let (dim, values) = c.pull(keys, self.deadline).await.map_err(Failure::Status)?;
-                if dim as usize != self.dim {
-                    return Err(Failure::Malformed(format!(
-                        "pull: dim {dim} from shard {}, bench dim {}",
-                        p.shard, self.dim
-                    )));
-                }
-                Ok(values)
-            }
-        });
+        let calls = parts
+            .iter()
+            .map(|p| self.pull_one(self.shards[p.shard as usize].clone(), p.keys.clone()));
         let values = self
             .bounded(async {
                 let mut answers = futures::future::try_join_all(calls).await?;
@@ -189,6 +185,23 @@ impl TableClient {
                     .map_err(|e| Failure::Malformed(format!("pull: {e}")))
             })
             .await?;
+        self.checked(values, n, row)
+    }
+
+    /// The answer of one server's Pull, its dim checked.
+    async fn pull_one(&self, mut c: PsClient, keys: Vec<u64>) -> Result<Bytes, Failure> {
+        let (dim, values) = c.pull(keys, self.deadline).await.map_err(Failure::Status)?;
+        if dim as usize != self.dim {
+            return Err(Failure::Malformed(format!(
+                "pull: dim {dim}, bench dim {}",
+                self.dim
+            )));
+        }
+        Ok(values)
+    }
+
+    /// `values` if they are `n` rows of `row` bytes.
+    fn checked(&self, values: Bytes, n: usize, row: usize) -> Result<Bytes, Failure> {
         if values.len() != n * row {
             return Err(Failure::Malformed(format!(
                 "pull: {} bytes for {n} keys x dim {}",
@@ -201,6 +214,15 @@ impl TableClient {
 
     /// Pushes `grads` (keys × dim × 4 bytes) for `keys`.
     pub(super) async fn push(&self, keys: Vec<u64>, grads: &Bytes) -> Result<(), Failure> {
+        if let [one] = self.shards.as_slice() {
+            let mut c = one.clone();
+            let call = async {
+                c.push(keys, grads.clone(), self.deadline)
+                    .await
+                    .map_err(Failure::Status)
+            };
+            return self.bounded(call).await;
+        }
         let row = self.dim * 4;
         let parts = split_keys(&keys, self.shards.len() as u32);
         let one = parts.len() == 1;

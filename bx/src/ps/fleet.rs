@@ -169,6 +169,8 @@ impl Servers {
                     ]
                     .map(String::from),
                 );
+                // every row of the workload made before any is measured
+                flags.extend(["--prefill-keys".to_string(), args.keys.to_string()]);
                 ServerChild::start(args.dim, &flags).await?
             }
         };

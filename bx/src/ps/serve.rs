@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// Lock shards per table (within this process).
     #[arg(long, default_value_t = 64)]
     pub lock_shards: usize,
+    /// Rows created before serving, keys `0..N` of every table with their deterministic init
+    /// (`Store::prefill`; N × dim × 4 bytes per table), so no measured call pays for a first
+    /// touch. `bx ps bench` passes its `--keys` to the server it starts.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prefill_keys: u64,
     /// The shard of the table this server serves, in 0..--shards.
     #[arg(long, default_value_t = 0)]
     pub shard: u32,
@@ -122,6 +127,7 @@ pub async fn run(args: ServeArgs) -> std::io::Result<()> {
     let shard = ShardSpec::new(args.shard, args.shards)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let store = Arc::new(Store::new(args.dim, &args.tables, args.lock_shards));
+    store.prefill(args.prefill_keys);
     let mut ps = PsService::new(store.clone());
     if args.shards > 1 {
         ps = ps.serving(shard);

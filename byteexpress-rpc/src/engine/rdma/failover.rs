@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use byteexpress_mem::PostedBufs;
+use byteexpress_mem::PostedSends;
 use byteexpress_verbs::{Wc, WcOpcode, WcStatus};
 use tokio::sync::mpsc;
 
@@ -195,7 +195,7 @@ impl std::fmt::Debug for Handover {
 pub(crate) struct Remains {
     parts: RdmaParts,
     recv_posted: Posted,
-    send_posted: PostedBufs<SendMeta>,
+    send_posted: PostedSends<SendMeta>,
     /// `awaiting_flush` is counted down as the flushes come.
     counters: std::sync::Arc<crate::link_stats::LinkCounters>,
     /// The device failed (`DeviceFatal`): no flush will come; the remains are parked with the
@@ -257,13 +257,15 @@ impl Remains {
     }
 
     fn take(&mut self, wc: &Wc) {
-        let done =
-            self.recv_posted.complete(wc).is_some() || self.send_posted.complete(wc).is_some();
-        if done {
-            self.counters
-                .awaiting_flush
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        // A send completion also completes the earlier unsignaled SENDs still held (those
+        // that succeeded silently before the QP failed).
+        let done = match self.recv_posted.complete(wc) {
+            Some(_) => 1,
+            None => self.send_posted.complete(wc).count(),
+        };
+        self.counters
+            .awaiting_flush
+            .fetch_sub(done as u64, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -278,11 +280,24 @@ impl Engine {
         rx: mpsc::UnboundedReceiver<Outgoing>,
         fault: QpFault,
     ) -> Handover {
-        let _ = self.parts.qp.to_err();
+        let in_err = self.parts.qp.to_err().is_ok();
         self.draining = true;
         // A failed device flushes nothing: its CQ is not waited on (what it had already
         // delivered was polled; the peer's count decides what goes again).
         let device_dead = fault.device_dead();
+        // The drain WR (one send slot is kept for it): unsignaled SENDs that succeeded before
+        // the QP failed never complete on their own, and its flush hands them back (before,
+        // on rxe0, a failed QP's last unsignaled SENDs stayed held for good).
+        if in_err && !device_dead {
+            let meta = SendMeta {
+                charged: 0,
+                posted_at: Instant::now(),
+                seq: None,
+            };
+            if let Err(why) = self.send_posted.post_drain(&self.parts.qp, meta) {
+                tracing::debug!(%why, "drain WR refused on a failed QP");
+            }
+        }
         // Completions already in the CQ: successful receives are delivered (the peer counts
         // them as delivered once its SEND completed), successful SENDs confirmed, flushes
         // free their buffers. Chunks are copied as they come.
@@ -383,19 +398,39 @@ impl Engine {
                         tracing::debug!(%why, "READ dropped while draining a failed QP");
                     }
                 }
+                // A SEND's success confirms its message and those of the unsignaled SENDs
+                // it covers.
                 _ => {
-                    if let Some((_buf, f)) = self.send_posted.complete(wc)
-                        && let Some(seq) = f.seq
-                    {
+                    let (mut last, mut charged) = (None, 0);
+                    for d in self.send_posted.complete(wc) {
+                        last = d.data.seq.or(last);
+                        charged += d.data.charged;
+                    }
+                    if let Some(seq) = last {
                         self.seqs.confirm(seq);
                     }
+                    self.release_drained(charged);
                 }
             }
             return;
         }
-        // A flush (or the first error): the WR's buffer is free now.
+        // A flush (or the first error): the WR's buffer is free now, and those of the
+        // unsignaled SENDs before it (they completed silently). No message is confirmed: the
+        // peer's count says which of them arrived.
         if self.recv_posted.complete(wc).is_none() {
-            let _ = self.send_posted.complete(wc);
+            let charged = self.send_posted.complete(wc).map(|d| d.data.charged).sum();
+            self.release_drained(charged);
+        }
+    }
+
+    /// Gives back to the windows what SENDs taken off the failed QP's CQ held: the shared
+    /// device window outlives this QP, and [`Engine::release_windows`] at the hand-over sums
+    /// only the SENDs still held then (before, each SEND settled here kept its bytes charged
+    /// to the device for the process's life: `selective_signaling.rs` checks the account is
+    /// empty after a fallback).
+    fn release_drained(&mut self, charged: u64) {
+        if let Err(why) = self.release(charged, 0) {
+            tracing::debug!(%why, "window release while draining a failed QP");
         }
     }
 }

@@ -6,7 +6,9 @@
 //! window, or (per-message MR) the deregistration here. A peer that never releases holds the
 //! memory of the messages sent to it until its link ends, as it could by not reading TCP.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 
 use byteexpress_flow::gate::{self, Room};
 use byteexpress_flow::sched::Class;
@@ -210,7 +212,7 @@ impl Engine {
             let sent = chunk_buf(&self.parts, header, pb, |b| {
                 b.extend_from_slice(&desc.encode())
             })
-            .and_then(|b| self.post(b, wire, Some(seq), WrOp::Send));
+            .and_then(|b| self.post(b, wire, Some(seq), WrOp::Send, true));
             if let Err(e) = sent {
                 let _ = self.release(wire, 0);
                 self.seqs.sent(Some(seq), m, false);

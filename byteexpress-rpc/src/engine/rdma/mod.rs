@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use byteexpress_flow::credit::{CreditConfig, Credits, Piggyback, QueueBudget, QueueConfig};
 use byteexpress_flow::gate::{self, Room};
 use byteexpress_flow::window::Window;
-use byteexpress_mem::{BufPool, LargePool, Pool, PoolBuf, PostedBufs};
+use byteexpress_mem::{BufPool, LargePool, Pool, PoolBuf, PostedBufs, PostedSends, SendFlags};
 use byteexpress_verbs::{Cq, Pd, Qp, Wc, WcOpcode, WcStatus, WrOp};
 use tokio::sync::mpsc;
 
@@ -148,6 +148,16 @@ const SEND_TAG: u8 = 2;
 /// wr_id tags of memory-window binds (rendezvous loans) and of RDMA READs (rendezvous bodies).
 const LEND_TAG: u8 = 3;
 const READ_TAG: u8 = 4;
+/// Every SIGNAL_EVERY-th SEND in a row is signaled (selective signaling), so at most
+/// `SIGNAL_EVERY - 1` unsignaled ones precede a signaled one; capped at half the send queue
+/// ([`signal_every`]). What keeps the queue from filling with WRs no CQE would free is that
+/// the last SEND of every round is signaled; this bound only spreads CQEs within a long round.
+const SIGNAL_EVERY: u32 = 16;
+/// Inline bytes asked for at QP creation (`QpCap::max_inline_data`), at most the device's:
+/// a SEND this small (header included; what the device granted decides) is copied into the
+/// WQE at post, sparing the device a DMA read of the send buffer, which goes back to the pool
+/// at once.
+pub(crate) const INLINE_ASK: u32 = 256;
 
 /// Posts the initial `grant + 1` receives (the QP must be past RESET); call before the peer may
 /// send.
@@ -228,6 +238,8 @@ pub(crate) fn start(
             .unwrap_or_else(|_| CreditConfig::new(1).expect("grant 1 is valid")),
     );
     let (parts_device, qp_num, cq_id) = (parts.device, parts.qp.qp_num(), parts.cq.id());
+    let parts_sq_depth = parts.queues.sq_depth();
+    let parts_max_inline = parts.qp.cap().max_inline_data as usize;
     let lender = lend::Lender::new(lend::LendConfig {
         threshold: parts.rendezvous_threshold,
         pool: parts.lend_pool.clone(),
@@ -254,7 +266,11 @@ pub(crate) fn start(
         outbox: Outbox::new(parts.sched, parts.chunk),
         parts,
         recv_posted: posted,
-        send_posted: PostedBufs::new(SEND_TAG),
+        send_posted: PostedSends::new(SEND_TAG),
+        signal_every: signal_every(parts_sq_depth),
+        unsignaled_run: 0,
+        max_inline: parts_max_inline,
+        covered: Vec::new(),
         credits,
         link: link.clone(),
         dispatch,
@@ -273,6 +289,13 @@ pub(crate) fn start(
     tokio::spawn(engine.run(rx, ctrl_dead, closer, handover));
 }
 
+/// The period of forced signaling on a send queue of `sq_depth` WRs: every n-th SEND in a row
+/// is signaled, n = [`SIGNAL_EVERY`], at most half the queue, at least 1 (1: every SEND
+/// signaled).
+fn signal_every(sq_depth: u32) -> u32 {
+    SIGNAL_EVERY.min(sq_depth / 2).max(1)
+}
+
 /// The send slots and CQ entries left once `posted` receives are on the QP.
 fn queue_budget(cfg: QueueConfig, posted: &Posted) -> QueueBudget {
     let mut queues = QueueBudget::new(cfg);
@@ -283,9 +306,9 @@ fn queue_budget(cfg: QueueConfig, posted: &Posted) -> QueueBudget {
     queues
 }
 
-/// What a posted SEND carries besides its buffer (which [`PostedBufs`] keeps until the
-/// completion): the bytes charged to the windows (0 for a credit update, which bypasses them)
-/// and when it was posted.
+/// What a posted SEND carries besides its buffer (which [`PostedSends`] keeps until a
+/// completion covers it, unless it went inline): the bytes charged to the windows (0 for a
+/// credit update, which bypasses them) and when it was posted.
 struct SendMeta {
     charged: u64,
     posted_at: Instant,
@@ -307,7 +330,17 @@ enum Round {
 struct Engine {
     parts: RdmaParts,
     recv_posted: Posted,
-    send_posted: PostedBufs<SendMeta>,
+    /// SENDs posted and not yet covered by a completion, in posting order.
+    send_posted: PostedSends<SendMeta>,
+    /// Every this-many-th SEND in a row is signaled ([`signal_every`]).
+    signal_every: u32,
+    /// Unsignaled SENDs posted since the last signaled one.
+    unsignaled_run: u32,
+    /// SENDs of at most this many bytes go inline: the QP's granted `max_inline_data`.
+    max_inline: usize,
+    /// (bytes charged, RTT in µs) of the SENDs one completion covers, with an adaptive window
+    /// (kept to reuse its allocation).
+    covered: Vec<(u64, u64)>,
     credits: Credits,
     outbox: Outbox,
     /// Send-queue slots and CQ entries: the second and third credits (a SEND needs a free
@@ -545,33 +578,67 @@ impl Engine {
             }));
         }
         // (The opcode is valid only on success: an error fails the link above.)
-        let freed = match wc.opcode {
-            WcOpcode::Recv => self.queues.on_recv_completion(),
-            _ => self.queues.on_send_completion(),
-        };
-        freed.map_err(EngineError::Queues)?;
         match wc.opcode {
-            WcOpcode::Recv => self.on_receive(wc),
-            _ if wc.wr_id >> 56 == u64::from(READ_TAG) => self.on_read_done(wc.wr_id),
-            // A window bound for a loan: nothing to do but the slot and CQ entry above.
-            _ if wc.wr_id >> 56 == u64::from(LEND_TAG) => Ok(()),
-            _ => {
-                if let Some((_buf, f)) = self.send_posted.complete(wc) {
-                    if let Some(seq) = f.seq {
-                        self.seqs.confirm(seq);
-                    }
-                    if self.parts.window.adaptive_config().is_some() {
-                        // The adaptive window reacts to each completion's RTT (the clock is
-                        // read only for it).
-                        let rtt_us = f.posted_at.elapsed().as_micros() as u64;
-                        self.release(f.charged, rtt_us)?;
-                    } else {
-                        *done += f.charged;
-                    }
-                }
-                Ok(())
+            WcOpcode::Recv => {
+                self.queues
+                    .on_recv_completion()
+                    .map_err(EngineError::Queues)?;
+                self.on_receive(wc)
+            }
+            _ if wc.wr_id >> 56 == u64::from(READ_TAG) => {
+                self.queues
+                    .on_send_completion()
+                    .map_err(EngineError::Queues)?;
+                self.on_read_done(wc.wr_id)
+            }
+            // A window bound for a loan: nothing to do but the slot and CQ entry.
+            _ if wc.wr_id >> 56 == u64::from(LEND_TAG) => self
+                .queues
+                .on_send_completion()
+                .map_err(EngineError::Queues),
+            _ => self.on_send_done(wc, done),
+        }
+    }
+
+    /// A successful SEND completion: it completes its SEND and every unsignaled one posted
+    /// before it (an RC send queue completes in order), which all reached the peer. Frees their
+    /// SQ slots and CQ entries, confirms the last message number among them (and so every
+    /// earlier one, [`failover::Seqs::confirm`]) and releases their window charges, as
+    /// [`Engine::on_completion`] says.
+    fn on_send_done(&mut self, wc: &Wc, done: &mut u64) -> Result<(), EngineError> {
+        LinkCounters::bump(&self.counters.send_completions);
+        let adaptive = self.parts.window.adaptive_config().is_some();
+        let mut covered = std::mem::take(&mut self.covered);
+        let mut n = 0u32;
+        let mut last_seq = None;
+        for d in self.send_posted.complete(wc) {
+            n += 1;
+            last_seq = d.data.seq.or(last_seq);
+            if adaptive {
+                // The adaptive window reacts to each SEND's RTT (the clock is read only for
+                // it): for a covered SEND, from its post to this completion's poll.
+                let rtt_us = d.data.posted_at.elapsed().as_micros() as u64;
+                covered.push((d.data.charged, rtt_us));
+            } else {
+                *done += d.data.charged;
             }
         }
+        if let Some(seq) = last_seq {
+            self.seqs.confirm(seq);
+        }
+        let freed = self
+            .queues
+            .on_send_completions(n)
+            .map_err(EngineError::Queues);
+        let mut released = Ok(());
+        for (charged, rtt_us) in covered.drain(..) {
+            if released.is_ok() {
+                released = self.release(charged, rtt_us);
+            }
+        }
+        self.covered = covered;
+        freed?;
+        released
     }
 
     fn now_us(&self) -> u64 {
@@ -624,7 +691,10 @@ impl Engine {
         let mut failed = None;
         while let Some(n) = chunks.next() {
             let wire = u64::from(n.wire);
-            let posted = self.post_chunk(n, std::mem::take(&mut pb));
+            // The round's last SEND is signaled: its completion (and so the release of the
+            // windows, slots and buffers of the round) never waits for a later round.
+            let last = chunks.len() == 0;
+            let posted = self.post_chunk(n, std::mem::take(&mut pb), last);
             if let Err(why) = posted {
                 // The link fails; what the windows hold for chunks never posted goes back,
                 // and the messages whose last chunk was granted but not posted are kept for
@@ -665,7 +735,7 @@ impl Engine {
                 self.counters.refused(g);
             } else if let Some(pb) = self.credits.poll_update() {
                 let buf = chunk_buf(&self.parts, Header::new(Kind::CreditUpdate), pb, |_| Ok(()))?;
-                self.post(buf, 0, None, WrOp::Send)?;
+                self.post(buf, 0, None, WrOp::Send, true)?;
                 LinkCounters::bump(&self.counters.credit_updates_sent);
                 return Ok(true);
             }
@@ -802,8 +872,9 @@ impl Engine {
     }
 
     /// Copies a granted chunk (its credit already taken; `pb` its header's piggyback) into a
-    /// send buffer and posts it; the windows were charged for it by [`Engine::grant_batch`].
-    fn post_chunk(&mut self, n: Next, pb: Piggyback) -> Result<(), EngineError> {
+    /// send buffer and posts it, signaled if `last` of its round ([`Engine::post`]); the
+    /// windows were charged for it by [`Engine::grant_batch`].
+    fn post_chunk(&mut self, n: Next, pb: Piggyback, last: bool) -> Result<(), EngineError> {
         let msg = match &n.msg {
             Source::Queued(id) => self.outbox.msg(*id),
             Source::Bypassed(m) => {
@@ -837,7 +908,7 @@ impl Engine {
             }
             _ => WrOp::Send,
         };
-        let posted = buf.and_then(|buf| self.post(buf, n.wire.into(), seq, op));
+        let posted = buf.and_then(|buf| self.post(buf, n.wire.into(), seq, op, last));
         if let Some(m) = whole {
             // Kept until its SEND completes, for a fallback to re-send if need be.
             self.seqs.sent(seq, m.into_msg(), posted.is_ok());
@@ -851,12 +922,19 @@ impl Engine {
 
     /// Posts a SEND of `buf`, which charged `charged` bytes to the windows (the caller
     /// releases them if this fails).
+    ///
+    /// Signaled when `signal` (the last SEND of a round, a credit update, a rendezvous
+    /// descriptor) or when [`Engine::signal_every`] unsignaled ones precede it; otherwise
+    /// unsignaled, completed by the next signaled SEND's completion. Its SQ slot and CQ entry
+    /// are taken either way (a failure flushes every WR with a CQE). Inline when its bytes fit
+    /// the QP's `max_inline_data`: the buffer then returns to the pool once posted.
     fn post(
         &mut self,
         buf: PoolBuf,
         charged: u64,
         seq: Option<u64>,
         op: WrOp<'_>,
+        signal: bool,
     ) -> Result<(), EngineError> {
         self.queues.try_post_send().map_err(EngineError::Queues)?;
         let meta = SendMeta {
@@ -864,12 +942,26 @@ impl Engine {
             posted_at: Instant::now(),
             seq,
         };
+        let flags = SendFlags {
+            signaled: signal || self.unsignaled_run + 1 >= self.signal_every,
+            inline: buf.len() <= self.max_inline,
+        };
         self.send_posted
-            .post_send(&self.parts.qp, buf, op, meta)
+            .post(&self.parts.qp, buf, op, meta, flags)
             .map_err(|(e, _buf)| {
                 self.qp_failed.get_or_insert(failover::QpFault::PostSend(e));
                 EngineError::QpFailed("post_send")
             })?;
+        if flags.signaled {
+            self.unsignaled_run = 0;
+            LinkCounters::bump(&self.counters.sends_signaled);
+        } else {
+            self.unsignaled_run += 1;
+            LinkCounters::bump(&self.counters.sends_unsignaled);
+        }
+        if flags.inline {
+            LinkCounters::bump(&self.counters.sends_inline);
+        }
         Ok(())
     }
 }

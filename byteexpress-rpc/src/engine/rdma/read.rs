@@ -10,7 +10,9 @@
 //! budget (or the read pool) cannot take is never read: its call gets RESOURCE_EXHAUSTED and
 //! the RELEASE goes at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 use std::time::Instant;
 
 use byteexpress_flow::gate::{self, Room};
