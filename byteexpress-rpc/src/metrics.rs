@@ -117,7 +117,7 @@ pub const NAMES: &[&str] = &[
 ];
 
 /// Which end of a call records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Side {
     /// The caller ([`crate::Client::call`], or a stream's [`crate::stream::ResponseReceiver`]).
     Client,
@@ -135,18 +135,74 @@ impl Side {
 }
 
 /// Records one finished call: [`CALLS`] and [`CALL_SECONDS`]. `method` is the gRPC path;
-/// the caller passes `"unknown"` for a path no service answered. Costs two small allocations
-/// (the method label) and the recorder's key lookups; nothing more without a recorder.
+/// the caller passes `"unknown"` for a path no service answered.
+///
+/// The two handles of a (side, method, code) are registered with the recorder once and kept
+/// in a process-wide table (at most [`CALL_HANDLES_MAX`] entries; calls beyond it register
+/// each time, as the `metrics` macros do), so a call costs one table lookup, no allocation.
+/// The table belongs to one recorder: it is emptied when the recorder in effect changes (one
+/// installed after calls were made, or a thread's local recorder), so no call is recorded
+/// on a handle of a recorder no longer in use.
 pub fn record_call(side: Side, method: &str, code: Code, elapsed: Duration) {
-    metrics::histogram!(CALL_SECONDS, "side" => side.label(), "method" => method.to_owned())
-        .record(elapsed.as_secs_f64());
-    metrics::counter!(
-        CALLS,
-        "side" => side.label(),
-        "method" => method.to_owned(),
-        "code" => code_name(code)
-    )
-    .increment(1);
+    let recorder =
+        metrics::with_recorder(|r| r as *const dyn metrics::Recorder as *const () as usize);
+    let mut table = CALL_HANDLES.lock();
+    let table = table.get_or_insert_with(CallHandles::default);
+    if table.recorder != recorder {
+        table.recorder = recorder;
+        table.entries = 0;
+        table.by_method.clear();
+    }
+    if let Some(h) = table
+        .by_method
+        .get(method)
+        .and_then(|v| v.iter().find(|h| h.side == side && h.code == code))
+    {
+        h.seconds.record(elapsed.as_secs_f64());
+        h.calls.increment(1);
+        return;
+    }
+    let h = CallHandle {
+        side,
+        code,
+        seconds: metrics::histogram!(CALL_SECONDS, "side" => side.label(), "method" => method.to_owned()),
+        calls: metrics::counter!(
+            CALLS,
+            "side" => side.label(),
+            "method" => method.to_owned(),
+            "code" => code_name(code)
+        ),
+    };
+    h.seconds.record(elapsed.as_secs_f64());
+    h.calls.increment(1);
+    if table.entries < CALL_HANDLES_MAX {
+        table.entries += 1;
+        table
+            .by_method
+            .entry(method.to_owned())
+            .or_default()
+            .push(h);
+    }
+}
+
+/// Entries (side, method, code) the call-metric handle table holds at most.
+pub const CALL_HANDLES_MAX: usize = 4096;
+
+static CALL_HANDLES: parking_lot::Mutex<Option<CallHandles>> = parking_lot::Mutex::new(None);
+
+/// The registered handles of [`record_call`], for the recorder at address `recorder`.
+#[derive(Default)]
+struct CallHandles {
+    recorder: usize,
+    entries: usize,
+    by_method: foldhash::HashMap<String, Vec<CallHandle>>,
+}
+
+struct CallHandle {
+    side: Side,
+    code: Code,
+    seconds: metrics::Histogram,
+    calls: Counter,
 }
 
 /// Records one finished client call from its result (every attempt and wait included in

@@ -30,10 +30,10 @@ pub fn served_over<T>(req: &tonic::Request<T>) -> &'static str {
 /// Serves one rpc call with `routes`. The request keeps the rpc body (gRPC-framed) untouched;
 /// the remaining deadline is passed on as `grpc-timeout`. Errors: the service's status
 /// (trailers-only or in the trailers); INTERNAL when the response lacks `grpc-status`.
-pub async fn serve_call(routes: Routes, req: ServerRequest) -> Result<Response, Status> {
+pub async fn serve_call(routes: Routes, mut req: ServerRequest) -> Result<Response, Status> {
     let t0 = std::time::Instant::now();
-    let method = req.method.clone();
-    let res = serve_call_once(routes, req).await;
+    let method = std::mem::take(&mut req.method);
+    let res = serve_call_once(routes, &method, req).await;
     let code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
     record_server_call(&method, code, t0.elapsed());
     res
@@ -91,9 +91,14 @@ pub(crate) fn service_request(
     Ok(hreq)
 }
 
-async fn serve_call_once(routes: Routes, req: ServerRequest) -> Result<Response, Status> {
+/// `req` without its method, which is `method`.
+async fn serve_call_once(
+    routes: Routes,
+    method: &str,
+    req: ServerRequest,
+) -> Result<Response, Status> {
     let hreq = service_request(
-        &req.method,
+        method,
         req.deadline,
         &req.metadata,
         req.transport,

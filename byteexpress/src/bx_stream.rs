@@ -23,16 +23,16 @@ use crate::routes::Routes;
 /// `server`; CANCELLED when the handler is dropped first: client cancel, deadline, link gone).
 pub async fn serve_stream(
     routes: Routes,
-    req: StreamRequest,
+    mut req: StreamRequest,
     rx: RequestReceiver,
     tx: ResponseSender,
 ) -> Result<Metadata, Status> {
     let mut metric = CallMetric {
-        method: req.method.clone(),
+        method: std::mem::take(&mut req.method),
         t0: std::time::Instant::now(),
         code: Code::Cancelled,
     };
-    let res = serve_stream_once(routes, req, rx, tx).await;
+    let res = serve_stream_once(routes, &metric.method, req, rx, tx).await;
     metric.code = res.as_ref().map_or_else(|s| s.code, |_| Code::Ok);
     res
 }
@@ -51,8 +51,10 @@ impl Drop for CallMetric {
     }
 }
 
+/// `req` without its method, which is `method`.
 async fn serve_stream_once(
     routes: Routes,
+    method: &str,
     req: StreamRequest,
     rx: RequestReceiver,
     mut tx: ResponseSender,
@@ -72,7 +74,7 @@ async fn serve_stream_once(
         }
     });
     let hreq = service_request(
-        &req.method,
+        method,
         req.deadline,
         &req.metadata,
         req.transport,

@@ -21,10 +21,11 @@ type Handler = Arc<dyn Fn(HttpRequest) -> BoxFuture<HttpResponse> + Send + Sync>
 
 /// Services by name (`tonic::server::NamedService::NAME`, e.g. `ps.ParameterServer`).
 /// A `tower::Service` itself: unknown services and malformed paths get a trailers-only
-/// UNIMPLEMENTED response, as gRPC servers answer.
+/// UNIMPLEMENTED response, as gRPC servers answer. Cloning shares the table (every call of
+/// the server takes a clone).
 #[derive(Clone, Default)]
 pub struct Routes {
-    by_name: HashMap<String, Handler>,
+    by_name: Arc<HashMap<String, Handler>>,
 }
 
 impl std::fmt::Debug for Routes {
@@ -60,7 +61,7 @@ impl Routes {
                 }
             })
         });
-        self.by_name.insert(S::NAME.to_string(), handler);
+        Arc::make_mut(&mut self.by_name).insert(S::NAME.to_string(), handler);
     }
 
     /// Names of the added services.
