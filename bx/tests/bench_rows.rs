@@ -137,6 +137,84 @@ fn the_transport_rows_run_interleaved_answer_correctly_and_report_medians_agains
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--idle`: after its calls each row keeps its connections open for the idle phase and
+/// reports both processes' CPU then, in % of one core (the server's unknown for tonic/inproc,
+/// whose server is the client process).
+#[test]
+fn an_idle_phase_reports_each_rows_cpu_while_its_connections_stay_open() {
+    let dir = std::env::temp_dir().join(format!("bx-idle-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("idle.json");
+    let f = finish(
+        spawn(
+            BX,
+            &[
+                "ps",
+                "bench",
+                "--transports",
+                "floor/tcp,native/rdma,rdma,tonic/inproc",
+                "--keys",
+                "1000",
+                "--keys-per-call",
+                "8",
+                "--workers",
+                "2",
+                "--in-flight",
+                "4",
+                "--ring-keys",
+                "5000",
+                "--duration",
+                "0.2",
+                "--warmup",
+                "0",
+                "--idle",
+                "0.6",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        ),
+        LIMIT,
+    );
+    assert!(f.status.success(), "{}", f.both());
+    assert!(
+        f.stdout
+            .lines()
+            .next()
+            .unwrap_or("")
+            .contains("idle client %"),
+        "{}",
+        f.stdout
+    );
+    let j = std::fs::read_to_string(&json).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    for (prefix, server_measured) in [
+        ("floor/tcp", true),
+        ("native/rdma(", true),
+        ("bx/rdma(", true),
+        ("tonic/inproc", false),
+    ] {
+        let secs: Vec<f64> = field_of(&j, prefix, "idle_s")
+            .iter()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert_eq!(secs.len(), 1, "{prefix}\n{j}");
+        assert!(secs[0] >= 0.6, "{prefix}: the idle phase lasts --idle\n{j}");
+        let in_range = |v: &str| {
+            let v: f64 = v.parse().unwrap();
+            (0.0..=100.0 * cores).contains(&v)
+        };
+        let client = field_of(&j, prefix, "idle_client_core_pct");
+        assert!(in_range(&client[0]), "{prefix}: {client:?}\n{j}");
+        let server = field_of(&j, prefix, "idle_server_core_pct");
+        if server_measured {
+            assert!(in_range(&server[0]), "{prefix}: {server:?}\n{j}");
+        } else {
+            assert_eq!(server, ["null"], "{prefix}\n{j}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A `bx ps serve` with its native and floor ports; its `NATIVE`, `FLOOR` and `LISTENING`
 /// addresses. Killed on drop.
 struct Serve {

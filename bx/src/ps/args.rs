@@ -79,6 +79,11 @@ pub struct BenchArgs {
     /// Warm-up seconds per transport (not measured).
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
+    /// After each row's measured phase, hold its connections open without calls for this
+    /// many seconds and report the CPU both processes used meanwhile, in % of one core (the
+    /// `idle` columns; issue 25: an idle link costs < 1 % of a core). 0: no idle phase.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub idle: f64,
     /// Fraction of calls that are Push (SGD with small gradients) instead of Pull.
     #[arg(long, default_value_t = 0.0)]
     pub push_ratio: f64,

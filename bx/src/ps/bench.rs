@@ -100,6 +100,22 @@ pub struct Row {
     pub push_bytes: Option<u64>,
     /// Of a dense push row: gradient MiB (2^20 bytes) pushed per second, one way.
     pub mib_per_sec: Option<f64>,
+    /// What the row's connections cost while idle after its calls (`--idle`); `None` without
+    /// an idle phase.
+    pub idle: Option<Idle>,
+}
+
+/// CPU while a row's connections (`--workers` of them; 4 for `floor/tcp`) stay open without
+/// calls (`--idle`), in % of one core: CPU time (user + system, `/proc`, clock ticks) over the
+/// idle phase's wall time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Idle {
+    /// Wall time of the idle phase, s.
+    pub seconds: f64,
+    /// The client process, % of one core.
+    pub client_core_pct: f64,
+    /// The server process, % of one core; `None` as for [`Row::server_cpu_us`].
+    pub server_core_pct: Option<f64>,
 }
 
 impl Row {
@@ -432,7 +448,38 @@ fn row_of(
         fleet,
         push_bytes: push,
         mib_per_sec: push.map(|b| (b * calls) as f64 / took.as_secs_f64() / f64::from(1u32 << 20)),
+        idle: None,
     }
+}
+
+/// Holds the connections of a row open and idle for `--idle` seconds (the caller keeps them)
+/// and measures both processes' CPU meanwhile; `None` without `--idle`, for a fleet, and for
+/// a server the bench did not start (its CPU is unknown: the client's alone is reported).
+/// Errors: `/proc`.
+async fn idle_phase(
+    servers: &Servers,
+    args: &BenchArgs,
+    in_process_server: bool,
+) -> Result<Option<Idle>, String> {
+    if args.idle <= 0.0 || servers.is_fleet() {
+        return Ok(None);
+    }
+    let usage = Usage::start(servers.single_pid(), servers.cpu_ticks(None), false).await?;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(args.idle)).await;
+    let used = usage.stop(servers.cpu_ticks(None)).await?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let per_sec = cpu::clock_ticks_per_sec();
+    let pct = |ticks: u64| cpu::ticks_to_duration(ticks, per_sec).as_secs_f64() / seconds * 100.0;
+    Ok(Some(Idle {
+        seconds,
+        client_core_pct: pct(used.client_ticks),
+        server_core_pct: if in_process_server {
+            None
+        } else {
+            used.server_ticks.map(pct)
+        },
+    }))
 }
 
 async fn run_transport(
@@ -507,16 +554,22 @@ async fn run_transport(
         failed: outcome.failed,
         ..FleetCounts::of(&sets).since(counted0)
     });
-    Ok(row_of(
-        label,
-        outcome.calls,
-        &hist,
-        took,
-        used,
-        transport == "tonic/inproc",
-        fleet,
-        push,
-    ))
+    let in_process = transport == "tonic/inproc";
+    let idle = idle_phase(servers, args, in_process).await?;
+    drop(clients);
+    Ok(Row {
+        idle,
+        ..row_of(
+            label,
+            outcome.calls,
+            &hist,
+            took,
+            used,
+            in_process,
+            fleet,
+            push,
+        )
+    })
 }
 
 /// The `floor/tcp` row ([`super::floor`]): checks a pull against the init on a connection of
@@ -574,16 +627,12 @@ async fn run_floor(
         hist.add(&d.hist).map_err(|e| e.to_string())?;
         calls += d.calls;
     }
-    Ok(row_of(
-        t.into(),
-        calls,
-        &hist,
-        took,
-        used,
-        false,
-        None,
-        None,
-    ))
+    let idle = idle_phase(servers, args, false).await?;
+    drop(conns);
+    Ok(Row {
+        idle,
+        ..row_of(t.into(), calls, &hist, took, used, false, None, None)
+    })
 }
 
 /// Drives the floor connections `conns` for `secs`, `--in-flight` calls spread over them,

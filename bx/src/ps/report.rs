@@ -27,10 +27,12 @@ pub(super) fn syscalls(v: Option<f64>) -> String {
 }
 
 /// The rows as an aligned text table (syscalls per call `n/a` without perf); rows of a fleet add the columns `failed` and
-/// `ejections`, dense push rows the columns `push` (bytes per call) and `MiB/s`.
+/// `ejections`, dense push rows the columns `push` (bytes per call) and `MiB/s`, rows with an
+/// idle phase (`--idle`) the columns `idle client %` and `idle server %` (of one core).
 pub fn table(rows: &[Row]) -> String {
     let fleet = rows.iter().any(|r| r.fleet.is_some());
     let push = rows.iter().any(|r| r.push_bytes.is_some());
+    let idle = rows.iter().any(|r| r.idle.is_some());
     let mut s = format!(
         "{:<20} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>14} {:>14} {:>10} {:>10}",
         "transport",
@@ -53,6 +55,9 @@ pub fn table(rows: &[Row]) -> String {
     }
     if push {
         s += &format!(" {:>8} {:>9}", "push", "MiB/s");
+    }
+    if idle {
+        s += &format!(" {:>15} {:>15}", "idle client %", "idle server %");
     }
     s += "\n";
     for r in rows {
@@ -91,6 +96,14 @@ pub fn table(rows: &[Row]) -> String {
                     .map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
             );
         }
+        if idle {
+            let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+            s += &format!(
+                " {:>15} {:>15}",
+                pct(r.idle.map(|i| i.client_core_pct)),
+                pct(r.idle.and_then(|i| i.server_core_pct))
+            );
+        }
         s += "\n";
     }
     s
@@ -113,7 +126,8 @@ fn or_dash(v: Option<u64>) -> String {
 /// (`ejections` null for h2). With `--push-bytes`, the settings add `push_bytes` (a list of
 /// bytes) and every row its `push_bytes` and `mib_per_sec`. Every row has `round` and
 /// `client_syscalls` / `server_syscalls` per call (null without perf); the settings
-/// `config` (the preset, or null) and `rounds`.
+/// `config` (the preset, or null) and `rounds`. With `--idle`, every row adds `idle_s`,
+/// `idle_client_core_pct` and `idle_server_core_pct` (% of one core; null as `server_cpu_us`).
 pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
     let transports: Vec<String> = args.transports().iter().map(|t| json_str(t)).collect();
     let fleet = match args.servers {
@@ -179,8 +193,17 @@ pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
                     finite(r.mib_per_sec.unwrap_or(0.0))
                 )
             });
+            let idle = r.idle.map_or_else(String::new, |i| {
+                format!(
+                    ", \"idle_s\": {:.3}, \"idle_client_core_pct\": {:.3}, \"idle_server_core_pct\": {}",
+                    finite(i.seconds),
+                    finite(i.client_core_pct),
+                    i.server_core_pct
+                        .map_or_else(|| "null".to_string(), |v| format!("{:.3}", finite(v)))
+                )
+            });
             format!(
-                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}, \"client_syscalls\": {}, \"server_syscalls\": {}, \"round\": {}{fleet}{push}}}",
+                "    {{\"transport\": {}, \"calls\": {}, \"mean_us\": {:.3}, \"p50_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"calls_per_sec\": {:.3}, \"client_cpu_us\": {:.3}, \"server_cpu_us\": {}, \"client_syscalls\": {}, \"server_syscalls\": {}, \"round\": {}{fleet}{push}{idle}}}",
                 json_str(&r.transport),
                 r.calls,
                 finite(r.mean_us),
@@ -300,6 +323,7 @@ mod tests {
             fleet: None,
             push_bytes: None,
             mib_per_sec: None,
+            idle: None,
         }
     }
 
@@ -423,6 +447,44 @@ mod tests {
         }
         let a = A::parse_from(["bench", "--servers", "1"]).b;
         assert!(a.service_config().unwrap().is_none());
+    }
+
+    #[test]
+    fn rows_with_an_idle_phase_add_its_cpu_to_the_table_and_json() {
+        use crate::ps::bench::Idle;
+        let idle = Row {
+            idle: Some(Idle {
+                seconds: 5.0,
+                client_core_pct: 0.4,
+                server_core_pct: Some(0.25),
+            }),
+            ..row()
+        };
+        let inproc = Row {
+            idle: Some(Idle {
+                server_core_pct: None,
+                ..idle.idle.unwrap()
+            }),
+            ..row()
+        };
+        let t = table(&[idle.clone(), inproc.clone()]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].ends_with("  idle client %   idle server %"), "{t}");
+        assert!(lines[1].ends_with("           0.40            0.25"), "{t}");
+        assert!(lines[2].ends_with("           0.40               -"), "{t}");
+        assert!(
+            !table(&[row()]).contains("idle"),
+            "no idle phase, no idle columns"
+        );
+        let j = json(&args(), &[idle, inproc]);
+        assert!(
+            j.contains(
+                "\"idle_s\": 5.000, \"idle_client_core_pct\": 0.400, \"idle_server_core_pct\": 0.250}"
+            ),
+            "{j}"
+        );
+        assert!(j.contains("\"idle_server_core_pct\": null}"), "{j}");
+        assert!(!json(&args(), &[row()]).contains("idle"));
     }
 
     #[test]

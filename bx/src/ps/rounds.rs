@@ -144,6 +144,7 @@ mod tests {
             fleet: None,
             push_bytes: None,
             mib_per_sec: None,
+            idle: None,
         }
     }
 
