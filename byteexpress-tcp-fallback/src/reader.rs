@@ -8,6 +8,11 @@ use crate::{ESCAPE, FrameConfig, FrameError, HEADER_LEN, LONG_HEADER_LEN, Progre
 /// Smallest free space offered to each read, so many small frames arrive per syscall
 /// (unit: bytes).
 const MIN_READ: usize = 8 * 1024;
+/// Largest free space a read is offered beyond what its frame misses (unit: bytes): reached
+/// by doubling from [`MIN_READ`] while reads keep filling all they are offered (the socket
+/// holds more: answers of 16 KiB took two reads each at 8 KiB), halved again when a read
+/// brings less than a quarter of it.
+const MAX_READ: usize = 64 * 1024;
 /// Buffers up to this capacity (bytes) are grown for a full [`MIN_READ`]; larger ones only
 /// for the bytes their frame still misses ([`FrameReader::make_room`]).
 const SMALL_BUFFER: usize = 1 << 20;
@@ -16,8 +21,9 @@ const SMALL_BUFFER: usize = 1 << 20;
 ///
 /// Reads land in one `BytesMut`; each frame is split off it without copying and returned as
 /// [`Bytes`] (which keeps its share of the read buffer alive until dropped). Every read asks for
-/// at least 8 KiB, so back-to-back small frames cost one syscall together. Memory held is at
-/// most one maximum frame plus 8 KiB beyond the frames the caller still holds.
+/// at least 8 KiB, and up to 64 KiB while reads keep filling what they are offered, so
+/// back-to-back frames cost one syscall together. Memory held is at most one maximum frame
+/// plus 64 KiB beyond the frames the caller still holds.
 #[derive(Debug)]
 pub struct FrameReader<R> {
     inner: R,
@@ -31,6 +37,9 @@ pub struct FrameReader<R> {
     skip: usize,
     /// Called after every read that returned bytes ([`FrameReader::on_progress`]).
     progress: Option<Progress>,
+    /// Free space offered to the next read beyond what its frame misses, [`MIN_READ`] ..=
+    /// [`MAX_READ`] (see there).
+    read_size: usize,
 }
 
 /// A frame refused by the admission check, while its head is read.
@@ -66,6 +75,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             refused: None,
             skip: 0,
             progress: None,
+            read_size: MIN_READ,
         }
     }
 
@@ -77,7 +87,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Reads more bytes into the buffer; `Ok(0)` at the end of the stream.
     async fn fill(&mut self) -> std::io::Result<usize> {
+        let offered = self.buf.capacity() - self.buf.len();
         let n = self.inner.read_buf(&mut self.buf).await?;
+        if n >= offered {
+            self.read_size = (self.read_size * 2).min(MAX_READ);
+        } else if n < offered / 4 {
+            self.read_size = (self.read_size / 2).max(MIN_READ);
+        }
         if n > 0
             && let Some(p) = &self.progress
         {
@@ -237,15 +253,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Room in the buffer for the `missing` bytes of the frame being read, and for a read of
-    /// at least [`MIN_READ`] bytes (several small frames per read) while the buffer is small.
+    /// at least the read size ([`MIN_READ`] ..= [`MAX_READ`]: several frames per read) while
+    /// the buffer is small.
     /// A large buffer gets more room only when the frame's missing bytes do not fit: a large
     /// frame's tail asking for a full `MIN_READ` made `BytesMut::reserve` double the frame's
     /// whole buffer (a 4 GiB frame asked for 8.6 GB and the process aborted).
     fn make_room(&mut self, missing: usize) {
         let free = self.buf.capacity() - self.buf.len();
         let small = self.buf.capacity() <= SMALL_BUFFER;
-        if free < missing || free == 0 || (small && free < MIN_READ) {
-            self.buf.reserve(missing.max(MIN_READ));
+        if free < missing || free == 0 || (small && free < self.read_size) {
+            self.buf.reserve(missing.max(self.read_size));
         }
     }
 
