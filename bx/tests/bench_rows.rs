@@ -215,6 +215,24 @@ fn an_idle_phase_reports_each_rows_cpu_while_its_connections_stay_open() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--idle` that is not a number of seconds (NaN, infinite, negative) is refused before
+/// anything starts, not a panic in the middle of the bench (a reviewer's find).
+#[test]
+fn an_idle_phase_that_is_not_a_number_of_seconds_is_refused() {
+    for bad in ["--idle=nan", "--idle=inf", "--idle=-1"] {
+        let f = finish(
+            spawn(BX, &["ps", "bench", "--transports", "tcp", bad]),
+            LIMIT,
+        );
+        assert!(!f.status.success(), "{bad}: {}", f.both());
+        assert!(
+            f.both().contains("--idle must be") && !f.both().contains("panicked"),
+            "{bad}: {}",
+            f.both()
+        );
+    }
+}
+
 /// A `bx ps serve` with its native and floor ports; its `NATIVE`, `FLOOR` and `LISTENING`
 /// addresses. Killed on drop.
 struct Serve {

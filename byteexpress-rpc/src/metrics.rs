@@ -135,93 +135,20 @@ impl Side {
 }
 
 /// Records one finished call: [`CALLS`] and [`CALL_SECONDS`]. `method` is the gRPC path;
-/// the caller passes `"unknown"` for a path no service answered.
-///
-/// The two handles of a (side, method, code) are registered with the recorder once per
-/// thread and kept in that thread's table (at most [`CALL_HANDLES_MAX`] entries; calls beyond
-/// it register each time, as the `metrics` macros do), so a call costs one lookup in a table
-/// no other thread touches, and no allocation. The table belongs to one recorder: it is
-/// emptied when the recorder in effect changes (one installed after calls were made, or a
-/// thread's local recorder), so no call is recorded on a handle of a recorder no longer in use.
+/// the caller passes `"unknown"` for a path no service answered. Costs two small allocations
+/// (the method label) and the recorder's key lookups; nothing more without a recorder. The
+/// handles are not kept between calls: a recorder that expires idle series (an exporter's
+/// idle timeout) or one installed later, or a thread's local recorder, gets every call.
 pub fn record_call(side: Side, method: &str, code: Code, elapsed: Duration) {
-    let recorder =
-        metrics::with_recorder(|r| r as *const dyn metrics::Recorder as *const () as usize);
-    let cached = CALL_HANDLES.try_with(|t| {
-        let mut t = t.borrow_mut();
-        if t.recorder != recorder {
-            t.recorder = recorder;
-            t.entries = 0;
-            t.by_method.clear();
-        }
-        if let Some(h) = t
-            .by_method
-            .get(method)
-            .and_then(|v| v.iter().find(|h| h.side == side && h.code == code))
-        {
-            h.record(elapsed);
-            return;
-        }
-        let h = CallHandle::register(side, method, code);
-        h.record(elapsed);
-        if t.entries < CALL_HANDLES_MAX {
-            t.entries += 1;
-            t.by_method.entry(method.to_owned()).or_default().push(h);
-        }
-    });
-    if cached.is_err() {
-        // the thread is ending and its table is gone
-        CallHandle::register(side, method, code).record(elapsed);
-    }
-}
-
-/// Entries (side, method, code) a thread's call-metric handle table holds at most.
-pub const CALL_HANDLES_MAX: usize = 4096;
-
-thread_local! {
-    static CALL_HANDLES: std::cell::RefCell<CallHandles> =
-        std::cell::RefCell::new(CallHandles::default());
-}
-
-/// The registered handles of [`record_call`] on one thread, for the recorder at address
-/// `recorder`.
-#[derive(Default)]
-struct CallHandles {
-    recorder: usize,
-    entries: usize,
-    by_method: foldhash::HashMap<String, Vec<CallHandle>>,
-}
-
-/// The handles of one (side, method, code).
-struct CallHandle {
-    side: Side,
-    code: Code,
-    seconds: metrics::Histogram,
-    calls: Counter,
-}
-
-impl CallHandle {
-    fn register(side: Side, method: &str, code: Code) -> CallHandle {
-        CallHandle {
-            side,
-            code,
-            seconds: metrics::histogram!(
-                CALL_SECONDS,
-                "side" => side.label(),
-                "method" => method.to_owned()
-            ),
-            calls: metrics::counter!(
-                CALLS,
-                "side" => side.label(),
-                "method" => method.to_owned(),
-                "code" => code_name(code)
-            ),
-        }
-    }
-
-    fn record(&self, elapsed: Duration) {
-        self.seconds.record(elapsed.as_secs_f64());
-        self.calls.increment(1);
-    }
+    metrics::histogram!(CALL_SECONDS, "side" => side.label(), "method" => method.to_owned())
+        .record(elapsed.as_secs_f64());
+    metrics::counter!(
+        CALLS,
+        "side" => side.label(),
+        "method" => method.to_owned(),
+        "code" => code_name(code)
+    )
+    .increment(1);
 }
 
 /// Records one finished client call from its result (every attempt and wait included in

@@ -22,8 +22,9 @@ const SMALL_BUFFER: usize = 1 << 20;
 /// Reads land in one `BytesMut`; each frame is split off it without copying and returned as
 /// [`Bytes`] (which keeps its share of the read buffer alive until dropped). Every read asks for
 /// at least 8 KiB, and up to 64 KiB while reads keep filling what they are offered, so
-/// back-to-back frames cost one syscall together. Memory held is at most one maximum frame
-/// plus 64 KiB beyond the frames the caller still holds.
+/// back-to-back frames cost one syscall together. Memory held is about one maximum frame plus
+/// 64 KiB beyond the frames the caller still holds (up to twice that where `BytesMut` grows a
+/// buffer by doubling it).
 #[derive(Debug)]
 pub struct FrameReader<R> {
     inner: R,
@@ -105,8 +106,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Reads the next frame as [`FrameReader::read_frame`] does, but asks `admit(len)` once per
     /// frame, as soon as its length is known and before any room is reserved for it. A refused
     /// frame is returned as [`Frame::Refused`] once its first `head_len` bytes are in; its other
-    /// bytes are then read and dropped (in reads of at most 8 KiB) before the next frame. Used
-    /// to keep the memory that peers' partial frames hold within a budget.
+    /// bytes are then read and dropped (each read into the buffer's spare room, at least 8 KiB)
+    /// before the next frame. Used to keep the memory that peers' partial frames hold within a
+    /// budget.
     ///
     /// # Errors
     /// As [`FrameReader::read_frame`].

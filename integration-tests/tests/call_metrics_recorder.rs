@@ -1,8 +1,9 @@
-//! The call metrics (`bx_calls_total`, `bx_call_duration_seconds`) keep the handles of each
-//! (side, method, code) registered once (`byteexpress_rpc::metrics::record_call`). Pinned
-//! here: handles registered before a recorder exists (no-op ones) are not used once one is
-//! installed, a thread's local recorder gets the calls made under it and the global one the
-//! rest, and repeated calls add up on one series.
+//! The call metrics (`bx_calls_total`, `bx_call_duration_seconds`,
+//! `byteexpress_rpc::metrics::record_call`) reach the recorder in effect when each call ends:
+//! calls before any recorder are lost, a recorder installed later gets every call after it, a
+//! thread's local recorder the calls made under it and the global one the rest, and repeated
+//! calls add up on one series. (A cache of registered handles kept across recorders fails
+//! here; one keyed by recorder passed but outlived exporters' idle expiry, so none is kept.)
 //!
 //! One test only in this binary: it installs the process's global recorder.
 

@@ -453,8 +453,9 @@ fn row_of(
 }
 
 /// Holds the connections of a row open and idle for `--idle` seconds (the caller keeps them)
-/// and measures both processes' CPU meanwhile; `None` without `--idle`, for a fleet, and for
-/// a server the bench did not start (its CPU is unknown: the client's alone is reported).
+/// and measures both processes' CPU meanwhile; `None` without `--idle` and for a fleet. For a
+/// server the bench did not start (`--server`) only the client's CPU is known (the server's is
+/// `None`).
 /// Errors: `/proc`.
 async fn idle_phase(
     servers: &Servers,
@@ -692,6 +693,9 @@ pub async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
         return Err(
             "--keys and --keys-per-call must be positive, --push-ratio within 0..=1".into(),
         );
+    }
+    if !(args.idle.is_finite() && args.idle >= 0.0 && args.idle <= 3600.0) {
+        return Err("--idle must be a number of seconds within 0..=3600".into());
     }
     if args.fault.is_some() && args.fault_at() >= Duration::from_secs_f64(args.duration) {
         return Err("--fault-at must fall within the measured phase (--duration)".into());

@@ -126,7 +126,7 @@ fn or_dash(v: Option<u64>) -> String {
 /// (`ejections` null for h2). With `--push-bytes`, the settings add `push_bytes` (a list of
 /// bytes) and every row its `push_bytes` and `mib_per_sec`. Every row has `round` and
 /// `client_syscalls` / `server_syscalls` per call (null without perf); the settings
-/// `config` (the preset, or null) and `rounds`. With `--idle`, every row adds `idle_s`,
+/// `config` (the preset, or null) and `rounds`. With `--idle`, every row of a single server adds `idle_s`,
 /// `idle_client_core_pct` and `idle_server_core_pct` (% of one core; null as `server_cpu_us`).
 pub fn json(args: &BenchArgs, rows: &[Row]) -> String {
     let transports: Vec<String> = args.transports().iter().map(|t| json_str(t)).collect();
