@@ -50,11 +50,17 @@ fn field_of(json: &str, prefix: &str, field: &str) -> Vec<String> {
         .collect()
 }
 
+/// A fresh directory for one test's bench output, and the JSON file's path in it.
+fn json_dir(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("bx-{name}-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join(format!("{name}.json"));
+    (dir, json)
+}
+
 #[test]
 fn the_transport_rows_run_interleaved_answer_correctly_and_report_medians_against_the_floor() {
-    let dir = std::env::temp_dir().join(format!("bx-rows-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("rows.json");
+    let (dir, json) = json_dir("rows");
     let f = finish(
         spawn(
             BX,
@@ -142,9 +148,7 @@ fn the_transport_rows_run_interleaved_answer_correctly_and_report_medians_agains
 /// whose server is the client process).
 #[test]
 fn an_idle_phase_reports_each_rows_cpu_while_its_connections_stay_open() {
-    let dir = std::env::temp_dir().join(format!("bx-idle-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("idle.json");
+    let (dir, json) = json_dir("idle");
     let f = finish(
         spawn(
             BX,

@@ -48,6 +48,16 @@ async fn ran(client: &Client) -> Vec<String> {
     runs
 }
 
+/// A test server and a client on an RDMA link to it (re-probe off).
+async fn connected() -> (ServerProc, Client) {
+    let server = ServerProc::start(SERVER, &[]).await;
+    let client = Client::connect(&server.addr, &no_reprobe())
+        .await
+        .expect("connect");
+    assert_eq!(client.transport(), rdma_here());
+    (server, client)
+}
+
 fn once(ids: std::ops::Range<u64>) -> Vec<String> {
     ids.map(|id| format!("{id}:1")).collect()
 }
@@ -55,11 +65,7 @@ fn once(ids: std::ops::Range<u64>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_small_calls_completes_with_fewer_send_completions_than_sends() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let server = ServerProc::start(SERVER, &[]).await;
-    let client = Client::connect(&server.addr, &no_reprobe())
-        .await
-        .expect("connect");
-    assert_eq!(client.transport(), rdma_here());
+    let (_server, client) = connected().await;
     let before = client.link_stats();
     burst(&client, 0..2000).await.unwrap();
     let st = client.link_stats();
@@ -109,11 +115,7 @@ async fn a_burst_of_small_calls_completes_with_fewer_send_completions_than_sends
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qp_error_amid_a_burst_of_unsignaled_sends_answers_every_call_once() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let server = ServerProc::start(SERVER, &[]).await;
-    let client = Client::connect(&server.addr, &no_reprobe())
-        .await
-        .expect("connect");
-    assert_eq!(client.transport(), rdma_here());
+    let (_server, client) = connected().await;
     const CALLS: u64 = 4000;
     let calls = burst(&client, 0..CALLS);
     // Fail the QP once the burst is under way with unsignaled SENDs among those posted.
